@@ -1,0 +1,84 @@
+"""How an agent starts and stops gang members: the interface.
+
+Two implementations share it:
+- ``agent.simulated.SimulatedLauncher``: members are asyncio timers that run for
+  the spec's ``run.duration_s`` (scale tests, benchmarks, `phalanx up`).
+- ``agent.process.ProcessLauncher``: members are real processes in their own
+  process groups (DESIGN §6, issue "node agents that ... launch real members").
+
+The agent's session driver owns the decisions (epoch rule, device ledger,
+fencing); a launcher only performs them and reports exits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping, Protocol
+
+
+@dataclass(frozen=True)
+class MemberKey:
+    gang: str
+    incarnation: int
+    rank: int
+
+    def __str__(self) -> str:
+        return f"{self.gang}#{self.incarnation}/r{self.rank}"
+
+
+@dataclass(frozen=True)
+class MemberLaunch:
+    """Everything needed to start one member; built from an Assignment."""
+
+    key: MemberKey
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    gpus: tuple[int, ...]
+    nics: tuple[str, ...]
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    duration_s: float = 0.0
+    master_addr: str = ""
+    master_port: int = 0
+    epoch: int = 0  # epoch of the leader whose assignment caused the start
+    node: str = ""
+    placement: str = ""  # human-readable placement summary, exported as PHALANX_PLACEMENT
+
+
+@dataclass(frozen=True)
+class MemberHandle:
+    key: MemberKey
+    pid: int  # 0 for simulated members
+    started_at: float  # unix seconds
+    gpus: tuple[int, ...] = ()
+    nics: tuple[str, ...] = ()
+    epoch: int = 0
+
+
+# Called once per member when it ends, whatever the cause (exit, stop, fence).
+# exit_code: the process's code; negative = killed by that signal.
+ExitCallback = Callable[[MemberKey, int], Awaitable[None] | None]
+
+
+class Launcher(Protocol):
+    async def start(self, launch: MemberLaunch) -> MemberHandle:
+        """Start a member; return once it is started (the process exists)."""
+
+    async def stop(self, key: MemberKey, grace_s: float) -> None:
+        """Stop a member: SIGTERM to its group, SIGKILL after ``grace_s``.
+        Idempotent; returns when it is gone. Its exit is still reported."""
+
+    async def stop_all(self, grace_s: float) -> None:
+        """Stop every member (self-fencing, shutdown)."""
+
+    def running(self) -> list[MemberHandle]:
+        """Members started (or adopted) and not yet exited."""
+
+    async def adopt(self) -> list[MemberHandle]:
+        """After an agent restart: re-attach to this agent's own live members
+        (from its state file, checked by pid and start time); kill processes it
+        started but cannot account for. Simulated launchers adopt nothing."""
+
+    async def close(self) -> None:
+        """Release resources without stopping members (restart keeps them)."""

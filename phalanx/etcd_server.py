@@ -1,0 +1,145 @@
+"""Start and stop a real etcd server process (for `phalanx up`, tests, chaos).
+
+Uses the `etcd` binary on PATH (Debian package etcd-server; scripts/setup.sh
+installs it). No client library here: readiness is polled on /health.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class EtcdNotFound(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def etcd_binary() -> str:
+    path = shutil.which("etcd") or ("/usr/bin/etcd" if os.path.exists("/usr/bin/etcd") else None)
+    if not path:
+        raise EtcdNotFound("no etcd binary on PATH; run scripts/setup.sh (installs Debian's etcd-server)")
+    return path
+
+
+@dataclass
+class EtcdServer:
+    """One etcd member. For a single-node server leave ``initial_cluster`` empty."""
+
+    data_dir: Path
+    name: str = "default"
+    host: str = "127.0.0.1"
+    client_port: int = 0
+    peer_port: int = 0
+    initial_cluster: str = ""  # "n1=http://h1:p1,n2=..." for a multi-member cluster
+    cluster_state: str = "new"
+    cluster_token: str = "phalanx"
+    log_path: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    netns: str | None = None  # run inside `ip netns exec NETNS`
+    proc: subprocess.Popen | None = None
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        if not self.client_port:
+            self.client_port = free_port(self.host)
+        if not self.peer_port:
+            self.peer_port = free_port(self.host)
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    def command(self) -> list[str]:
+        cluster = self.initial_cluster or f"{self.name}={self.peer_url}"
+        cmd = [
+            etcd_binary(),
+            "--name", self.name,
+            "--data-dir", str(self.data_dir),
+            "--listen-client-urls", self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", cluster,
+            "--initial-cluster-state", self.cluster_state,
+            "--initial-cluster-token", self.cluster_token,
+            # Small and fast for tests and laptops; still durable (fsync on).
+            "--heartbeat-interval", "100",
+            "--election-timeout", "1000",
+            "--quota-backend-bytes", str(2 * 1024**3),
+            "--auto-compaction-mode", "revision",
+            "--auto-compaction-retention", "100000",
+            "--logger", "zap",
+            "--log-level", "warn",
+        ] + self.extra_args
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd
+        return cmd
+
+    def start(self) -> "EtcdServer":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
+        self.proc = subprocess.Popen(
+            self.command(), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        return self
+
+    def healthy(self, timeout: float = 1.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout) as resp:
+                return json.loads(resp.read()).get("health") in ("true", True)
+        except Exception:
+            return False
+
+    def wait_ready(self, timeout: float = 30.0) -> "EtcdServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"etcd {self.name} exited with {self.proc.returncode}; log: {self.log_path}"
+                )
+            if self.healthy(0.5):
+                return self
+            time.sleep(0.05)
+        raise TimeoutError(f"etcd {self.name} not healthy at {self.client_url} after {timeout}s")
+
+    def signal(self, sig: int) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=timeout)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait(timeout=timeout)
+        self.proc = None

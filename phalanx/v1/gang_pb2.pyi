@@ -1,0 +1,145 @@
+from phalanx.v1 import types_pb2 as _types_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SubmitGangRequest(_message.Message):
+    __slots__ = ("spec", "idempotency_key")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    spec: _types_pb2.GangSpec
+    idempotency_key: str
+    def __init__(self, spec: _Optional[_Union[_types_pb2.GangSpec, _Mapping]] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+
+class SubmitGangResponse(_message.Message):
+    __slots__ = ("gang", "created")
+    GANG_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    gang: _types_pb2.Gang
+    created: bool
+    def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetGangRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ListGangsRequest(_message.Message):
+    __slots__ = ("states", "queue", "owner_az", "name_prefix", "limit")
+    STATES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_AZ_FIELD_NUMBER: _ClassVar[int]
+    NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    states: _containers.RepeatedScalarFieldContainer[_types_pb2.GangState]
+    queue: str
+    owner_az: str
+    name_prefix: str
+    limit: int
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.GangState, str]]] = ..., queue: _Optional[str] = ..., owner_az: _Optional[str] = ..., name_prefix: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListGangsResponse(_message.Message):
+    __slots__ = ("gangs",)
+    GANGS_FIELD_NUMBER: _ClassVar[int]
+    gangs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gang]
+    def __init__(self, gangs: _Optional[_Iterable[_Union[_types_pb2.Gang, _Mapping]]] = ...) -> None: ...
+
+class WatchGangRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GangEvent(_message.Message):
+    __slots__ = ("gang", "revision")
+    GANG_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    gang: _types_pb2.Gang
+    revision: int
+    def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
+class CancelGangRequest(_message.Message):
+    __slots__ = ("id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ExplainGangRequest(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class ExplainGangResponse(_message.Message):
+    __slots__ = ("gang", "summary", "shortfalls")
+    GANG_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    SHORTFALLS_FIELD_NUMBER: _ClassVar[int]
+    gang: _types_pb2.Gang
+    summary: str
+    shortfalls: _containers.RepeatedCompositeFieldContainer[_types_pb2.DomainShortfall]
+    def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., summary: _Optional[str] = ..., shortfalls: _Optional[_Iterable[_Union[_types_pb2.DomainShortfall, _Mapping]]] = ...) -> None: ...
+
+class ListNodesRequest(_message.Message):
+    __slots__ = ("az",)
+    AZ_FIELD_NUMBER: _ClassVar[int]
+    az: str
+    def __init__(self, az: _Optional[str] = ...) -> None: ...
+
+class ListNodesResponse(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[_types_pb2.NodeStatus]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[_types_pb2.NodeStatus, _Mapping]]] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AzStatus(_message.Message):
+    __slots__ = ("az", "has_leader", "leader_id", "leader_address", "epoch", "nodes_ready", "nodes_total", "gpus_total", "gpus_free")
+    AZ_FIELD_NUMBER: _ClassVar[int]
+    HAS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODES_READY_FIELD_NUMBER: _ClassVar[int]
+    NODES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FREE_FIELD_NUMBER: _ClassVar[int]
+    az: str
+    has_leader: bool
+    leader_id: str
+    leader_address: str
+    epoch: int
+    nodes_ready: int
+    nodes_total: int
+    gpus_total: int
+    gpus_free: int
+    def __init__(self, az: _Optional[str] = ..., has_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., epoch: _Optional[int] = ..., nodes_ready: _Optional[int] = ..., nodes_total: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("cluster", "azs", "served_by", "gangs_by_state")
+    class GangsByStateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    AZS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_BY_FIELD_NUMBER: _ClassVar[int]
+    GANGS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    cluster: str
+    azs: _containers.RepeatedCompositeFieldContainer[AzStatus]
+    served_by: str
+    gangs_by_state: _containers.ScalarMap[str, int]
+    def __init__(self, cluster: _Optional[str] = ..., azs: _Optional[_Iterable[_Union[AzStatus, _Mapping]]] = ..., served_by: _Optional[str] = ..., gangs_by_state: _Optional[_Mapping[str, int]] = ...) -> None: ...
