@@ -26,7 +26,7 @@ MEMBER_PHASE_STOPPED: MemberPhase
 MEMBER_PHASE_REJECTED: MemberPhase
 
 class MemberStatus(_message.Message):
-    __slots__ = ("gang", "incarnation", "rank", "phase", "exit_code", "epoch", "reason", "gpus", "pid", "at")
+    __slots__ = ("gang", "incarnation", "rank", "phase", "exit_code", "epoch", "reason", "gpus", "pid", "at", "node")
     GANG_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class MemberStatus(_message.Message):
     GPUS_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     gang: str
     incarnation: int
     rank: int
@@ -47,7 +48,8 @@ class MemberStatus(_message.Message):
     gpus: _containers.RepeatedScalarFieldContainer[int]
     pid: int
     at: float
-    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[MemberPhase, str]] = ..., exit_code: _Optional[int] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., at: _Optional[float] = ...) -> None: ...
+    node: str
+    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[MemberPhase, str]] = ..., exit_code: _Optional[int] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., at: _Optional[float] = ..., node: _Optional[str] = ...) -> None: ...
 
 class Register(_message.Message):
     __slots__ = ("agent_id", "topology", "members", "highest_epoch")
@@ -136,16 +138,24 @@ class Revocation(_message.Message):
     reason: str
     def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class HeartbeatAck(_message.Message):
+    __slots__ = ("seq",)
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    def __init__(self, seq: _Optional[int] = ...) -> None: ...
+
 class CoordinatorMessage(_message.Message):
-    __slots__ = ("epoch", "az", "welcome", "assign", "revoke")
+    __slots__ = ("epoch", "az", "welcome", "assign", "revoke", "heartbeat_ack")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     AZ_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ASSIGN_FIELD_NUMBER: _ClassVar[int]
     REVOKE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_ACK_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     az: str
     welcome: Welcome
     assign: Assignment
     revoke: Revocation
-    def __init__(self, epoch: _Optional[int] = ..., az: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assignment, _Mapping]] = ..., revoke: _Optional[_Union[Revocation, _Mapping]] = ...) -> None: ...
+    heartbeat_ack: HeartbeatAck
+    def __init__(self, epoch: _Optional[int] = ..., az: _Optional[str] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., assign: _Optional[_Union[Assignment, _Mapping]] = ..., revoke: _Optional[_Union[Revocation, _Mapping]] = ..., heartbeat_ack: _Optional[_Union[HeartbeatAck, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,344 @@
+"""A node agent's Session with its AZ's leader (DESIGN §6).
+
+The agent finds the leader through ``leader/<az>`` (its only etcd access is
+read-only, via ``coordinator.store``), keeps one bidi stream to it, and
+enforces the rules of ``agent.core.enforcement`` on everything it receives:
+
+1. epoch rule: a message older than the highest epoch seen is ignored;
+2. the token checked at the resource: before starting or stopping a member on
+   a leader's word, one linearizable read confirms the sender's epoch is still
+   the create_revision of ``leader/<az>`` and (for a start) that the
+   reservation is COMMITTED for that incarnation and covers these devices;
+3. its own device ledger: an overlapping assignment is refused and reported;
+4. self-fencing: no valid leader heard for ``fence_after_s`` -> stop members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import grpc
+
+from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
+from agent.launcher import Launcher, MemberKey, MemberLaunch
+from coordinator.config import Timings
+from coordinator.store import Get, Store, StoreUnavailable
+from phalanx import wire
+from phalanx.model import MemberPhase
+from phalanx.topology import NodeTopology
+from phalanx.v1 import agent_pb2 as apb
+from phalanx.v1 import agent_pb2_grpc as agrpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MemberRecord:
+    key: MemberKey
+    phase: MemberPhase
+    epoch: int
+    gpus: tuple[int, ...]
+    exit_code: int = 0
+    reason: str = ""
+    pid: int = 0
+    at: float = 0.0
+    stop_requested: bool = False
+
+
+# Recorded effects, for tests and the chaos history: (monotonic, wall, event, detail)
+HistoryHook = Callable[[str, dict[str, Any]], None]
+
+
+class Agent:
+    def __init__(
+        self,
+        *,
+        cluster: str,
+        az: str,
+        topology: NodeTopology,
+        store: Store,
+        launcher_factory: Callable[[Callable[[MemberKey, int], Any]], Launcher],
+        timings: Timings = Timings(),
+        agent_id: str = "",
+        history: HistoryHook | None = None,
+        channels: dict[str, grpc.aio.Channel] | None = None,
+    ):
+        self.cluster = cluster
+        self.az = az
+        self.topology = topology
+        self.node = topology.node
+        self.store = store
+        self.keys = store.keys
+        self.t = timings
+        self.agent_id = agent_id or f"{self.node}-{uuid.uuid4().hex[:8]}"
+        self.launcher = launcher_factory(self._on_exit)
+        self.guard = EpochGuard()
+        self.ledger: DeviceLedger[MemberKey] = DeviceLedger()
+        self.fence = FenceTimer(timings.fence_after_s, time.monotonic())
+        self.members: dict[MemberKey, MemberRecord] = {}
+        self.history = history
+        self._channels = channels if channels is not None else {}
+        self._own_channels = channels is None
+        self._outbox: asyncio.Queue | None = None
+        self._stopping = asyncio.Event()
+        self.connected = asyncio.Event()
+        self.leader_address = ""
+        self.leader_epoch = 0
+        self.fenced_count = 0
+        self._seq = 0
+        # Assignment handling is serialized so ledger checks and starts never
+        # interleave for one node.
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ plumbing
+    def _record(self, event: str, **detail: Any) -> None:
+        if self.history is not None:
+            self.history(event, {"node": self.node, "az": self.az, "mono": time.monotonic(), "wall": time.time(), **detail})
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(address)
+            self._channels[address] = ch
+        return ch
+
+    def _status(self, rec: MemberRecord) -> apb.MemberStatus:
+        return apb.MemberStatus(
+            gang=rec.key.gang, incarnation=rec.key.incarnation, rank=rec.key.rank, phase=int(rec.phase),
+            exit_code=rec.exit_code, epoch=rec.epoch, reason=rec.reason, gpus=list(rec.gpus), pid=rec.pid,
+            at=rec.at, node=self.node,
+        )
+
+    def _send(self, msg: apb.AgentMessage) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(msg)
+
+    def _report(self, rec: MemberRecord) -> None:
+        self._send(apb.AgentMessage(member=self._status(rec)))
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> None:
+        adopted = await self.launcher.adopt()
+        for h in adopted:
+            self.members[h.key] = MemberRecord(h.key, MemberPhase.RUNNING, h.epoch, h.gpus, pid=h.pid, at=h.started_at)
+            self.ledger.hold(h.key, h.gpus, h.nics)
+        fencer = asyncio.create_task(self._fence_loop(), name=f"fence-{self.node}")
+        try:
+            while not self._stopping.is_set():
+                try:
+                    await self._session_once()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - reconnect on anything
+                    log.debug("agent %s session ended: %r", self.node, exc)
+                self.connected.clear()
+                if not self._stopping.is_set():
+                    await self._sleep(self.t.heartbeat_interval_s)
+        finally:
+            fencer.cancel()
+            await asyncio.gather(fencer, return_exceptions=True)
+
+    async def _sleep(self, s: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), s)
+        except asyncio.TimeoutError:
+            pass
+
+    async def stop(self, *, stop_members: bool = True) -> None:
+        self._stopping.set()
+        if stop_members:
+            await self.launcher.stop_all(self.t.stop_grace_s)
+        await self.launcher.close()
+        if self._own_channels:
+            for ch in self._channels.values():
+                await ch.close()
+
+    async def _find_leader(self) -> tuple[str, int] | None:
+        kv = await self.store.get(self.keys.leader(self.az))
+        if kv is None:
+            return None
+        return kv.json().get("address", ""), kv.create_revision
+
+    async def _session_once(self) -> None:
+        found = await self._find_leader()
+        if not found or not found[0]:
+            return
+        address, epoch = found
+        if epoch < self.guard.highest:
+            return  # a stale key cannot be: epochs only grow; wait for etcd to catch up
+        stub = agrpc.AgentServiceStub(self._channel(address))
+        self._outbox = outbox = asyncio.Queue()
+        members = [self._status(r) for r in self.members.values()]
+        reg = apb.Register(agent_id=self.agent_id, topology=wire.topology_to_pb(self.topology), members=members, highest_epoch=self.guard.highest)
+        outbox.put_nowait(apb.AgentMessage(register=reg))
+
+        async def upward():
+            while True:
+                msg = await outbox.get()
+                if msg is None:
+                    return
+                yield msg
+
+        call = stub.Session(upward())
+        beat = asyncio.create_task(self._heartbeat_loop(outbox), name=f"hb-{self.node}")
+        try:
+            async for msg in call:
+                if not self.guard.accept(msg.epoch):
+                    self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)
+                    log.warning("agent %s ignored a message with stale epoch %d (highest %d)", self.node, msg.epoch, self.guard.highest)
+                    continue
+                kind = msg.WhichOneof("kind")
+                if kind in ("welcome", "heartbeat_ack"):
+                    # Heard a valid leader (it acks only while its lease is valid).
+                    self.fence.heard(time.monotonic())
+                    if kind == "welcome":
+                        self.leader_address, self.leader_epoch = address, msg.epoch
+                        self.connected.set()
+                        self._record("connected", epoch=msg.epoch, leader=msg.welcome.coordinator_id)
+                elif kind == "assign":
+                    self.fence.heard(time.monotonic())
+                    asyncio.create_task(self._on_assign(msg.epoch, msg.assign))
+                elif kind == "revoke":
+                    self.fence.heard(time.monotonic())
+                    asyncio.create_task(self._on_revoke(msg.epoch, msg.revoke))
+        finally:
+            beat.cancel()
+            outbox.put_nowait(None)
+            self._outbox = None
+            call.cancel()
+
+    async def _heartbeat_loop(self, outbox: asyncio.Queue) -> None:
+        n = 0
+        while True:
+            await asyncio.sleep(self.t.heartbeat_interval_s)
+            self._seq += 1
+            n += 1
+            hb = apb.Heartbeat(seq=self._seq)
+            if n % 5 == 0:
+                # Anti-entropy: the full member list now and then.
+                hb.members.extend(self._status(r) for r in self.members.values())
+            outbox.put_nowait(apb.AgentMessage(heartbeat=hb))
+
+    # ------------------------------------------------------------- fencing
+    async def _fence_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(0.2, self.t.fence_after_s / 10))
+            now = time.monotonic()
+            live = [r for r in self.members.values() if r.phase.live]
+            if live and self.fence.overdue(now):
+                self.fenced_count += 1
+                log.warning(
+                    "agent %s FENCING: no valid leader heard for %.1fs (fence_after_s=%.1f); stopping %d member(s)",
+                    self.node, now - self.fence.last_valid, self.t.fence_after_s, len(live),
+                )
+                self._record("fenced", members=[str(r.key) for r in live], silent_s=now - self.fence.last_valid)
+                for r in live:
+                    r.stop_requested = True
+                    r.reason = "fenced: no valid leader heard"
+                await self.launcher.stop_all(self.t.stop_grace_s)
+
+    # ------------------------------------------------------------ commands
+    async def _token_ok(self, epoch: int, gang: str | None = None, incarnation: int = 0, gpus: tuple[int, ...] = ()) -> str:
+        """One linearizable read: is ``epoch`` still the leader's, and (for a
+        start) is the reservation COMMITTED for this incarnation and these
+        devices on this node? Returns "" if so, else why not."""
+        ops = [Get(self.keys.leader(self.az))]
+        if gang is not None:
+            ops.append(Get(self.keys.reservation(self.az, gang)))
+        try:
+            res = await self.store.txn([], ops)
+        except StoreUnavailable as exc:
+            return f"cannot confirm the leader's token: {exc}"
+        leader = res.results[0]
+        if not leader or leader[0].create_revision != epoch:
+            return f"epoch {epoch} is no longer the leader of {self.az}"
+        if gang is None:
+            return ""
+        r = res.results[1]
+        if not r:
+            return f"no reservation for {gang} in {self.az}"
+        rec = r[0].json()
+        if rec.get("status") != "COMMITTED" or int(rec.get("incarnation", -1)) != incarnation:
+            return f"reservation of {gang} is {rec.get('status')} for incarnation {rec.get('incarnation')}, not COMMITTED for {incarnation}"
+        mine = rec.get("nodes", {}).get(self.node)
+        if mine is None or not set(gpus) <= set(mine.get("gpus", ())):
+            return f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}"
+        return ""
+
+    async def _on_assign(self, epoch: int, a: apb.Assignment) -> None:
+        key = MemberKey(a.gang, a.incarnation, a.rank)
+        async with self._lock:
+            existing = self.members.get(key)
+            if existing is not None:
+                self._report(existing)  # duplicate assignment: idempotent
+                return
+            gpus, nics = tuple(a.gpus), tuple(a.nics)
+            why = await self._token_ok(epoch, a.gang, a.incarnation, gpus)
+            if why:
+                self._record("assign_refused_token", key=str(key), epoch=epoch, reason=why)
+                log.warning("agent %s refused %s: %s", self.node, key, why)
+                return  # not the leader's word any more: say nothing, do nothing
+            # the ledger uses live members only
+            clash = self.ledger.conflicts(key, gpus, nics)
+            if clash:
+                rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason="; ".join(clash), at=time.time())
+                self.members[key] = rec
+                self._record("assign_rejected_overlap", key=str(key), epoch=epoch, reason=rec.reason)
+                log.warning("agent %s rejected %s: %s", self.node, key, rec.reason)
+                self._report(rec)
+                return
+            self.ledger.hold(key, gpus, nics)
+            launch = MemberLaunch(
+                key=key, world_size=a.world_size, local_rank=a.local_rank, local_world_size=a.local_world_size,
+                gpus=gpus, nics=nics, command=tuple(a.command), env=dict(a.env), duration_s=a.duration_s,
+                master_addr=a.master_addr, master_port=a.master_port, epoch=epoch, node=self.node,
+                placement=f"{self.az}/{self.topology.spine}/{self.topology.leaf}/{self.node}",
+            )
+            rec = MemberRecord(key, MemberPhase.STARTING, epoch, gpus, at=time.time())
+            self.members[key] = rec
+            try:
+                handle = await self.launcher.start(launch)
+            except Exception as exc:  # noqa: BLE001
+                self.ledger.release(key)
+                rec.phase, rec.exit_code, rec.reason = MemberPhase.FAILED, 127, f"launch failed: {exc}"
+                self._report(rec)
+                return
+            if rec.phase == MemberPhase.STARTING:
+                rec.phase, rec.pid, rec.at = MemberPhase.RUNNING, handle.pid, handle.started_at
+                self._record("member_started", key=str(key), epoch=epoch, gpus=list(gpus), pid=handle.pid)
+                self._report(rec)
+
+    async def _on_revoke(self, epoch: int, r: apb.Revocation) -> None:
+        why = await self._token_ok(epoch)
+        if why:
+            self._record("revoke_refused_token", gang=r.gang, epoch=epoch, reason=why)
+            log.warning("agent %s ignored revoke of %s: %s", self.node, r.gang, why)
+            return
+        targets = [m for k, m in self.members.items() if k.gang == r.gang and k.incarnation == r.incarnation]
+        for m in targets:
+            if m.phase.live:
+                m.stop_requested = True
+                m.reason = f"revoked: {r.reason}"
+                await self.launcher.stop(m.key, self.t.stop_grace_s)
+        # The leader has seen the end of this incarnation: forget it.
+        for m in targets:
+            if not m.phase.live:
+                self.members.pop(m.key, None)
+
+    async def _on_exit(self, key: MemberKey, code: int) -> None:
+        rec = self.members.get(key)
+        self.ledger.release(key)
+        if rec is None:
+            return
+        if rec.stop_requested:
+            rec.phase = MemberPhase.STOPPED
+        else:
+            rec.phase = MemberPhase.SUCCEEDED if code == 0 else MemberPhase.FAILED
+        rec.exit_code, rec.at = code, time.time()
+        self._record("member_exited", key=str(key), epoch=rec.epoch, code=code, phase=rec.phase.name)
+        self._report(rec)

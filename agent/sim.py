@@ -1,0 +1,118 @@
+"""`python -m agent.sim` — many simulated node agents in one process.
+
+Each agent has its own Session stream, epoch guard, device ledger and fence
+timer, exactly like a real agent; only the topology (synthetic DGX-like
+8-GPU nodes) and the members (timers, or real processes with ``--launch``)
+differ. Prints ``PHALANX_AGENTS_READY az=AZ nodes=K`` once started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from agent.launcher import Launcher, MemberKey
+from agent.session import Agent
+from agent.simulated import SimulatedLauncher
+from coordinator.config import Timings, timings_from_mapping
+from coordinator.store import Store
+from phalanx.topology import NodeTopology
+
+
+def launcher_factory(launch: bool, state_dir: Path | None, agent_id: str) -> Callable[[Callable[[MemberKey, int], Any]], Launcher]:
+    if not launch:
+        return SimulatedLauncher
+    from agent.process import ProcessLauncher  # real processes (issue 4)
+
+    assert state_dir is not None
+    return lambda on_exit: ProcessLauncher(state_dir / agent_id, agent_id, on_exit)
+
+
+async def run_agents(
+    *,
+    cluster: str,
+    az: str,
+    etcd: str,
+    topologies: list[NodeTopology],
+    timings: Timings,
+    launch: bool = False,
+    state_dir: Path | None = None,
+    ready_line: bool = True,
+    stop_event: asyncio.Event | None = None,
+) -> None:
+    store = await Store(etcd, cluster, timeout=timings.etcd_timeout_s).connect()
+    channels: dict = {}
+    agents = [
+        Agent(
+            cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=f"{t.node}-agent",
+            launcher_factory=launcher_factory(launch, state_dir, f"{t.node}-agent"), channels=channels,
+        )
+        for t in topologies
+    ]
+    tasks = [asyncio.create_task(a.run(), name=f"agent-{a.node}") for a in agents]
+    if ready_line:
+        print(f"PHALANX_AGENTS_READY az={az} nodes={len(agents)}", flush=True)
+    stop_event = stop_event or asyncio.Event()
+    try:
+        await stop_event.wait()
+    finally:
+        await asyncio.gather(*(a.stop() for a in agents), return_exceptions=True)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for ch in channels.values():
+            await ch.close()
+        await store.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.sim", description=__doc__)
+    p.add_argument("--cluster", default="local")
+    p.add_argument("--az", required=True)
+    p.add_argument("--etcd", required=True)
+    p.add_argument("--nodes", type=int, default=8)
+    p.add_argument("--spines", type=int, default=1)
+    p.add_argument("--leaves-per-spine", type=int, default=2)
+    p.add_argument("--gpus", type=int, default=8)
+    p.add_argument("--launch", action="store_true", help="run members as real processes")
+    p.add_argument("--state-dir", default=os.environ.get("PHALANX_STATE_DIR", ""))
+    p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
+    p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
+    a = p.parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agents-{a.az} %(levelname)s %(name)s: %(message)s")
+    if a.launch and not a.state_dir:
+        print("error: --launch needs --state-dir (member logs and state files)", file=sys.stderr)
+        return 2
+    if a.timings == "fast":
+        timings = Timings.fast()
+    elif a.timings:
+        timings = timings_from_mapping(json.loads(a.timings))
+    else:
+        timings = Timings()
+    from agent.topology.simulated import simulated_fabric
+
+    topologies = simulated_fabric(a.az, a.nodes, a.spines, a.leaves_per_spine, gpus=a.gpus)
+
+    async def amain() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_agents(
+            cluster=a.cluster, az=a.az, etcd=a.etcd, topologies=topologies, timings=timings,
+            launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
+        )
+
+    asyncio.run(amain())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""AgentService servicer: the leader's end of each agent's Session stream.
+
+Only the AZ leader accepts sessions (a standby answers FAILED_PRECONDITION
+with the leader's address). Every downward message is stamped with the
+leader's epoch; heartbeats are acknowledged only while the leader's lease is
+locally valid, so an agent cut off from every valid leader fences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import grpc
+
+from coordinator.leader import AgentConn, AzLeader
+from phalanx import wire
+from phalanx.errors import NotLeader
+from phalanx.v1 import agent_pb2 as apb
+from phalanx.v1 import agent_pb2_grpc as agrpc
+
+if TYPE_CHECKING:
+    from coordinator.server import Coordinator
+
+log = logging.getLogger(__name__)
+
+
+def _to_pb(leader: AzLeader, msg: dict[str, Any]) -> apb.CoordinatorMessage:
+    out = apb.CoordinatorMessage(epoch=leader.epoch, az=leader.az)
+    if "assign" in msg:
+        out.assign.CopyFrom(apb.Assignment(**msg["assign"]))
+    elif "revoke" in msg:
+        gang, inc, reason = msg["revoke"]
+        out.revoke.CopyFrom(apb.Revocation(gang=gang, incarnation=inc, reason=reason))
+    elif "ack" in msg:
+        out.heartbeat_ack.seq = msg["ack"]
+    return out
+
+
+class AgentServicer(agrpc.AgentServiceServicer):
+    def __init__(self, coordinator: "Coordinator"):
+        self.c = coordinator
+
+    async def Session(self, request_iterator: AsyncIterator[apb.AgentMessage], context: grpc.aio.ServicerContext) -> AsyncIterator[apb.CoordinatorMessage]:
+        leader = self.c.leader
+        if leader is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
+            return
+        try:
+            first = await asyncio.wait_for(request_iterator.__anext__(), timeout=10)
+        except (StopAsyncIteration, asyncio.TimeoutError):
+            return
+        if first.WhichOneof("kind") != "register":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind: the first message of a session must be register")
+            return
+        reg = first.register
+        topo = wire.topology_from_pb(reg.topology)
+        if not topo.node or "/" in topo.node:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "register.topology.node: a node name without '/' is required")
+            return
+        if topo.az and topo.az != leader.az:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register.topology.az: agent is in {topo.az}, this leader leads {leader.az}")
+            return
+        if reg.highest_epoch > leader.epoch:
+            # The agent has heard a newer leader: we are stale. Step down.
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"stale leader: epoch {leader.epoch} < {reg.highest_epoch} seen by the agent")
+            return
+        if not topo.az:
+            topo = topo.__class__(**{**topo.__dict__, "az": leader.az})
+        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo)
+        try:
+            await leader.on_register(conn, list(reg.members))
+        except NotLeader as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"registration failed: {exc}")
+            return
+
+        welcome = apb.CoordinatorMessage(epoch=leader.epoch, az=leader.az)
+        welcome.welcome.CopyFrom(apb.Welcome(
+            coordinator_id=self.c.config.coordinator_id,
+            heartbeat_interval_s=leader.t.heartbeat_interval_s,
+            fence_after_s=leader.t.fence_after_s,
+        ))
+        yield welcome
+
+        async def reader() -> None:
+            try:
+                async for msg in request_iterator:
+                    kind = msg.WhichOneof("kind")
+                    if kind == "heartbeat":
+                        if leader.on_heartbeat(conn):
+                            conn.queue.put_nowait({"ack": msg.heartbeat.seq})
+                        for m in msg.heartbeat.members:
+                            await leader.on_member(conn, m)
+                    elif kind == "member":
+                        await leader.on_member(conn, msg.member)
+            except Exception as exc:  # noqa: BLE001
+                if not isinstance(exc, (asyncio.CancelledError, grpc.aio.AioRpcError)):
+                    log.info("session of %s ended: %r", conn.node, exc)
+            finally:
+                conn.queue.put_nowait(None)
+
+        task = asyncio.create_task(reader(), name=f"session-{conn.node}")
+        try:
+            while True:
+                item = await conn.queue.get()
+                if item is None or conn.closed or leader.stopped.is_set():
+                    break
+                yield _to_pb(leader, item)
+        finally:
+            task.cancel()
+            leader.on_disconnect(conn)

@@ -1,0 +1,151 @@
+"""Coordinator and agent timing configuration, validated together (STYLE §9).
+
+Every timing assumption of the safety argument lives here, and ``validate()``
+checks the relations between them at start-up; a bad combination fails fast
+with the rule it breaks. docs/timing.md explains each rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Timings:
+    # etcd lease of a leader's session. etcd TTLs are whole seconds, and etcd
+    # itself refuses TTLs below ~1.5 x its election timeout.
+    lease_ttl_s: int = 5
+    # Keepalive cadence: TTL/3 gives two spare keepalives before expiry.
+    keepalive_interval_s: float = 5 / 3
+    # Deadline of one etcd request (and one keepalive round trip).
+    etcd_timeout_s: float = 1.0
+    # The leader stops acting at (send time of the last acknowledged
+    # keepalive) + TTL - margin, judged on its own monotonic clock. The
+    # margin covers clock-rate drift between this host and the etcd leader.
+    step_down_margin_s: float = 0.5
+    # Agent -> leader heartbeat cadence, and when a silent node is NotReady.
+    heartbeat_interval_s: float = 1.0
+    node_not_ready_after_s: float = 5.0
+    # An agent that has heard no valid leader for this long stops its members.
+    fence_after_s: float = 12.0
+    # Time an agent gives itself to find and reach a new leader.
+    reconnect_budget_s: float = 3.0
+    # Extra wait before the coordinator re-places work from a lost node,
+    # beyond that node's fence deadline (clock-rate drift, kill latency).
+    replace_margin_s: float = 2.0
+    # Member stop: SIGTERM, then SIGKILL after this grace.
+    stop_grace_s: float = 5.0
+    # Pause between campaign attempts of a standby.
+    campaign_retry_s: float = 0.5
+    # Two-phase prepare hold timeout before in-doubt resolution (issue 3).
+    prepare_timeout_s: float = 10.0
+
+    @property
+    def leader_validity_s(self) -> float:
+        """How long after a keepalive was sent the leader may keep acting."""
+        return self.lease_ttl_s - self.step_down_margin_s
+
+    @property
+    def replace_after_s(self) -> float:
+        """A lost node's members are re-placed only after this long without
+        contact: its agent has fenced them by then."""
+        return self.fence_after_s + self.replace_margin_s
+
+    def validate(self) -> "Timings":
+        errors: list[str] = []
+
+        def rule(ok: bool, text: str) -> None:
+            if not ok:
+                errors.append(text)
+
+        rule(isinstance(self.lease_ttl_s, int) and self.lease_ttl_s >= 2,
+             f"lease_ttl_s must be a whole number of seconds >= 2 (etcd's minimum), got {self.lease_ttl_s}")
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            rule(isinstance(v, (int, float)) and v > 0 and math.isfinite(v), f"{f.name} must be a positive number, got {v}")
+        if errors:
+            raise ConfigError("invalid timings: " + "; ".join(errors))
+        rule(self.step_down_margin_s < self.lease_ttl_s,
+             "step_down_margin_s must be below lease_ttl_s (a leader must act for some time after a keepalive)")
+        # Two keepalives may fail (each taking up to etcd_timeout_s) before the
+        # leader's local validity runs out; otherwise one slow request deposes it.
+        rule(2 * self.keepalive_interval_s + self.etcd_timeout_s <= self.leader_validity_s,
+             "2*keepalive_interval_s + etcd_timeout_s must be <= lease_ttl_s - step_down_margin_s "
+             f"({2 * self.keepalive_interval_s + self.etcd_timeout_s:.2f} > {self.leader_validity_s:.2f})")
+        rule(self.node_not_ready_after_s >= 2 * self.heartbeat_interval_s,
+             "node_not_ready_after_s must be at least two heartbeat intervals")
+        # An agent must not fence while a successor can still legitimately be
+        # elected and reach it: the old lease may live lease_ttl_s, and the
+        # agent then needs reconnect_budget_s to reach the new leader.
+        rule(self.fence_after_s > self.lease_ttl_s + self.reconnect_budget_s,
+             f"fence_after_s must exceed lease_ttl_s + reconnect_budget_s ({self.fence_after_s} <= {self.lease_ttl_s + self.reconnect_budget_s})")
+        rule(self.reconnect_budget_s >= 2 * self.heartbeat_interval_s,
+             "reconnect_budget_s must be at least two heartbeat intervals")
+        rule(self.stop_grace_s < self.replace_margin_s + self.fence_after_s - self.lease_ttl_s,
+             "stop_grace_s must end before a lost node's work is re-placed "
+             "(stop_grace_s < fence_after_s + replace_margin_s - lease_ttl_s)")
+        rule(self.prepare_timeout_s >= 2 * self.etcd_timeout_s,
+             "prepare_timeout_s must be at least two etcd round trips")
+        if errors:
+            raise ConfigError("invalid timings: " + "; ".join(errors))
+        return self
+
+    @classmethod
+    def fast(cls) -> "Timings":
+        """Short timings for tests and laptops; still valid."""
+        return cls(
+            lease_ttl_s=2,
+            keepalive_interval_s=0.3,
+            etcd_timeout_s=0.5,
+            step_down_margin_s=0.6,
+            heartbeat_interval_s=0.3,
+            node_not_ready_after_s=1.5,
+            fence_after_s=4.0,
+            reconnect_budget_s=1.0,
+            replace_margin_s=1.0,
+            stop_grace_s=1.0,
+            campaign_retry_s=0.2,
+            prepare_timeout_s=3.0,
+        ).validate()
+
+
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    cluster: str
+    az: str
+    coordinator_id: str
+    etcd: tuple[str, ...]
+    listen: str = "127.0.0.1:0"
+    advertise: str = ""  # address peers/agents/clients use; defaults to the bound one
+    timings: Timings = Timings()
+    max_request_bytes: int = 1024 * 1024
+    # Gangs reserved concurrently (in flight etcd txns) per leader cycle.
+    reserve_parallelism: int = 32
+
+    def validate(self) -> "CoordinatorConfig":
+        errors = []
+        for name in ("cluster", "az", "coordinator_id"):
+            v = getattr(self, name)
+            if not v or "/" in v:
+                errors.append(f"{name} must be non-empty and contain no '/', got {v!r}")
+        if not self.etcd:
+            errors.append("etcd must name at least one endpoint")
+        if errors:
+            raise ConfigError("invalid coordinator config: " + "; ".join(errors))
+        self.timings.validate()
+        return self
+
+
+def timings_from_mapping(data: Mapping[str, Any], base: Timings = Timings()) -> Timings:
+    known = {f.name for f in dataclasses.fields(Timings)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError("unknown timing field(s): " + ", ".join(sorted(unknown)) + "; known: " + ", ".join(sorted(known)))
+    return dataclasses.replace(base, **dict(data)).validate()

@@ -1,0 +1,212 @@
+"""Durable records as frozen dataclasses, parsed once per read (STYLE §3).
+
+The JSON shapes stored in etcd (docs/etcd-keys.md). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from phalanx.model import GangState, Level
+from phalanx.spec import GangSpec, parse_spec
+from phalanx.topology import NodeTopology
+
+
+@dataclass(frozen=True)
+class MemberAssignment:
+    rank: int
+    az: str
+    node: str
+    gpus: tuple[int, ...]
+    nics: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "az": self.az, "node": self.node, "gpus": list(self.gpus), "nics": list(self.nics)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "MemberAssignment":
+        return cls(int(d["rank"]), d["az"], d["node"], tuple(d.get("gpus", ())), tuple(d.get("nics", ())))
+
+
+@dataclass(frozen=True)
+class GangRecord:
+    """``gangs/<id>``, written by the owner AZ's leader."""
+
+    id: str
+    spec: GangSpec
+    state: GangState
+    owner_az: str
+    submitted_at: float  # wall clock of first submission; ordering key, kept across retries
+    updated_at: float
+    incarnation: int = 1
+    reason: str = ""
+    placement: tuple[MemberAssignment, ...] = ()
+    span: Level | None = None
+    restarts: int = 0
+    idempotency_key: str = ""
+    mod_revision: int = 0  # from the read; not stored
+
+    @property
+    def order_key(self) -> tuple[int, float, str]:
+        """Admission order: higher priority first, then older first."""
+        return (-self.spec.priority, self.submitted_at, self.id)
+
+    def evolve(self, **changes: Any) -> "GangRecord":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "spec": self.spec.to_dict(),
+            "state": self.state.name,
+            "owner_az": self.owner_az,
+            "submitted_at": self.submitted_at,
+            "updated_at": self.updated_at,
+            "incarnation": self.incarnation,
+            "reason": self.reason,
+            "placement": [m.to_dict() for m in self.placement],
+            "span": self.span.label if self.span else "",
+            "restarts": self.restarts,
+            "idempotency_key": self.idempotency_key,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], mod_revision: int = 0) -> "GangRecord":
+        return cls(
+            id=d["id"],
+            spec=parse_spec(d["spec"]),
+            state=GangState[d["state"]],
+            owner_az=d["owner_az"],
+            submitted_at=float(d["submitted_at"]),
+            updated_at=float(d.get("updated_at", d["submitted_at"])),
+            incarnation=int(d.get("incarnation", 1)),
+            reason=d.get("reason", ""),
+            placement=tuple(MemberAssignment.from_dict(m) for m in d.get("placement", ())),
+            span=Level.parse(d["span"]) if d.get("span") else None,
+            restarts=int(d.get("restarts", 0)),
+            idempotency_key=d.get("idempotency_key", ""),
+            mod_revision=mod_revision,
+        )
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    gpus: tuple[int, ...]
+    nics: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """``reservations/<az>/<gang>``: one record per (AZ, gang) holding its
+    node → devices map (etcd caps a txn at 128 ops, so never a key per GPU)."""
+
+    az: str
+    gang: str
+    incarnation: int
+    status: str  # "PREPARED" | "COMMITTED"
+    nodes: Mapping[str, NodeDevices]
+    epoch: int  # epoch of the leader that wrote it
+    mod_revision: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "az": self.az,
+            "gang": self.gang,
+            "incarnation": self.incarnation,
+            "status": self.status,
+            "nodes": {n: {"gpus": list(d.gpus), "nics": list(d.nics)} for n, d in sorted(self.nodes.items())},
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], mod_revision: int = 0) -> "Reservation":
+        return cls(
+            az=d["az"],
+            gang=d["gang"],
+            incarnation=int(d["incarnation"]),
+            status=d["status"],
+            nodes={n: NodeDevices(tuple(v.get("gpus", ())), tuple(v.get("nics", ()))) for n, v in d["nodes"].items()},
+            epoch=int(d.get("epoch", 0)),
+            mod_revision=mod_revision,
+        )
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """``nodes/<az>/<node>``, written by the AZ leader from agent registrations."""
+
+    topology: NodeTopology
+    ready: bool
+    agent_id: str = ""
+    last_heartbeat: float = 0.0  # wall clock, persisted coarsely
+    reason: str = ""
+    mod_revision: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.topology.node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topology": self.topology.to_dict(),
+            "ready": self.ready,
+            "agent_id": self.agent_id,
+            "last_heartbeat": self.last_heartbeat,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], mod_revision: int = 0) -> "NodeRecord":
+        return cls(
+            topology=NodeTopology.from_dict(d["topology"]),
+            ready=bool(d.get("ready", False)),
+            agent_id=d.get("agent_id", ""),
+            last_heartbeat=float(d.get("last_heartbeat", 0.0)),
+            reason=d.get("reason", ""),
+            mod_revision=mod_revision,
+        )
+
+
+@dataclass
+class DeviceLedger:
+    """Devices held per node in one AZ, rebuilt from reservations. The AZ
+    leader's authoritative in-memory view (DESIGN §5 step 2)."""
+
+    held: dict[str, dict[str, NodeDevices]] = field(default_factory=dict)  # node -> gang -> devices
+
+    @classmethod
+    def from_reservations(cls, reservations: Mapping[str, Reservation]) -> "DeviceLedger":
+        ledger = cls()
+        for r in reservations.values():
+            ledger.hold(r)
+        return ledger
+
+    def hold(self, r: Reservation) -> None:
+        for node, dev in r.nodes.items():
+            self.held.setdefault(node, {})[r.gang] = dev
+
+    def release(self, gang: str) -> None:
+        for node in list(self.held):
+            self.held[node].pop(gang, None)
+            if not self.held[node]:
+                del self.held[node]
+
+    def used_gpus(self, node: str) -> frozenset[int]:
+        return frozenset(g for dev in self.held.get(node, {}).values() for g in dev.gpus)
+
+    def used_nics(self, node: str) -> frozenset[str]:
+        return frozenset(n for dev in self.held.get(node, {}).values() for n in dev.nics)
+
+    def conflicts(self) -> list[str]:
+        """Invariant: no GPU held by two gangs. Returns violations (empty = ok)."""
+        out = []
+        for node, gangs in self.held.items():
+            seen: dict[int, str] = {}
+            for gang, dev in sorted(gangs.items()):
+                for g in dev.gpus:
+                    if g in seen:
+                        out.append(f"{node} gpu {g} held by {seen[g]} and {gang}")
+                    seen[g] = gang
+        return out

@@ -1,0 +1,208 @@
+"""Per-AZ leader election on etcd leases (DESIGN §3).
+
+Shaped after etcd's ``client/v3/concurrency/{session,election}.go``:
+
+- ``LeaseSession``: one lease, kept alive every ``keepalive_interval_s`` on a
+  stream. It is *locally* valid until (send time of the last acknowledged
+  keepalive) + TTL - margin, on this process's monotonic clock. When that
+  passes, ``lost`` is set and the leader must stop acting at once — even if
+  etcd has not yet expired the lease: a paused process (SIGSTOP, GC) that wakes
+  up finds itself invalid before it can write anything.
+- ``Election``: campaign = txn ``create_revision(leader/<az>) == 0`` → put with
+  our lease. The epoch (fencing token) is the leader key's create_revision,
+  monotonic across elections. Every later write is guarded by
+  ``create_revision(leader/<az>) == epoch`` (``Store.fenced_txn``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from coordinator.config import Timings
+from coordinator.store import Compacted, Compare, Delete, Get, Put, Store, StoreUnavailable, absent, jitter
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class LeaseLost(Exception):
+    """The session's lease expired (or may have): stop acting as leader."""
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    az: str
+    coordinator_id: str
+    address: str
+    epoch: int
+    lease: int = 0
+
+    @classmethod
+    def from_kv(cls, az: str, kv) -> "LeaderInfo":
+        data = kv.json()
+        return cls(az=az, coordinator_id=data.get("id", ""), address=data.get("address", ""), epoch=kv.create_revision, lease=kv.lease)
+
+
+class LeaseSession:
+    def __init__(self, store: Store, timings: Timings, clock: Clock = time.monotonic):
+        self.store = store
+        self.timings = timings
+        self.clock = clock
+        self.lease_id = 0
+        self.valid_until = 0.0
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._ka = None
+
+    async def start(self) -> "LeaseSession":
+        sent = self.clock()
+        self.lease_id = await self.store.grant_lease(self.timings.lease_ttl_s)
+        self.valid_until = sent + self.timings.leader_validity_s
+        self._ka = self.store.keepalive(self.lease_id)
+        self._task = asyncio.create_task(self._keepalive_loop(), name=f"keepalive-{self.lease_id:x}")
+        return self
+
+    def is_valid(self) -> bool:
+        return not self.lost.is_set() and self.clock() < self.valid_until
+
+    def remaining(self) -> float:
+        return self.valid_until - self.clock()
+
+    def check(self) -> None:
+        """Raise ``LeaseLost`` unless the lease is still locally valid."""
+        if not self.is_valid():
+            self._mark_lost("local validity expired")
+            raise LeaseLost(f"lease {self.lease_id:x} may have expired")
+
+    def _mark_lost(self, why: str) -> None:
+        if not self.lost.is_set():
+            log.warning("lease %x lost: %s", self.lease_id, why)
+            self.lost.set()
+
+    async def _keepalive_loop(self) -> None:
+        t = self.timings
+        assert self._ka is not None
+        while not self.lost.is_set():
+            # Sleep until the next keepalive, but wake to declare loss exactly
+            # when local validity ends (a paused process wakes up late and
+            # sees it at once).
+            wait = min(t.keepalive_interval_s, max(0.0, self.remaining()))
+            await asyncio.sleep(wait)
+            if self.clock() >= self.valid_until:
+                self._mark_lost("no keepalive acknowledged within the TTL budget")
+                return
+            sent = self.clock()
+            try:
+                ttl = await self._ka.ping(min(t.etcd_timeout_s, max(0.05, self.remaining())))
+            except StoreUnavailable as exc:
+                log.info("keepalive of lease %x failed: %s", self.lease_id, exc)
+                continue
+            if ttl <= 0:
+                self._mark_lost("etcd says the lease is gone")
+                return
+            # Never extend past what etcd just granted, measured from send time.
+            self.valid_until = max(self.valid_until, sent + min(ttl, t.lease_ttl_s) - t.step_down_margin_s)
+
+    async def close(self, revoke: bool = True) -> None:
+        self.lost.set()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._ka is not None:
+            self._ka.close()
+        if revoke and self.lease_id:
+            try:
+                await self.store.revoke_lease(self.lease_id)
+            except StoreUnavailable as exc:
+                log.info("could not revoke lease %x (it will expire): %s", self.lease_id, exc)
+
+
+class Election:
+    def __init__(self, store: Store, az: str, coordinator_id: str, address: str, timings: Timings):
+        self.store = store
+        self.az = az
+        self.coordinator_id = coordinator_id
+        self.address = address
+        self.timings = timings
+        self.key = store.keys.leader(az)
+
+    async def campaign(self, session: LeaseSession) -> LeaderInfo:
+        """Block until this session holds the leader key; return our epoch.
+        Raises ``LeaseLost`` when the session dies first."""
+        value = {"id": self.coordinator_id, "address": self.address}
+        while True:
+            session.check()
+            try:
+                res = await self.store.txn(
+                    [absent(self.key)],
+                    [Put(self.key, value, lease=session.lease_id), Get(self.key)],
+                    [Get(self.key)],
+                )
+            except StoreUnavailable as exc:
+                # Outcome unknown: the next attempt finds our own key by lease.
+                log.info("campaign in %s: %s", self.az, exc)
+                await asyncio.sleep(jitter(self.timings.campaign_retry_s))
+                continue
+            kvs = res.results[-1]
+            if kvs:
+                kv = kvs[0]
+                if res.succeeded or kv.lease == session.lease_id:
+                    session.check()
+                    return LeaderInfo.from_kv(self.az, kv)
+                await self._wait_for_vacancy(session, res.revision)
+            # else: deleted between compare and read; try again at once
+
+    async def _wait_for_vacancy(self, session: LeaseSession, revision: int) -> None:
+        """Wait until the current leader key is deleted (or our lease dies)."""
+
+        async def deleted() -> None:
+            start = revision + 1
+            while True:
+                try:
+                    async for batch in self.store.watch_prefix(self.key, start, exact=True):
+                        for ev in batch:
+                            start = ev.revision + 1
+                            if ev.kind == "delete":
+                                return
+                except (StoreUnavailable, Compacted):
+                    await asyncio.sleep(jitter(self.timings.campaign_retry_s))
+                    return  # re-campaign: the txn re-reads the key
+
+        watch = asyncio.create_task(deleted())
+        lost = asyncio.create_task(session.lost.wait())
+        try:
+            await asyncio.wait({watch, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (watch, lost):
+                t.cancel()
+            await asyncio.gather(watch, lost, return_exceptions=True)
+
+    async def resign(self, leader: LeaderInfo) -> None:
+        """Give up leadership at once (clean shutdown), guarded by our epoch."""
+        try:
+            await self.store.txn([Compare(self.key, "create", "==", leader.epoch)], [Delete(self.key)])
+        except StoreUnavailable as exc:
+            log.info("resign in %s failed (the lease will expire): %s", self.az, exc)
+
+
+async def observe(store: Store, az: str) -> LeaderInfo | None:
+    """The current leader of ``az`` (linearizable read), or None."""
+    kv = await store.get(store.keys.leader(az))
+    return LeaderInfo.from_kv(az, kv) if kv else None
+
+
+async def observe_all(store: Store) -> dict[str, LeaderInfo]:
+    kvs, _ = await store.get_prefix(store.keys.leaders())
+    out = {}
+    for kv in kvs:
+        az = kv.key.rsplit("/", 1)[-1]
+        out[az] = LeaderInfo.from_kv(az, kv)
+    return out

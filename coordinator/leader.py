@@ -1,0 +1,567 @@
+"""The AZ leader: the driver around the pure cores (DESIGN §3-§6).
+
+Everything here happens while this coordinator holds its AZ's leader key. It
+is the only writer of its AZ's reservations and node records and of the gangs
+it owns; every write is a fenced txn (``Store.fenced_txn``), so once deposed
+it can change nothing. On takeover it rebuilds from one range read per prefix.
+
+State lives in memory only as a cache of etcd plus what agents report; a new
+leader starts from etcd and the agents' re-registrations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from coordinator.config import CoordinatorConfig
+from coordinator.core import progress
+from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
+from coordinator.core.placement import NodeView, Placement
+from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
+from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
+from coordinator.store import Compare, Delete, Fence, Get, Put, Store, absent
+from phalanx.errors import AlreadyExists, Conflict, FailedPrecondition, NotFound, NotLeader
+from phalanx.model import GangState, MemberPhase
+from phalanx.spec import GangSpec
+from phalanx.topology import NodeTopology
+
+log = logging.getLogger(__name__)
+
+RELEASING = "RELEASING"  # gang is terminal, devices held until its members are gone
+
+
+@dataclass
+class AgentConn:
+    """One agent's live Session stream at this leader."""
+
+    node: str
+    agent_id: str
+    topology: NodeTopology
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    last_seen: float = 0.0  # monotonic
+    closed: bool = False
+
+
+@dataclass
+class NodeLiveness:
+    last_contact: float  # monotonic; takeover time for nodes not yet heard from
+    ready: bool = False
+
+
+class AzLeader:
+    def __init__(
+        self,
+        store: Store,
+        config: CoordinatorConfig,
+        info: LeaderInfo,
+        session: LeaseSession,
+        *,
+        wall: Callable[[], float] = time.time,
+        mono: Callable[[], float] = time.monotonic,
+    ):
+        self.store = store
+        self.keys = store.keys
+        self.config = config
+        self.t = config.timings
+        self.az = config.az
+        self.info = info
+        self.epoch = info.epoch
+        self.fence = Fence(self.az, info.epoch)
+        self.session = session
+        self.wall = wall
+        self.mono = mono
+        self.gangs: dict[str, GangRecord] = {}  # owned, not terminal (+ terminal ones still RELEASING)
+        self.reservations: dict[str, Reservation] = {}
+        self.ledger = DeviceLedger()
+        self.nodes: dict[str, NodeRecord] = {}
+        self.liveness: dict[str, NodeLiveness] = {}
+        self.conns: dict[str, AgentConn] = {}
+        self.members: dict[tuple[str, int], dict[int, progress.MemberReport]] = {}
+        self.pending_reason: dict[str, str] = {}
+        self.wake = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self._inflight: set[str] = set()  # gangs with a write in flight
+        self._tasks: set[asyncio.Task] = set()
+        self.failure: BaseException | None = None
+
+    # ------------------------------------------------------------------ run
+    async def run(self) -> None:
+        """Lead until the lease is lost or a fenced write fails."""
+        try:
+            await self.rebuild()
+            log.info("leader of %s (epoch %d): %d gangs, %d reservations, %d nodes", self.az, self.epoch, len(self.gangs), len(self.reservations), len(self.nodes))
+            lost = asyncio.create_task(self.session.lost.wait())
+            try:
+                while not self.stopped.is_set():
+                    waker = asyncio.create_task(self.wake.wait())
+                    done, _ = await asyncio.wait({waker, lost}, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
+                    waker.cancel()
+                    if lost in done:
+                        raise LeaseLost("lease lost")
+                    if self.failure is not None:
+                        raise self.failure
+                    self.wake.clear()
+                    await self.cycle()
+            finally:
+                lost.cancel()
+        finally:
+            await self.stop()
+
+    async def stop(self) -> None:
+        self.stopped.set()
+        for t in list(self._tasks):
+            t.cancel()
+        for conn in list(self.conns.values()):
+            conn.closed = True
+            conn.queue.put_nowait(None)
+        self.conns.clear()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._tasks.discard(t)
+            if t.cancelled():
+                return
+            exc = t.exception()
+            if isinstance(exc, (NotLeader, LeaseLost)):
+                self.failure = exc
+                self.wake.set()
+            elif exc is not None:
+                log.error("task %s failed: %r", name, exc)
+
+        task.add_done_callback(done)
+
+    def check_valid(self) -> None:
+        """Before acting on anyone's behalf: stop if our lease may be gone."""
+        if self.stopped.is_set():
+            raise NotLeader(f"no longer leader of {self.az}")
+        self.session.check()
+
+    # -------------------------------------------------------------- rebuild
+    async def rebuild(self) -> None:
+        k = self.keys
+        gang_kvs, _ = await self.store.get_prefix(k.gangs())
+        res_kvs, _ = await self.store.get_prefix(k.reservations(self.az))
+        node_kvs, _ = await self.store.get_prefix(k.nodes(self.az))
+        now = self.mono()
+        for kv in res_kvs:
+            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+            self.reservations[r.gang] = r
+        self.ledger = DeviceLedger.from_reservations(self.reservations)
+        for kv in gang_kvs:
+            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+            if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
+                self.gangs[g.id] = g
+        for kv in node_kvs:
+            n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
+            self.nodes[n.name] = n
+            # Not placeable until its agent reaches us; lost only after a
+            # full replace_after_s from now (it may be fencing right now).
+            self.liveness[n.name] = NodeLiveness(last_contact=now, ready=False)
+
+    # --------------------------------------------------------------- writes
+    async def _write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = ()) -> GangRecord:
+        """Fenced write of a gang record guarded by its last revision."""
+        self.check_valid()
+        guard = [unchanged_rev(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
+        res = await self.store.fenced_txn(
+            self.fence, guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
+        )
+        if not res.succeeded:
+            kvs = res.results[0]
+            if kvs:
+                cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
+                if not cur.state.terminal or cur.id in self.reservations:
+                    self.gangs[cur.id] = cur
+            raise Conflict(f"gang {new.id} changed concurrently")
+        written = new.evolve(mod_revision=res.revision)
+        self.gangs[new.id] = written
+        return written
+
+    # ----------------------------------------------------------- submission
+    async def submit(self, spec: GangSpec, idempotency_key: str) -> tuple[GangRecord, bool]:
+        self.check_valid()
+        k = self.keys
+        if idempotency_key:
+            existing = await self._by_idempotency(idempotency_key, spec)
+            if existing:
+                return existing, False
+        now = self.wall()
+        gang_id = f"{spec.name}-{secrets.token_hex(4)}"
+        rec = GangRecord(
+            id=gang_id, spec=spec, state=GangState.PENDING, owner_az=self.az, submitted_at=now,
+            updated_at=now, idempotency_key=idempotency_key, reason="waiting for placement",
+        )
+        compares = [absent(k.name(spec.name))]
+        ops = [Put(k.name(spec.name), {"id": gang_id})]
+        if idempotency_key:
+            compares.append(absent(k.idempotency(idempotency_key)))
+            ops.append(Put(k.idempotency(idempotency_key), {"id": gang_id}))
+        self.check_valid()
+        res = await self.store.fenced_txn(
+            self.fence, [absent(k.gang(gang_id))] + compares, [Put(k.gang(gang_id), rec.to_dict())] + ops,
+            [Get(k.name(spec.name))] + ([Get(k.idempotency(idempotency_key))] if idempotency_key else []),
+        )
+        if not res.succeeded:
+            if idempotency_key and res.results[1]:
+                existing = await self._by_idempotency(idempotency_key, spec)
+                if existing:
+                    return existing, False
+            name_kvs = res.results[0]
+            if name_kvs:
+                raise AlreadyExists(f"name: a live gang named {spec.name!r} exists ({name_kvs[0].json().get('id')})")
+            raise Conflict(f"submission of {spec.name!r} raced with another write; retry with the same idempotency key")
+        rec = rec.evolve(mod_revision=res.revision)
+        self.gangs[gang_id] = rec
+        self.wake.set()
+        return rec, True
+
+    async def _by_idempotency(self, key: str, spec: GangSpec) -> GangRecord | None:
+        kv = await self.store.get(self.keys.idempotency(key))
+        if kv is None:
+            return None
+        gkv = await self.store.get(self.keys.gang(kv.json()["id"]))
+        if gkv is None:
+            return None
+        rec = GangRecord.from_dict(gkv.json(), gkv.mod_revision)
+        if rec.spec != spec:
+            raise AlreadyExists(f"idempotency_key: {key!r} was used for a different spec (gang {rec.id})")
+        return rec
+
+    # -------------------------------------------------------------- cancel
+    async def cancel(self, gang_id: str, reason: str) -> GangRecord:
+        self.check_valid()
+        g = self.gangs.get(gang_id)
+        if g is None:
+            kv = await self.store.get(self.keys.gang(gang_id))
+            if kv is None:
+                raise NotFound(f"id: no gang {gang_id!r}")
+            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+            if g.owner_az != self.az:
+                raise FailedPrecondition(f"gang {gang_id} is owned by {g.owner_az}, not {self.az}")
+        if g.state.terminal:
+            raise FailedPrecondition(f"id: gang {gang_id} is already {g.state.name}; nothing to cancel")
+        return await self._finish(g, GangState.CANCELLED, reason or "cancelled by user")
+
+    async def _finish(self, g: GangRecord, state: GangState, reason: str) -> GangRecord:
+        """Move a gang to a terminal state. Its devices stay held (reservation
+        RELEASING) until every member is known to be gone, so they are never
+        handed to another gang while an old member may still run."""
+        k = self.keys
+        inc = g.incarnation
+        live_nodes = self._live_member_nodes(g)
+        ops: list = [Delete(k.name(g.spec.name))]
+        r = self.reservations.get(g.id)
+        releasing: Reservation | None = None
+        if r is not None:
+            if live_nodes:
+                releasing = Reservation(r.az, r.gang, r.incarnation, RELEASING, r.nodes, self.epoch)
+                ops.append(Put(k.reservation(self.az, g.id), releasing.to_dict()))
+            else:
+                ops.append(Delete(k.reservation(self.az, g.id)))
+        new = g.evolve(state=state, reason=reason, updated_at=self.wall())
+        written = await self._write_gang(new, g, ops)
+        if r is not None:
+            if releasing is not None:
+                self.reservations[g.id] = releasing
+            else:
+                self._drop_reservation(g.id)
+        if releasing is None:
+            self.gangs.pop(g.id, None)
+            self.members.pop((g.id, inc), None)
+        # Stop (or tell agents to forget) the members of this incarnation.
+        for node in {m.node for m in g.placement}:
+            self._send(node, revoke=(g.id, inc, reason))
+        log.info("gang %s -> %s: %s", g.id, state.name, reason)
+        return written
+
+    def _live_member_nodes(self, g: GangRecord) -> set[str]:
+        reports = self.members.get((g.id, g.incarnation), {})
+        nodes = set()
+        for m in g.placement:
+            rep = reports.get(m.rank)
+            if rep is None or rep.phase.live:
+                # unknown counts as live: we may have assigned it already
+                if g.state in (GangState.RESERVED, GangState.STARTING, GangState.RUNNING) or rep is not None:
+                    nodes.add(m.node)
+        return nodes
+
+    def _drop_reservation(self, gang_id: str) -> None:
+        self.reservations.pop(gang_id, None)
+        self.ledger.release(gang_id)
+
+    # ---------------------------------------------------------------- cycle
+    def placeable_nodes(self) -> list[NodeView]:
+        views = []
+        for name, rec in self.nodes.items():
+            live = self.liveness.get(name)
+            if live is None or not live.ready or name not in self.conns:
+                continue
+            topo = rec.topology
+            used_g = self.ledger.used_gpus(name)
+            used_n = self.ledger.used_nics(name)
+            views.append(NodeView(
+                topology=topo,
+                free_gpus=frozenset(topo.gpu_indices) - used_g,
+                free_nics=frozenset(n.name for n in topo.nics if n.usable) - used_n,
+                ready=True,
+            ))
+        return views
+
+    async def cycle(self) -> None:
+        self.check_valid()
+        await self._check_liveness()
+        pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight]
+        if not pending:
+            return
+        decisions = plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az)
+        sem = asyncio.Semaphore(self.config.reserve_parallelism)
+        for d in decisions:
+            if isinstance(d, Reserve):
+                # Hold the devices in memory now, so later decisions (this
+                # cycle or the next) never see them free; undone on failure.
+                r = self._reservation_for(d.gang, d.placement)
+                self.reservations[d.gang.id] = r
+                self.ledger.hold(r)
+                self._inflight.add(d.gang.id)
+                self._spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
+            elif isinstance(d, KeepPending):
+                if self.pending_reason.get(d.gang.id) != d.reason:
+                    self.pending_reason[d.gang.id] = d.reason
+                    log.debug("gang %s pending: %s", d.gang.id, d.reason)
+            elif isinstance(d, FailAdmission):
+                self._inflight.add(d.gang.id)
+                self._spawn(self._fail_admission(d.gang, d.reason), f"timeout-{d.gang.id}")
+
+    def _reservation_for(self, g: GangRecord, p: Placement) -> Reservation:
+        nodes: dict[str, NodeDevices] = {}
+        for m in p.members:
+            cur = nodes.get(m.node, NodeDevices((), ()))
+            nodes[m.node] = NodeDevices(tuple(sorted(cur.gpus + tuple(m.gpus))), tuple(sorted(cur.nics + tuple(m.nics))))
+        return Reservation(self.az, g.id, g.incarnation, "COMMITTED", nodes, self.epoch)
+
+    async def _reserve(self, g: GangRecord, p: Placement, r: Reservation, sem: asyncio.Semaphore) -> None:
+        """All of a gang's devices in ONE fenced etcd transaction."""
+        try:
+            async with sem:
+                placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
+                new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall())
+                key = self.keys.reservation(self.az, g.id)
+                written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)])
+        except BaseException:
+            if self.reservations.get(g.id) is r:
+                self._drop_reservation(g.id)
+            raise
+        finally:
+            self._inflight.discard(g.id)
+        self.pending_reason.pop(g.id, None)
+        self._dispatch(written)
+        self._spawn(self._mark_starting(written), f"starting-{g.id}")
+
+    async def _mark_starting(self, g: GangRecord) -> None:
+        cur = self.gangs.get(g.id)
+        if cur is None or cur.state != GangState.RESERVED or cur.incarnation != g.incarnation:
+            return
+        await self._write_gang(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.wall()), cur)
+        await self._evaluate(g.id)
+
+    async def _fail_admission(self, g: GangRecord, reason: str) -> None:
+        try:
+            await self._finish(g, GangState.FAILED, reason)
+        finally:
+            self._inflight.discard(g.id)
+
+    # ------------------------------------------------------------ dispatch
+    def _dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
+        if not g.placement:
+            return
+        rank0 = g.placement[0]
+        by_node: dict[str, list[MemberAssignment]] = {}
+        for m in g.placement:
+            by_node.setdefault(m.node, []).append(m)
+        # A port per gang (deterministic from its id), for MASTER_PORT.
+        port = 20000 + (int.from_bytes(g.id.encode()[-4:], "big") % 20000)
+        for node, ms in by_node.items():
+            if only_node is not None and node != only_node:
+                continue
+            for local_rank, m in enumerate(sorted(ms, key=lambda m: m.rank)):
+                if m.rank in skip_ranks:
+                    continue
+                self._send(node, assign=dict(
+                    gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
+                    local_rank=local_rank, local_world_size=len(ms), gpus=list(m.gpus), nics=list(m.nics),
+                    command=list(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
+                    master_addr=rank0.node, master_port=port,
+                ))
+
+    def _send(self, node: str, **msg: Any) -> None:
+        conn = self.conns.get(node)
+        if conn is not None and not conn.closed:
+            conn.queue.put_nowait(msg)
+
+    # -------------------------------------------------------- agent events
+    async def on_register(self, conn: AgentConn, members: list[Any]) -> None:
+        """An agent connected: record its node (fenced write), then reconcile
+        what it runs against committed reservations."""
+        self.check_valid()
+        node = conn.node
+        old = self.conns.get(node)
+        if old is not None and old is not conn:
+            old.closed = True
+            old.queue.put_nowait(None)
+        rec = NodeRecord(topology=conn.topology, ready=True, agent_id=conn.agent_id, last_heartbeat=self.wall())
+        prev = self.nodes.get(node)
+        key = self.keys.node(self.az, node)
+        res = await self.store.fenced_txn(self.fence, [], [Put(key, rec.to_dict())])
+        self.nodes[node] = rec.__class__(**{**rec.__dict__, "mod_revision": res.revision})
+        self.conns[node] = conn
+        conn.last_seen = self.mono()
+        self.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
+        if prev is None or not prev.ready:
+            log.info("node %s ready (agent %s)", node, conn.agent_id)
+        # Reconcile: members the agent reports.
+        reported: dict[tuple[str, int], set[int]] = {}
+        for m in members:
+            key_ = (m.gang, m.incarnation)
+            g = self.gangs.get(m.gang)
+            committed = self.reservations.get(m.gang)
+            if g is None or committed is None or committed.incarnation != m.incarnation or committed.status == "PREPARED":
+                self._send(node, revoke=(m.gang, m.incarnation, "no committed reservation for this member"))
+                continue
+            reported.setdefault(key_, set()).add(m.rank)
+            self.members.setdefault(key_, {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
+        # Reservations on this node whose members the agent does not report.
+        for g in list(self.gangs.values()):
+            mine = [m for m in g.placement if m.node == node]
+            if not mine:
+                continue
+            have = reported.get((g.id, g.incarnation), set())
+            missing = {m.rank for m in mine} - have
+            if not missing:
+                continue
+            if g.state in (GangState.RESERVED, GangState.STARTING):
+                self._dispatch(g, only_node=node, skip_ranks=have)
+            elif g.state == GangState.RUNNING:
+                for rank in missing:
+                    self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(
+                        MemberPhase.FAILED, -1, "member vanished (agent restarted without it)", node)
+            elif g.state.terminal:
+                # RELEASING: the agent does not run them any more.
+                for rank in missing:
+                    self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(MemberPhase.STOPPED, 0, "gone", node)
+        for key_ in reported:
+            await self._evaluate(key_[0])
+        for g in list(self.gangs.values()):
+            if any(m.node == node for m in g.placement):
+                await self._evaluate(g.id)
+        self.wake.set()
+
+    def on_heartbeat(self, conn: AgentConn) -> bool:
+        """Returns whether to acknowledge: only while we are a valid leader."""
+        conn.last_seen = self.mono()
+        live = self.liveness.get(conn.node)
+        if live is not None:
+            live.last_contact = conn.last_seen
+        return self.session.is_valid() and not self.stopped.is_set()
+
+    async def on_member(self, conn: AgentConn, m: Any) -> None:
+        conn.last_seen = self.mono()
+        g = self.gangs.get(m.gang)
+        if g is None or g.incarnation != m.incarnation:
+            return
+        self.members.setdefault((m.gang, m.incarnation), {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
+        await self._evaluate(m.gang)
+
+    def on_disconnect(self, conn: AgentConn) -> None:
+        if self.conns.get(conn.node) is conn:
+            del self.conns[conn.node]
+            live = self.liveness.get(conn.node)
+            if live is not None:
+                live.ready = False
+        conn.closed = True
+
+    async def _evaluate(self, gang_id: str) -> None:
+        g = self.gangs.get(gang_id)
+        if g is None or gang_id in self._inflight:
+            return
+        reports = self.members.get((g.id, g.incarnation), {})
+        if g.state.terminal:
+            # RELEASING: free the devices once no member can be alive.
+            if g.id in self.reservations and not any(reports.get(m.rank, progress.MemberReport(MemberPhase.RUNNING)).phase.live for m in g.placement):
+                await self._release(g)
+            return
+        tr = progress.evaluate(g.state, len(g.placement), reports)
+        if tr is None:
+            return
+        self._inflight.add(gang_id)
+        try:
+            if tr.to.terminal:
+                await self._finish(g, tr.to, tr.reason)
+            else:
+                await self._write_gang(g.evolve(state=tr.to, reason=tr.reason, updated_at=self.wall()), g)
+        except Conflict as exc:
+            log.info("gang %s: %s", gang_id, exc)
+        finally:
+            self._inflight.discard(gang_id)
+        # A terminal transition may already allow the release.
+        if tr.to.terminal:
+            g2 = self.gangs.get(gang_id)
+            if g2 is not None and g2.state.terminal:
+                await self._evaluate(gang_id)
+
+    async def _release(self, g: GangRecord) -> None:
+        key = self.keys.reservation(self.az, g.id)
+        r = self.reservations.get(g.id)
+        if r is None:
+            return
+        self.check_valid()
+        await self.store.fenced_txn(self.fence, [], [Delete(key)])
+        self._drop_reservation(g.id)
+        self.gangs.pop(g.id, None)
+        self.members.pop((g.id, g.incarnation), None)
+        self.wake.set()
+
+    # ------------------------------------------------------------ liveness
+    async def _check_liveness(self) -> None:
+        now = self.mono()
+        for node, live in list(self.liveness.items()):
+            silent = now - live.last_contact
+            rec = self.nodes.get(node)
+            if live.ready and silent > self.t.node_not_ready_after_s:
+                live.ready = False
+                conn = self.conns.pop(node, None)
+                if conn is not None:
+                    conn.closed = True
+                    conn.queue.put_nowait(None)
+            if rec is not None and rec.ready and not live.ready and silent > self.t.node_not_ready_after_s:
+                new = NodeRecord(rec.topology, False, rec.agent_id, rec.last_heartbeat, f"no heartbeat for {silent:.1f}s")
+                self.check_valid()
+                res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
+                self.nodes[node] = NodeRecord(new.topology, False, new.agent_id, new.last_heartbeat, new.reason, res.revision)
+                log.warning("node %s not ready: %s", node, new.reason)
+            if silent > self.t.replace_after_s and not live.ready:
+                # Past the node's fence deadline its agent has stopped every
+                # member: fail gangs that had members there and free devices.
+                for g in list(self.gangs.values()):
+                    if any(m.node == node for m in g.placement):
+                        reports = self.members.setdefault((g.id, g.incarnation), {})
+                        for m in g.placement:
+                            if m.node == node:
+                                reports[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)", node)
+                        await self._evaluate(g.id)
+
+    # ---------------------------------------------------------------- view
+    def explain_pending(self, gang_id: str) -> str:
+        return self.pending_reason.get(gang_id, "")
+
+
+
+def unchanged_rev(key: str, rev: int) -> Compare:
+    return Compare(key, "mod", "==", rev)

@@ -1,0 +1,165 @@
+"""One coordinator replica: gRPC server + election loop (DESIGN §1).
+
+Serves GangService (reads from etcd; writes at the leader, forwarded by
+standbys), AgentService (leader only), CoordinatorPeer (cross-AZ, issue 3),
+standard health checking and server reflection. Campaigns for its AZ's leader
+key and runs an ``AzLeader`` while it holds it; on losing it, steps down and
+campaigns again with a fresh lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator.agents import AgentServicer
+from coordinator.config import CoordinatorConfig
+from coordinator.election import Election, LeaseLost, LeaseSession
+from coordinator.leader import AzLeader
+from coordinator.service import GangServicer
+from coordinator.store import Store, StoreUnavailable, jitter
+from phalanx.errors import NotLeader
+from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
+    """Cross-AZ two-phase reservations arrive with issue 3; until then every
+    call is refused with UNIMPLEMENTED (and changes nothing)."""
+
+    async def Prepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cross-AZ two-phase reservations are not yet supported")
+
+    async def Commit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cross-AZ two-phase reservations are not yet supported")
+
+    async def Abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cross-AZ two-phase reservations are not yet supported")
+
+
+class Coordinator:
+    def __init__(self, config: CoordinatorConfig):
+        self.config = config.validate()
+        self.store = Store(list(config.etcd), config.cluster, timeout=config.timings.etcd_timeout_s)
+        self.leader: AzLeader | None = None
+        self.address = ""
+        self.server: grpc.aio.Server | None = None
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self._stopping = asyncio.Event()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.wall = time.time
+        self.leader_changes = 0
+
+    def peer_channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)])
+            self._channels[address] = ch
+        return ch
+
+    async def start(self) -> str:
+        await self.store.connect()
+        opts = [
+            ("grpc.max_receive_message_length", self.config.max_request_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(options=opts)
+        gang_pb2_grpc.add_GangServiceServicer_to_server(GangServicer(self), server)
+        agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
+        peer_pb2_grpc.add_CoordinatorPeerServicer_to_server(PeerServicer(), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = [
+            gang_pb2.DESCRIPTOR.services_by_name["GangService"].full_name,
+            agent_pb2.DESCRIPTOR.services_by_name["AgentService"].full_name,
+            peer_pb2.DESCRIPTOR.services_by_name["CoordinatorPeer"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(names, server)
+        port = server.add_insecure_port(self.config.listen)
+        if port == 0:
+            raise OSError(f"cannot listen on {self.config.listen}")
+        host = self.config.listen.rsplit(":", 1)[0]
+        self.address = self.config.advertise or f"{host}:{port}"
+        await server.start()
+        self.server = server
+        await self._set_health(serving=True)
+        return self.address
+
+    async def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for svc in ("", "phalanx.v1.GangService"):
+            r = self.health.set(svc, status)
+            if asyncio.iscoroutine(r):
+                await r
+
+    async def run(self) -> None:
+        """Campaign, lead, step down, repeat — until ``stop()``."""
+        t = self.config.timings
+        election = Election(self.store, self.config.az, self.config.coordinator_id, self.address, t)
+        while not self._stopping.is_set():
+            session = LeaseSession(self.store, t)
+            try:
+                await session.start()
+            except StoreUnavailable as exc:
+                log.info("cannot start a lease session: %s", exc)
+                await self._sleep(jitter(t.campaign_retry_s * 2))
+                continue
+            leader_info = None
+            try:
+                campaign = asyncio.create_task(election.campaign(session))
+                stop = asyncio.create_task(self._stopping.wait())
+                done, _ = await asyncio.wait({campaign, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if campaign not in done:
+                    campaign.cancel()
+                    await asyncio.gather(campaign, return_exceptions=True)
+                    break
+                leader_info = campaign.result()
+                self.leader_changes += 1
+                log.info("%s leads %s with epoch %d", self.config.coordinator_id, self.config.az, leader_info.epoch)
+                leader = AzLeader(self.store, self.config, leader_info, session)
+                self.leader = leader
+                lead = asyncio.create_task(leader.run())
+                stop = asyncio.create_task(self._stopping.wait())
+                done, _ = await asyncio.wait({lead, stop}, return_when=asyncio.FIRST_COMPLETED)
+                stop.cancel()
+                if lead not in done:
+                    lead.cancel()
+                await asyncio.gather(lead, return_exceptions=True)
+                exc = lead.exception() if lead.done() and not lead.cancelled() else None
+                if exc is not None:
+                    log.warning("%s steps down in %s: %r", self.config.coordinator_id, self.config.az, exc)
+            except (LeaseLost, NotLeader) as exc:
+                log.warning("%s lost leadership of %s: %s", self.config.coordinator_id, self.config.az, exc)
+            finally:
+                self.leader = None
+                if leader_info is not None and self._stopping.is_set() and session.is_valid():
+                    await election.resign(leader_info)
+                await session.close(revoke=True)
+            await self._sleep(jitter(t.campaign_retry_s))
+
+    async def _sleep(self, s: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), s)
+        except asyncio.TimeoutError:
+            pass
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def close(self) -> None:
+        self._stopping.set()
+        await self._set_health(serving=False)
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+        for ch in self._channels.values():
+            await ch.close()
+        await self.store.close()

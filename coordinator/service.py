@@ -1,0 +1,300 @@
+"""GangService servicer: protobuf -> domain -> driver -> protobuf (STYLE §8).
+
+Reads are served by any replica from etcd (linearizable reads). Writes go to
+the AZ leader: a standby forwards them to the leader it finds in
+``leader/<az>`` (one hop: a forwarded request is never forwarded again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from coordinator import convert
+from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, place
+from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation
+from coordinator.election import observe, observe_all
+from coordinator.store import Compacted, StoreUnavailable
+from phalanx import wire
+from phalanx.errors import InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
+from phalanx.model import GangState, Level
+from phalanx.spec import InvalidSpec
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import gang_pb2_grpc as ggrpc
+from phalanx.v1 import types_pb2 as pb
+
+if TYPE_CHECKING:
+    from coordinator.server import Coordinator
+
+log = logging.getLogger(__name__)
+
+FORWARDED = "x-phalanx-forwarded"
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """Domain errors -> status codes, by table (phalanx.errors)."""
+    if isinstance(exc, InvalidSpec):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+    if isinstance(exc, PhalanxError):
+        await context.abort(exc.code, str(exc))
+    log.exception("internal error")
+    await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc!r}")
+
+
+def handled(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def wrapper(self: "GangServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated, never leaked
+            await _abort(context, exc)
+
+    wrapper.__name__ = fn.__name__
+    return wrapper
+
+
+def _valid_id(value: str, field: str = "id") -> str:
+    if not value:
+        raise InvalidArgument(f"{field}: is required")
+    if len(value) > 128 or "/" in value or not value.isprintable():
+        raise InvalidArgument(f"{field}: not a valid gang id or name: {value[:64]!r}")
+    return value
+
+
+class GangServicer(ggrpc.GangServiceServicer):
+    def __init__(self, coordinator: "Coordinator"):
+        self.c = coordinator
+        self.store = coordinator.store
+        self.keys = coordinator.store.keys
+
+    # ------------------------------------------------------------- writes
+    async def _leader_or_forward(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> tuple[Any, Any]:
+        """(leader, None) when we lead; else (None, the leader's response)."""
+        leader = self.c.leader
+        if leader is not None:
+            return leader, None
+        if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
+            raise NotLeader(f"coordinator {self.c.config.coordinator_id} is not the leader of {self.c.config.az}; retry")
+        info = await observe(self.store, self.c.config.az)
+        if info is None or not info.address:
+            raise Unavailable(f"{self.c.config.az} has no leader right now; retry shortly")
+        if info.coordinator_id == self.c.config.coordinator_id:
+            raise Unavailable(f"{self.c.config.az}: leadership is changing; retry shortly")
+        stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
+        try:
+            resp = await getattr(stub, method)(request, timeout=self.c.config.timings.etcd_timeout_s * 5, metadata=((FORWARDED, "1"),))
+        except grpc.aio.AioRpcError as exc:
+            await context.abort(exc.code(), exc.details() or "")
+        return None, resp
+
+    @handled
+    async def SubmitGang(self, request: gpb.SubmitGangRequest, context: grpc.aio.ServicerContext) -> gpb.SubmitGangResponse:
+        spec = wire.spec_from_pb(request.spec)
+        key = request.idempotency_key
+        if len(key) > 128 or "/" in key:
+            raise InvalidArgument("idempotency_key: at most 128 characters and no '/'")
+        if spec.topology.may_span_azs:
+            raise Unimplemented(
+                "topology.allow_cross_az: gangs that may span AZs (allow_cross_az or required: region) "
+                "are not yet supported; two-phase cross-AZ reservations are coming"
+            )
+        leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request)
+        if forwarded is not None:
+            return forwarded
+        rec, created = await leader.submit(spec, key)
+        return gpb.SubmitGangResponse(gang=convert.gang_to_pb(rec), created=created)
+
+    @handled
+    async def CancelGang(self, request: gpb.CancelGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
+        rec = await self._load(request.id)
+        if rec.state.terminal:
+            from phalanx.errors import FailedPrecondition
+
+            raise FailedPrecondition(f"id: gang {rec.id} is already {rec.state.name}; nothing to cancel")
+        if rec.owner_az != self.c.config.az:
+            # Owned by another AZ: forward to that AZ's leader.
+            info = await observe(self.store, rec.owner_az)
+            if info is None:
+                raise Unavailable(f"{rec.owner_az}, which owns gang {rec.id}, has no leader right now; retry shortly")
+            stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
+            try:
+                return await stub.CancelGang(request, timeout=5.0)
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details() or "")
+        leader, forwarded = await self._leader_or_forward(context, "CancelGang", request)
+        if forwarded is not None:
+            return forwarded
+        return convert.gang_to_pb(await leader.cancel(rec.id, request.reason))
+
+    # -------------------------------------------------------------- reads
+    async def _load(self, ident: str) -> GangRecord:
+        ident = _valid_id(ident)
+        kv = await self.store.get(self.keys.gang(ident))
+        if kv is None:
+            name_kv = await self.store.get(self.keys.name(ident))
+            if name_kv is not None:
+                kv = await self.store.get(self.keys.gang(name_kv.json()["id"]))
+        if kv is None:
+            raise NotFound(f"id: no gang {ident!r} (neither an id nor the name of a live gang)")
+        return GangRecord.from_dict(kv.json(), kv.mod_revision)
+
+    @handled
+    async def GetGang(self, request: gpb.GetGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
+        return convert.gang_to_pb(await self._load(request.id))
+
+    @handled
+    async def ListGangs(self, request: gpb.ListGangsRequest, context: grpc.aio.ServicerContext) -> gpb.ListGangsResponse:
+        states = set()
+        for s in request.states:
+            try:
+                states.add(GangState(s))
+            except ValueError:
+                raise InvalidArgument(f"states: unknown gang state {s}") from None
+        if request.limit < 0:
+            raise InvalidArgument("limit: must not be negative")
+        kvs, _ = await self.store.get_prefix(self.keys.gangs())
+        out = []
+        for kv in kvs:
+            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+            if states and g.state not in states:
+                continue
+            if request.queue and g.spec.queue != request.queue:
+                continue
+            if request.owner_az and g.owner_az != request.owner_az:
+                continue
+            if request.name_prefix and not g.spec.name.startswith(request.name_prefix):
+                continue
+            out.append(g)
+        out.sort(key=lambda g: (g.submitted_at, g.id))
+        if request.limit:
+            out = out[-request.limit:]
+        return gpb.ListGangsResponse(gangs=[convert.gang_to_pb(g) for g in out])
+
+    async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
+        try:
+            rec = await self._load(request.id)
+        except Exception as exc:  # noqa: BLE001
+            await _abort(context, exc)
+            return
+        yield gpb.GangEvent(gang=convert.gang_to_pb(rec), revision=rec.mod_revision)
+        if rec.state.terminal:
+            return
+        key = self.keys.gang(rec.id)
+        start = rec.mod_revision + 1
+        while True:
+            try:
+                async for batch in self.store.watch_prefix(key, start, exact=True):
+                    for ev in batch:
+                        start = ev.revision + 1
+                        if ev.kind == "delete":
+                            return
+                        g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
+                        yield gpb.GangEvent(gang=convert.gang_to_pb(g), revision=ev.revision)
+                        if g.state.terminal:
+                            return
+            except Compacted:
+                # Missed history: re-read the current state and carry on.
+                try:
+                    rec = await self._load(rec.id)
+                except Exception as exc:  # noqa: BLE001
+                    await _abort(context, exc)
+                    return
+                yield gpb.GangEvent(gang=convert.gang_to_pb(rec), revision=rec.mod_revision)
+                if rec.state.terminal:
+                    return
+                start = rec.mod_revision + 1
+            except StoreUnavailable as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+
+    async def _az_state(self, az: str) -> tuple[dict[str, NodeRecord], DeviceLedger]:
+        node_kvs, _ = await self.store.get_prefix(self.keys.nodes(az))
+        res_kvs, _ = await self.store.get_prefix(self.keys.reservations(az))
+        nodes = {}
+        for kv in node_kvs:
+            n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
+            nodes[n.name] = n
+        reservations = {}
+        for kv in res_kvs:
+            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+            reservations[r.gang] = r
+        return nodes, DeviceLedger.from_reservations(reservations)
+
+    @handled
+    async def ExplainGang(self, request: gpb.ExplainGangRequest, context: grpc.aio.ServicerContext) -> gpb.ExplainGangResponse:
+        g = await self._load(request.id)
+        resp = gpb.ExplainGangResponse(gang=convert.gang_to_pb(g))
+        if g.state != GangState.PENDING:
+            where = ", ".join(sorted({f"{m.node}" for m in g.placement}))
+            span = f" spanning one {g.span.label}" if g.span else ""
+            resp.summary = f"{g.state.name}: {g.reason}" + (f"; placed{span} on {where}" if where else "")
+            return resp
+        # Recompute "why not now" from the current durable state of the
+        # owner AZ; any replica can answer.
+        nodes, ledger = await self._az_state(g.owner_az)
+        views = [
+            NodeView(
+                topology=n.topology,
+                free_gpus=frozenset(n.topology.gpu_indices) - ledger.used_gpus(n.name),
+                free_nics=frozenset(x.name for x in n.topology.nics if x.usable) - ledger.used_nics(n.name),
+                ready=n.ready,
+            )
+            for n in nodes.values()
+        ]
+        result = place(PlacementRequest.from_spec(g.id, g.spec, azs=frozenset({g.owner_az})), views)
+        waited = max(0.0, self.c.wall() - g.submitted_at)
+        if isinstance(result, Unplaceable):
+            resp.summary = f"PENDING for {waited:.0f}s: {result.reason}"
+            resp.shortfalls.extend(convert.shortfall_to_pb(s) for s in result.shortfalls)
+        else:
+            resp.summary = (
+                f"PENDING for {waited:.0f}s: it fits now ({result.reason}); "
+                "the leader admits it on its next cycle unless older or higher-priority gangs take the space"
+            )
+        return resp
+
+    @handled
+    async def ListNodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:
+        azs = [request.az] if request.az else sorted(await self._azs())
+        out = []
+        for az in azs:
+            nodes, ledger = await self._az_state(az)
+            for name in sorted(nodes):
+                out.append(convert.node_to_pb(nodes[name], ledger.used_gpus(name)))
+        return gpb.ListNodesResponse(nodes=out)
+
+    async def _azs(self) -> set[str]:
+        kvs, _ = await self.store.get_prefix(self.keys.nodes(), keys_only=True)
+        azs = {kv.key[len(self.keys.nodes()):].split("/", 1)[0] for kv in kvs}
+        azs |= set((await observe_all(self.store)).keys())
+        return azs
+
+    @handled
+    async def ClusterStatus(self, request: gpb.ClusterStatusRequest, context: grpc.aio.ServicerContext) -> gpb.ClusterStatusResponse:
+        leaders = await observe_all(self.store)
+        azs = sorted(set(leaders) | await self._azs())
+        resp = gpb.ClusterStatusResponse(cluster=self.keys.cluster, served_by=self.c.config.coordinator_id)
+        for az in azs:
+            nodes, ledger = await self._az_state(az)
+            info = leaders.get(az)
+            total = sum(len(n.topology.gpus) for n in nodes.values())
+            used = sum(len(ledger.used_gpus(n)) for n in nodes)
+            resp.azs.append(gpb.AzStatus(
+                az=az,
+                has_leader=info is not None,
+                leader_id=info.coordinator_id if info else "",
+                leader_address=info.address if info else "",
+                epoch=info.epoch if info else 0,
+                nodes_ready=sum(1 for n in nodes.values() if n.ready),
+                nodes_total=len(nodes),
+                gpus_total=total,
+                gpus_free=total - used,
+            ))
+        kvs, _ = await self.store.get_prefix(self.keys.gangs())
+        for kv in kvs:
+            state = kv.json().get("state", "UNKNOWN")
+            resp.gangs_by_state[state] = resp.gangs_by_state[state] + 1
+        return resp

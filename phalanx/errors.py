@@ -1,0 +1,83 @@
+"""The small error hierarchy shared by SDK, coordinator and agent.
+
+Translated at the boundaries by table (STYLE §6): the coordinator's servicers
+map these to gRPC status codes, the SDK maps status codes back.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class PhalanxError(Exception):
+    """Base of every error Phalanx raises on purpose."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(PhalanxError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(PhalanxError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(PhalanxError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(PhalanxError):
+    """The request is valid but the gang is in the wrong state (e.g. cancel of a
+    finished gang)."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Unimplemented(PhalanxError):
+    code = grpc.StatusCode.UNIMPLEMENTED
+
+
+class StoreUnavailable(PhalanxError):
+    """etcd cannot be reached or has no leader; nothing was written."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class NotLeader(PhalanxError):
+    """This coordinator is not (or no longer) its AZ's leader. Raised when a
+    fenced compare fails: step down, never retry blindly."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class Conflict(PhalanxError):
+    """A guarded write lost its compare (someone else changed the record)."""
+
+    code = grpc.StatusCode.ABORTED
+
+
+class PermissionDenied(PhalanxError):
+    """A peer or agent message from a coordinator that is not a current leader."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+_BY_CODE: dict[grpc.StatusCode, type[PhalanxError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
+    grpc.StatusCode.UNAVAILABLE: StoreUnavailable,
+    grpc.StatusCode.ABORTED: Conflict,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+}
+
+
+def from_status(code: grpc.StatusCode, message: str) -> PhalanxError:
+    """The SDK's half of the table: a gRPC status back to a typed error."""
+    cls = _BY_CODE.get(code, PhalanxError)
+    err = cls(message or code.name)
+    err.code = code
+    return err
