@@ -91,6 +91,7 @@ class Agent:
         self.leader_epoch = 0
         self.fenced_count = 0
         self._seq = 0
+        self._last_heard = 0.0
         # Assignment handling is serialized so ledger checks and starts never
         # interleave for one node.
         self._lock = asyncio.Lock()
@@ -186,12 +187,18 @@ class Agent:
 
         call = stub.Session(upward())
         beat = asyncio.create_task(self._heartbeat_loop(outbox), name=f"hb-{self.node}")
+        # A leader that stops answering (paused, partitioned) keeps its TCP
+        # stream open: drop it after a few silent heartbeats and look the
+        # leader up again, so a successor is found well before fence_after_s.
+        self._last_heard = time.monotonic()
+        watchdog = asyncio.create_task(self._silence_watchdog(call), name=f"wd-{self.node}")
         try:
             async for msg in call:
                 if not self.guard.accept(msg.epoch):
                     self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)
                     log.warning("agent %s ignored a message with stale epoch %d (highest %d)", self.node, msg.epoch, self.guard.highest)
                     continue
+                self._last_heard = time.monotonic()
                 kind = msg.WhichOneof("kind")
                 if kind in ("welcome", "heartbeat_ack"):
                     # Heard a valid leader (it acks only while its lease is valid).
@@ -208,9 +215,19 @@ class Agent:
                     asyncio.create_task(self._on_revoke(msg.epoch, msg.revoke))
         finally:
             beat.cancel()
+            watchdog.cancel()
             outbox.put_nowait(None)
             self._outbox = None
             call.cancel()
+
+    async def _silence_watchdog(self, call: Any) -> None:
+        limit = max(3 * self.t.heartbeat_interval_s, self.t.reconnect_budget_s)
+        while True:
+            await asyncio.sleep(self.t.heartbeat_interval_s / 2)
+            if time.monotonic() - self._last_heard > limit:
+                log.info("agent %s: leader silent for %.1fs; reconnecting", self.node, time.monotonic() - self._last_heard)
+                call.cancel()
+                return
 
     async def _heartbeat_loop(self, outbox: asyncio.Queue) -> None:
         n = 0

@@ -46,6 +46,7 @@ async def run_agents(
     state_dir: Path | None = None,
     ready_line: bool = True,
     stop_event: asyncio.Event | None = None,
+    history: list | None = None,
 ) -> None:
     store = await Store(etcd, cluster, timeout=timings.etcd_timeout_s).connect()
     channels: dict = {}
@@ -53,6 +54,7 @@ async def run_agents(
         Agent(
             cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=f"{t.node}-agent",
             launcher_factory=launcher_factory(launch, state_dir, f"{t.node}-agent"), channels=channels,
+            history=(lambda ev, d: history.append((ev, d))) if history is not None else None,
         )
         for t in topologies
     ]

@@ -1,0 +1,245 @@
+"""A real local Phalanx cluster for integration tests.
+
+Coordinators are real processes (so tests can SIGKILL / SIGSTOP them);
+simulated agents run in the test's event loop (so tests can read their
+history). Everything talks over real gRPC on loopback to a real etcd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from agent.sim import run_agents
+from coordinator.config import Timings
+from coordinator.core.records import GangRecord, Reservation
+from coordinator.election import LeaderInfo, observe
+from coordinator.store import Get, Store
+from phalanx.model import GangState
+from phalanx.topology import Gpu, Nic, NodeTopology
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import gang_pb2_grpc as ggrpc
+from phalanx.v1 import types_pb2 as pb
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dgx_node(name: str, az: str, *, spine: str = "s0", leaf: str = "l0", gpus: int = 8) -> NodeTopology:
+    return NodeTopology(
+        node=name, az=az, region="local", spine=spine, leaf=leaf,
+        gpus=tuple(Gpu(index=i, model="H100", numa_node=i * 2 // gpus, nvlink_island=0) for i in range(gpus)),
+        nics=tuple(Nic(name=f"mlx5_{i}", numa_node=i * 2 // gpus, rate_gbps=400, link_layer="Ethernet", rail=i) for i in range(gpus)),
+    )
+
+
+@dataclass
+class CoordProc:
+    id: str
+    az: str
+    proc: subprocess.Popen
+    address: str
+    log_path: Path
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@dataclass
+class AgentGroup:
+    az: str
+    task: asyncio.Task
+    stop: asyncio.Event
+    history: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+class LocalCluster:
+    def __init__(self, etcd: str, cluster: str, workdir: Path, timings: Timings | None = None):
+        self.etcd = etcd
+        self.cluster = cluster
+        self.workdir = workdir
+        self.timings = timings or Timings.fast()
+        self.coordinators: dict[str, CoordProc] = {}
+        self.agent_groups: list[AgentGroup] = []
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.store = Store(etcd, cluster, timeout=2.0)
+
+    def _timings_json(self) -> str:
+        import dataclasses
+        import json
+
+        return json.dumps(dataclasses.asdict(self.timings))
+
+    def start_coordinator(self, az: str, cid: str, extra_env: dict[str, str] | None = None) -> CoordProc:
+        log_path = self.workdir / f"{cid}.log"
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "coordinator", "--cluster", self.cluster, "--az", az, "--id", cid,
+             "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO"],
+            stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO, env=env,
+        )
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else ""
+        if "PHALANX_COORDINATOR_READY" not in line:
+            proc.kill()
+            raise RuntimeError(f"coordinator {cid} did not start: {line!r}\n{log_path.read_text()}")
+        address = line.split("address=")[1].strip()
+        c = CoordProc(cid, az, proc, address, log_path)
+        self.coordinators[cid] = c
+        return c
+
+    async def start(self) -> "LocalCluster":
+        await self.store.connect()
+        return self
+
+    def start_agents(self, az: str, topologies: list[NodeTopology]) -> AgentGroup:
+        stop = asyncio.Event()
+        history: list[tuple[str, dict[str, Any]]] = []
+        group = AgentGroup(az, None, stop, history)  # type: ignore[arg-type]
+
+        async def go() -> None:
+            await run_agents(cluster=self.cluster, az=az, etcd=self.etcd, topologies=topologies,
+                             timings=self.timings, ready_line=False, stop_event=stop, history=history)
+
+        group.task = asyncio.create_task(go())
+        self.agent_groups.append(group)
+        return group
+
+    def stub(self, address: str | None = None) -> ggrpc.GangServiceStub:
+        address = address or next(iter(self.coordinators.values())).address
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = grpc.aio.insecure_channel(address)
+            self._channels[address] = ch
+        return ggrpc.GangServiceStub(ch)
+
+    async def leader(self, az: str) -> LeaderInfo | None:
+        return await observe(self.store, az)
+
+    async def wait_leader(self, az: str, *, not_epoch: int = 0, timeout: float = 30.0) -> LeaderInfo:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = await self.leader(az)
+            if info is not None and info.epoch != not_epoch:
+                return info
+            await asyncio.sleep(0.05)
+        raise TimeoutError(f"no (new) leader in {az} after {timeout}s")
+
+    async def wait_nodes_ready(self, az: str, n: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = await self.stub().ClusterStatus(gpb.ClusterStatusRequest(), timeout=5)
+            for a in st.azs:
+                if a.az == az and a.nodes_ready >= n:
+                    return
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"{az}: fewer than {n} nodes ready after {timeout}s")
+
+    async def submit(self, spec: pb.GangSpec, key: str = "", address: str | None = None) -> pb.Gang:
+        resp = await self.stub(address).SubmitGang(gpb.SubmitGangRequest(spec=spec, idempotency_key=key), timeout=10)
+        return resp.gang
+
+    async def wait_state(self, gang_id: str, states: set[int], timeout: float = 30.0) -> pb.Gang:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                last = await self.stub().GetGang(gpb.GetGangRequest(id=gang_id), timeout=5)
+                if last.state in states:
+                    return last
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"{gang_id} not in {states} after {timeout}s; last: {last}")
+
+    async def etcd_gangs(self) -> dict[str, GangRecord]:
+        kvs, _ = await self.store.get_prefix(self.store.keys.gangs())
+        return {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in kvs)}
+
+    async def etcd_reservations(self) -> dict[tuple[str, str], Reservation]:
+        kvs, _ = await self.store.get_prefix(self.store.keys.reservations())
+        return {(r.az, r.gang): r for r in (Reservation.from_dict(kv.json(), kv.mod_revision) for kv in kvs)}
+
+    async def check_etcd_invariants(self) -> list[str]:
+        """No GPU reserved twice; every reserved gang's record and reservation
+        agree in full (never partial); no reservation for a gang that is
+        neither holding devices nor releasing them."""
+        # One txn = one consistent snapshot of both prefixes.
+        snap = await self.store.txn([], [Get(self.store.keys.gangs(), prefix=True), Get(self.store.keys.reservations(), prefix=True)])
+        gangs = {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[0])}
+        res = {(r.az, r.gang): r for r in (Reservation.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[1])}
+        problems = []
+        seen: dict[tuple[str, str, int], str] = {}
+        for (az, gang), r in res.items():
+            for node, dev in r.nodes.items():
+                for gpu in dev.gpus:
+                    k = (az, node, gpu)
+                    if k in seen:
+                        problems.append(f"GPU {k} reserved by {seen[k]} and {gang}")
+                    seen[k] = gang
+            g = gangs.get(gang)
+            if g is None:
+                problems.append(f"reservation {az}/{gang} for an unknown gang")
+                continue
+            if not g.state.holds_devices and r.status != "RELEASING":
+                problems.append(f"reservation {az}/{gang} ({r.status}) for a {g.state.name} gang")
+        for g in gangs.values():
+            if g.state.holds_devices:
+                r = res.get((g.owner_az, g.id))
+                if r is None:
+                    problems.append(f"{g.id} is {g.state.name} without a reservation")
+                    continue
+                want: dict[str, set[int]] = {}
+                for m in g.placement:
+                    want.setdefault(m.node, set()).update(m.gpus)
+                have = {n: set(d.gpus) for n, d in r.nodes.items()}
+                if want != have:
+                    problems.append(f"{g.id}: placement {want} != reservation {have}")
+                if len(g.placement) != g.spec.members:
+                    problems.append(f"{g.id}: {len(g.placement)} of {g.spec.members} members placed")
+        return problems
+
+    async def close(self) -> None:
+        for g in self.agent_groups:
+            g.stop.set()
+        for g in self.agent_groups:
+            try:
+                await asyncio.wait_for(g.task, 15)
+            except Exception:  # noqa: BLE001
+                g.task.cancel()
+        for c in self.coordinators.values():
+            if c.proc.poll() is None:
+                c.signal(signal.SIGCONT)
+                c.signal(signal.SIGTERM)
+        for c in self.coordinators.values():
+            try:
+                c.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                c.proc.kill()
+                c.proc.wait(5)
+            if c.proc.stdout:
+                c.proc.stdout.close()
+        for ch in self._channels.values():
+            await ch.close()
+        await self.store.close()
+
+
+def tiny(name: str, members: int = 8, gpus: int = 1, duration: float = 1.0, **kw: Any) -> pb.GangSpec:
+    return pb.GangSpec(name=name, members=members, resources=pb.Resources(gpus=gpus), run=pb.RunSpec(duration_s=duration), **kw)
+
+
+TERMINAL = {pb.GANG_STATE_SUCCEEDED, pb.GANG_STATE_FAILED, pb.GANG_STATE_CANCELLED}
+STATE = GangState
