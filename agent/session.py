@@ -193,7 +193,7 @@ class Agent:
         self._last_heard = time.monotonic()
         watchdog = asyncio.create_task(self._silence_watchdog(call), name=f"wd-{self.node}")
         try:
-            async for msg in call:
+            async for msg in self._until_silent(call, watchdog):
                 if not self.guard.accept(msg.epoch):
                     self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)
                     log.warning("agent %s ignored a message with stale epoch %d (highest %d)", self.node, msg.epoch, self.guard.highest)
@@ -219,6 +219,19 @@ class Agent:
             outbox.put_nowait(None)
             self._outbox = None
             call.cancel()
+
+    @staticmethod
+    async def _until_silent(call: Any, watchdog: asyncio.Task):
+        """Iterate the stream; end quietly when the watchdog cancelled it
+        (grpc.aio surfaces a cancelled call as CancelledError, which must
+        otherwise propagate: it may be our own task being cancelled)."""
+        try:
+            async for msg in call:
+                yield msg
+        except asyncio.CancelledError:
+            if watchdog.done() and not watchdog.cancelled():
+                return
+            raise
 
     async def _silence_watchdog(self, call: Any) -> None:
         limit = max(3 * self.t.heartbeat_interval_s, self.t.reconnect_budget_s)

@@ -49,10 +49,19 @@ class CoordProc:
     proc: subprocess.Popen
     address: str
     log_path: Path
+    paused: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.proc.poll() is None and not self.paused
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, sig)
+            if sig == signal.SIGSTOP:
+                self.paused = True
+            elif sig == signal.SIGCONT:
+                self.paused = False
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -119,7 +128,9 @@ class LocalCluster:
         return group
 
     def stub(self, address: str | None = None) -> ggrpc.GangServiceStub:
-        address = address or next(iter(self.coordinators.values())).address
+        if address is None:
+            live = [c for c in self.coordinators.values() if c.usable]
+            address = (live or list(self.coordinators.values()))[0].address
         ch = self._channels.get(address)
         if ch is None:
             ch = grpc.aio.insecure_channel(address)

@@ -1,0 +1,346 @@
+"""The SDK and the ``phalanx`` command against a live cluster.
+
+One cluster per module (2 AZs x 1 coordinator x 2 simulated 8-GPU nodes),
+started with ``phalanx up --no-workload`` on the session etcd under its own
+key prefix, which is wiped and checked empty afterwards. Every test uses
+its own gang names, so tests do not see each other's gangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from phalanx import cli
+from phalanx.client import AsyncClient, Client, TerminalStateReached, state_name
+from phalanx.errors import FailedPrecondition, InvalidArgument, NotFound
+from phalanx.etcd_server import EtcdServer
+from phalanx.model import GangState
+from phalanx.up import UpProcess
+from phalanx.v1 import gang_pb2, gang_pb2_grpc
+from phalanx.v1 import types_pb2 as pb
+from tests.conftest import etcdctl
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+AZS = ("az-a", "az-b")
+NODES_PER_AZ = 2
+
+
+@pytest.fixture(scope="module")
+def address(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    cluster = "t" + uuid.uuid4().hex[:10]
+    state = tmp_path_factory.mktemp("up")
+    up = UpProcess([
+        "--no-workload", "--etcd", etcd_server.endpoint, "--cluster", cluster,
+        "--azs", str(len(AZS)), "--coordinators-per-az", "1", "--nodes-per-az", str(NODES_PER_AZ),
+        "--base-port", "0", "--state-dir", str(state),
+    ])
+    try:
+        up.start()
+        asyncio.run(_wait_nodes_ready(up.address))
+        yield up.address
+    finally:
+        code = up.stop()
+        prefix = f"/phalanx/{cluster}/"
+        etcdctl(etcd_server.endpoint, "del", "--prefix", prefix)
+        assert etcdctl(etcd_server.endpoint, "get", "--prefix", "--keys-only", prefix).strip() == ""
+    assert code == 0, "\n".join(up.lines[-40:])
+
+
+async def _wait_nodes_ready(address: str) -> None:
+    async with AsyncClient(address) as client:
+        while True:
+            st = await client.status()
+            if sum(az.nodes_ready for az in st.azs) >= len(AZS) * NODES_PER_AZ:
+                return
+            await asyncio.sleep(0.2)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def small(name: str, members: int = 2, gpus: int = 1, duration_s: float = 1.0, **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name, "members": members, "resources": {"gpus": gpus}, "run": {"duration_s": duration_s},
+    }
+    spec.update(extra)
+    return spec
+
+
+def unplaceable(name: str) -> dict[str, Any]:
+    """Needs more GPUs than the cluster has: stays PENDING until cancelled."""
+    return small(name, members=64, gpus=8, duration_s=1.0)
+
+
+def one_address(address: str, az: str = "az-a") -> str:
+    return address.split(",")[AZS.index(az)]
+
+
+# --- SDK -------------------------------------------------------------------------------------
+
+
+async def test_submit_get_list_watch(address: str) -> None:
+    name = unique("sdk")
+    async with AsyncClient(address) as client:
+        result = await client.submit(small(name))
+        gang = result.gang
+        assert result.created
+        assert gang.id.startswith(name + "-") and gang.spec.name == name
+        assert (await client.get(gang.id)).id == gang.id
+        listed = await client.list(name_prefix=name)
+        assert [g.id for g in listed] == [gang.id]
+        assert [g.id for g in await client.list(name_prefix=name, owner_az=gang.owner_az)] == [gang.id]
+
+        seen = [g async for g in client.watch(gang.id)]
+    states = [state_name(g) for g in seen]
+    assert states[-1] == "SUCCEEDED", states
+    revisions = [g.mod_revision for g in seen]
+    assert revisions == sorted(revisions) and len(set(revisions)) == len(revisions)
+    assert len(seen[-1].placement) == 2
+
+
+async def test_get_by_name_while_live(address: str) -> None:
+    name = unique("byname")
+    async with AsyncClient(address) as client:
+        gang = (await client.submit(unplaceable(name))).gang
+        try:
+            assert (await client.get(name)).id == gang.id
+        finally:
+            await client.cancel(gang.id)
+
+
+async def test_resubmit_with_same_idempotency_key_returns_the_same_gang(address: str) -> None:
+    name = unique("idem")
+    key = uuid.uuid4().hex
+    async with AsyncClient(address) as client:
+        first = await client.submit(small(name), idempotency_key=key)
+        again = await client.submit(small(name), idempotency_key=key)
+        assert first.created and not again.created
+        assert again.gang.id == first.gang.id
+        assert len(await client.list(name_prefix=name)) == 1
+        await client.wait(first.gang.id, {GangState.SUCCEEDED}, timeout=120)
+
+
+async def test_wait_outcomes(address: str) -> None:
+    async with AsyncClient(address) as client:
+        done = (await client.submit(small(unique("wait")))).gang
+        assert (await client.wait(done.id, {"succeeded"}, timeout=120)).state == GangState.SUCCEEDED
+        # A terminal gang answers at once, wanted or not.
+        with pytest.raises(TerminalStateReached) as info:
+            await client.wait(done.id, {GangState.RUNNING}, timeout=120)
+        assert info.value.state == GangState.SUCCEEDED
+
+        stuck = (await client.submit(unplaceable(unique("stuck")))).gang
+        with pytest.raises(TimeoutError) as tinfo:
+            await client.wait(stuck.id, {GangState.RUNNING}, timeout=1.0)
+        assert "PENDING" in str(tinfo.value)
+        cancelled = await client.cancel(stuck.id, reason="test")
+        assert cancelled.state == GangState.CANCELLED
+        with pytest.raises(TerminalStateReached) as info:
+            await client.wait(stuck.id, {GangState.RUNNING}, timeout=120)
+        assert info.value.state == GangState.CANCELLED
+
+
+async def test_cancel_twice_is_a_failed_precondition(address: str) -> None:
+    async with AsyncClient(address) as client:
+        gang = (await client.submit(unplaceable(unique("cancel")))).gang
+        await client.cancel(gang.id)
+        with pytest.raises(FailedPrecondition):
+            await client.cancel(gang.id)
+
+
+async def test_explain_names_the_shortfall(address: str) -> None:
+    async with AsyncClient(address) as client:
+        gang = (await client.submit(unplaceable(unique("explain")))).gang
+        try:
+            response = await client.explain(gang.id)
+            assert response.gang.id == gang.id
+            assert response.summary
+            assert response.shortfalls
+            assert all(s.members_fit < s.members_needed for s in response.shortfalls)
+        finally:
+            await client.cancel(gang.id)
+
+
+async def test_nodes_and_status(address: str) -> None:
+    async with AsyncClient(address) as client:
+        nodes = await client.nodes()
+        assert len(nodes) == len(AZS) * NODES_PER_AZ
+        assert {n.topology.az for n in nodes} == set(AZS)
+        only_b = await client.nodes(az="az-b")
+        assert len(only_b) == NODES_PER_AZ and {n.topology.az for n in only_b} == {"az-b"}
+        st = await client.status()
+        assert {az.az for az in st.azs if az.has_leader} >= set(AZS)
+        assert all(az.epoch > 0 and az.leader_address for az in st.azs if az.az in AZS)
+
+
+async def test_unknown_gang_is_not_found(address: str) -> None:
+    async with AsyncClient(address) as client:
+        with pytest.raises(NotFound):
+            await client.get(unique("nobody"))
+
+
+async def test_fails_over_past_dead_addresses(address: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    async with AsyncClient(f"{dead},{address}", timeout=10) as client:
+        st = await client.status()
+        assert st.azs
+        # Sticks to the address that answered.
+        assert client.addresses[client._current] != dead
+
+
+async def test_server_rejects_a_bad_wire_spec_naming_the_field(address: str) -> None:
+    """What a client that skips local validation gets: INVALID_ARGUMENT that
+    names the field (the generated stub, not the SDK, which refuses to send)."""
+    spec = pb.GangSpec(name=unique("wire"), members=-3, resources=pb.Resources(gpus=1))
+    async with grpc.aio.insecure_channel(one_address(address)) as channel:
+        stub = gang_pb2_grpc.GangServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.SubmitGang(gang_pb2.SubmitGangRequest(spec=spec, idempotency_key=uuid.uuid4().hex), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "members" in (info.value.details() or "")
+
+
+async def test_invalid_argument_is_translated(address: str) -> None:
+    async with AsyncClient(address) as client:
+        with pytest.raises(InvalidArgument):
+            await client.get("not/a/gang")
+
+
+def test_blocking_client(address: str) -> None:
+    with Client(address) as client:
+        result = client.submit(small(unique("sync")))
+        states = [state_name(g) for g in client.watch(result.gang.id)]
+        assert states[-1] == "SUCCEEDED"
+        assert client.wait(result.gang.id, ["succeeded"], timeout=60).id == result.gang.id
+        assert client.status().azs
+
+
+# --- the phalanx command -------------------------------------------------------------------
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return code, out, err
+
+
+def write_spec(tmp_path: Path, data: dict[str, Any]) -> str:
+    path = tmp_path / f"{data['name']}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_cli_submit_get_list_wait_watch(address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cli.ADDRESS_ENV, address)  # the environment, not a flag
+    name = unique("cli")
+    code, out, _ = run_cli(capsys, "submit", write_spec(tmp_path, small(name, duration_s=2.0)))
+    assert code == 0
+    gang_id = out.strip()
+    assert gang_id.startswith(name + "-")
+
+    code, out, _ = run_cli(capsys, "get", gang_id, "-o", "json")
+    assert code == 0 and json.loads(out)["id"] == gang_id
+    code, out, _ = run_cli(capsys, "get", gang_id)
+    assert code == 0 and "id:" in out and gang_id in out
+
+    code, out, _ = run_cli(capsys, "list", "--name-prefix", name)
+    assert code == 0 and gang_id in out and out.splitlines()[0].split()[:3] == ["ID", "NAME", "STATE"]
+
+    code, out, _ = run_cli(capsys, "watch", gang_id)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines and "SUCCEEDED" in lines[-1] and all(gang_id in line for line in lines)
+
+    code, out, _ = run_cli(capsys, "wait", gang_id, "--for", "succeeded", "--timeout", "60")
+    assert code == 0 and "SUCCEEDED" in out
+
+    code, _, err = run_cli(capsys, "wait", gang_id, "--for", "running", "--timeout", "60")
+    assert code == 1 and "SUCCEEDED" in err and "instead of RUNNING" in err
+
+    code, out, _ = run_cli(capsys, "list", "--state", "succeeded", "--name-prefix", name, "-o", "yaml")
+    assert code == 0 and yaml.safe_load(out)[0]["id"] == gang_id
+
+
+def test_cli_submit_idempotency_key_and_outputs(address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_spec(tmp_path, small(unique("clikey")))
+    key = "k-" + uuid.uuid4().hex
+    code, out, err = run_cli(capsys, "submit", path, "--idempotency-key", key, "-o", "yaml", "--address", address)
+    assert code == 0 and "already submitted" not in err
+    first = yaml.safe_load(out)
+    code, out, err = run_cli(capsys, "submit", path, "--idempotency-key", key, "-o", "wide", "--address", address)
+    assert code == 0
+    assert first["id"] in out and "already submitted" in err
+
+
+def test_cli_cancel_explain_and_wait_timeout(address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = unique("clicancel")
+    code, out, _ = run_cli(capsys, "submit", write_spec(tmp_path, unplaceable(name)), "--address", address)
+    gang_id = out.strip()
+
+    code, out, _ = run_cli(capsys, "explain", gang_id, "--address", address)
+    assert code == 0 and "PENDING" in out and "shortfall" in out
+
+    code, _, err = run_cli(capsys, "wait", gang_id, "--for", "running", "--timeout", "1", "--address", address)
+    assert code == 1 and "timed out" in err and "PENDING" in err
+
+    code, out, _ = run_cli(capsys, "cancel", gang_id, "--reason", "not needed", "--address", address)
+    assert code == 0 and "CANCELLED" in out
+
+    code, _, err = run_cli(capsys, "cancel", gang_id, "--address", address)
+    assert code == 1 and err.startswith("error: ")
+
+    code, _, err = run_cli(capsys, "wait", gang_id, "--for", "running", "--timeout", "60", "--address", address)
+    assert code == 1 and "CANCELLED" in err
+
+
+def test_cli_nodes_status_topology(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "nodes", "--address", address)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].split()[:3] == ["NODE", "AZ", "SPINE/LEAF"]
+    assert len(lines) == 1 + len(AZS) * NODES_PER_AZ
+
+    code, out, _ = run_cli(capsys, "nodes", "--az", "az-a", "--address", address)
+    assert code == 0 and len(out.strip().splitlines()) == 1 + NODES_PER_AZ
+
+    code, out, _ = run_cli(capsys, "status", "--address", address)
+    assert code == 0
+    for az in AZS:
+        assert any(line.startswith(az + " ") and "(none)" not in line for line in out.splitlines())
+    assert "gangs:" in out
+
+    pytest.importorskip("phalanx.topology_view")
+    code, out, _ = run_cli(capsys, "topology", "--address", address)
+    assert code == 0 and "az-a" in out and "az-b" in out
+
+
+def test_cli_errors_exit_codes(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli(capsys, "get", unique("nobody"), "--address", address)
+    assert code == 1 and err.startswith("error: ")
+    # The server's INVALID_ARGUMENT is invalid input too: exit 2, field named.
+    code, _, err = run_cli(capsys, "get", "not/a/gang", "--address", address)
+    assert code == 2 and "id" in err
+
+
+def test_cli_failover_in_address_list(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    code, out, _ = run_cli(capsys, "status", "--address", f"{dead},{address}")
+    assert code == 0 and "az-a" in out

@@ -1,0 +1,132 @@
+"""Leader failover and fencing with real coordinator processes.
+
+Failover times are printed (``-s`` shows them), never asserted: the bound
+asserted is a liveness deadline, generous on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+
+import grpc
+import pytest
+
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+
+pytestmark = pytest.mark.integration
+AZ = "az-a"
+
+
+async def submit_with_retry(c: LocalCluster, spec: pb.GangSpec, key: str, deadline_s: float = 30.0) -> pb.Gang:
+    """What the SDK does: same idempotency key, any coordinator, until acked."""
+    deadline = time.monotonic() + deadline_s
+    addresses = [p.address for p in c.coordinators.values()]
+    i = 0
+    while True:
+        addr = addresses[i % len(addresses)]
+        i += 1
+        try:
+            resp = await c.stub(addr).SubmitGang(gpb.SubmitGangRequest(spec=spec, idempotency_key=key), timeout=3)
+            return resp.gang
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.ABORTED):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def test_sigkill_leader_during_admission(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    for i in range(3):
+        c.start_coordinator(AZ, f"a{i}")
+    first = await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node(f"n{i}", AZ, leaf=f"l{i % 2}") for i in range(4)])
+    await c.wait_nodes_ready(AZ, 4)
+
+    acked: dict[str, str] = {}
+    stop = asyncio.Event()
+
+    async def workload() -> None:
+        n = 0
+        while not stop.is_set():
+            key = f"w-{n}"
+            g = await submit_with_retry(c, tiny(f"w{n}", members=[8, 2][n % 2], gpus=[1, 8][n % 2], duration=0.5), key)
+            acked[key] = g.id
+            n += 1
+            await asyncio.sleep(0.05)
+
+    load = asyncio.create_task(workload())
+    await asyncio.sleep(1.5)
+    killed_at = time.monotonic()
+    c.coordinators[first.coordinator_id].signal(signal.SIGKILL)
+    new = await c.wait_leader(AZ, not_epoch=first.epoch, timeout=60)
+    failover_s = time.monotonic() - killed_at
+    print(f"\nfailover after SIGKILL: {failover_s:.2f}s (lease TTL {c.timings.lease_ttl_s}s)")
+    assert new.coordinator_id != first.coordinator_id and new.epoch > first.epoch
+    await asyncio.sleep(2.0)
+    stop.set()
+    await load
+    assert len(acked) >= 5
+    # Every acknowledged submission exists; the in-flight ones all finish.
+    for gid in acked.values():
+        g = await c.wait_state(gid, TERMINAL, timeout=90)
+        assert g.state == pb.GANG_STATE_SUCCEEDED, (gid, g.reason)
+    gangs = await c.etcd_gangs()
+    assert set(acked.values()) <= set(gangs)
+    # One gang per idempotency key, even across the failover.
+    keys = [g.idempotency_key for g in gangs.values()]
+    assert len(keys) == len(set(keys))
+    assert await c.check_etcd_invariants() == []
+    assert await c.etcd_reservations() == {}
+
+
+async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    for i in range(2):
+        c.start_coordinator(AZ, f"a{i}")
+    old = await c.wait_leader(AZ)
+    group = c.start_agents(AZ, [dgx_node(f"n{i}", AZ) for i in range(2)])
+    await c.wait_nodes_ready(AZ, 2)
+    running = await c.submit(tiny("steady", members=2, gpus=8, duration=8.0))
+    await c.wait_state(running.id, {pb.GANG_STATE_RUNNING})
+
+    paused = c.coordinators[old.coordinator_id]
+    paused.signal(signal.SIGSTOP)
+    try:
+        new = await c.wait_leader(AZ, not_epoch=old.epoch, timeout=60)
+        assert new.epoch > old.epoch
+        # Work continues under the successor while the old leader sleeps.
+        survivor = [p for p in c.coordinators.values() if p.id != old.coordinator_id][0]
+        g = await submit_with_retry(c, tiny("after", members=1, gpus=1, duration=0.3), "after-1")
+        assert (await c.wait_state(g.id, TERMINAL)).state == pb.GANG_STATE_SUCCEEDED
+        takeover_wall = time.time()
+        await asyncio.sleep(c.timings.lease_ttl_s * 1.5)  # well past the old TTL
+    finally:
+        paused.signal(signal.SIGCONT)
+    # The old leader wakes, finds its lease locally expired, and steps down.
+    for _ in range(100):
+        if re.search(r"(lost leadership|steps down)", paused.log()):
+            break
+        await asyncio.sleep(0.1)
+    assert re.search(r"(lost leadership|steps down)", paused.log()), paused.log()[-2000:]
+    assert (await c.leader(AZ)).epoch == new.epoch
+    await asyncio.sleep(1.0)
+    # No etcd effect from the old epoch after the takeover...
+    for r in (await c.etcd_reservations()).values():
+        assert r.epoch != old.epoch or r.status == "RELEASING"
+    # ...and agents acted only on epochs that were current: every member start
+    # after the takeover carries the new epoch, and the agents follow it.
+    starts = [d for ev, d in group.history if ev == "member_started" and d["wall"] > takeover_wall]
+    assert all(d["epoch"] == new.epoch for d in starts)
+    connects = [d["epoch"] for ev, d in group.history if ev == "connected"]
+    assert connects[-1] == new.epoch and old.epoch in connects
+    # The steady gang survived the failover without being fenced.
+    assert (await c.wait_state(running.id, TERMINAL, timeout=60)).state == pb.GANG_STATE_SUCCEEDED
+    assert not [d for ev, d in group.history if ev == "fenced"]
+    assert survivor.proc.poll() is None
