@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import pytest
+
+from coordinator.core.progress import MemberReport, evaluate
+from phalanx.model import GangState as S, MemberPhase as P
+
+R = lambda p, code=0: MemberReport(p, code, "", "n0")  # noqa: E731
+
+
+@pytest.mark.parametrize(
+    "state,members,expect",
+    [
+        (S.STARTING, {0: R(P.RUNNING)}, None),
+        (S.STARTING, {0: R(P.RUNNING), 1: R(P.RUNNING)}, S.RUNNING),
+        (S.STARTING, {0: R(P.RUNNING), 1: R(P.SUCCEEDED)}, S.RUNNING),
+        (S.RUNNING, {0: R(P.RUNNING), 1: R(P.RUNNING)}, None),
+        (S.RUNNING, {0: R(P.SUCCEEDED), 1: R(P.SUCCEEDED)}, S.SUCCEEDED),
+        (S.RUNNING, {0: R(P.SUCCEEDED), 1: R(P.FAILED, 3)}, S.FAILED),
+        (S.STARTING, {0: R(P.REJECTED)}, S.FAILED),
+        (S.RUNNING, {0: R(P.STOPPED), 1: R(P.RUNNING)}, S.FAILED),
+        (S.PENDING, {0: R(P.RUNNING), 1: R(P.RUNNING)}, None),
+        (S.SUCCEEDED, {0: R(P.FAILED)}, None),
+    ],
+    ids=[
+        "not all started yet", "all started -> running", "a fast member already done counts as started",
+        "running stays running", "all exit 0 -> succeeded", "one non-zero exit fails the gang",
+        "a rejected assignment fails the gang", "a stopped member fails the gang",
+        "pending gangs ignore reports", "terminal gangs never move",
+    ],
+)
+def test_gang_progress(state: S, members: dict, expect: S | None) -> None:
+    tr = evaluate(state, 2, members)
+    assert (tr.to if tr else None) == expect
