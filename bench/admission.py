@@ -1,0 +1,212 @@
+"""Admission benchmark: gangs/s and submit-to-RESERVED latency.
+
+    .venv/bin/python bench/admission.py [--azs 3] [--nodes-per-az 32] [--rates 20,50,100,150,200] [--seconds 5]
+
+Starts a private etcd, one coordinator process per AZ and simulated agents
+(one process per AZ), then offers 8x1-GPU gangs open-loop at each rate, spread
+over the AZs, with churn (members run --duration seconds and free their
+GPUs). Latency is submit-sent -> the gang's record is first seen RESERVED (or
+later) in an etcd watch. In the same run it measures the raw rate of the
+very fenced etcd transaction a reservation uses (the physical limit here).
+Prints tables; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from coordinator.config import Timings  # noqa: E402
+from coordinator.core.records import GangRecord  # noqa: E402
+from coordinator.election import Election, LeaseSession  # noqa: E402
+from coordinator.store import Fence, Put, Store, absent, Compare  # noqa: E402
+from phalanx.etcd_server import EtcdServer  # noqa: E402
+from phalanx.v1 import gang_pb2 as gpb, gang_pb2_grpc as ggrpc, types_pb2 as pb  # noqa: E402
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+async def raw_txn_rate(endpoint: str, seconds: float, concurrency: int) -> float:
+    """The reservation txn shape: fence compare + gang revision compare +
+    reservation absent; puts reservation + gang record."""
+    store = await Store(endpoint, "rawbench").connect()
+    t = Timings()
+    session = await LeaseSession(store, t).start()
+    lead = await Election(store, "az-x", "bench", "none", t).campaign(session)
+    fence = Fence("az-x", lead.epoch)
+    k = store.keys
+    gang_doc = {"id": "g", "spec": {"name": "g", "members": 8}, "state": "RESERVED", "placement": [{"rank": i, "node": f"n{i}", "gpus": [0]} for i in range(8)]}
+    res_doc = {"az": "az-x", "gang": "g", "nodes": {f"n{i}": {"gpus": [0]} for i in range(8)}, "status": "COMMITTED"}
+    count = 0
+    stop = time.monotonic() + seconds
+
+    async def worker(w: int) -> None:
+        nonlocal count
+        i = 0
+        while time.monotonic() < stop:
+            gid = f"w{w}-{i}"
+            i += 1
+            await store.fenced_txn(fence, [absent(k.reservation("az-x", gid))],
+                                   [Put(k.reservation("az-x", gid), res_doc), Put(k.gang(gid), gang_doc)])
+            count += 1
+
+    t0 = time.monotonic()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    rate = count / (time.monotonic() - t0)
+    await session.close()
+    await store.close()
+    return rate
+
+
+async def offered_load(addresses: dict[str, str], store: Store, rate: float, seconds: float, duration: float, tag: str) -> dict:
+    channels = {az: grpc.aio.insecure_channel(a) for az, a in addresses.items()}
+    stubs = {az: ggrpc.GangServiceStub(ch) for az, ch in channels.items()}
+    azs = sorted(stubs)
+    sent: dict[str, float] = {}
+    reserved: dict[str, float] = {}
+    errors = 0
+    rev = await store.revision()
+
+    async def watch() -> None:
+        async for batch in store.watch_prefix(store.keys.gangs(), rev + 1):
+            now = time.monotonic()
+            for ev in batch:
+                if ev.kind != "put":
+                    continue
+                d = ev.kv.json()
+                if d["state"] not in ("PENDING",) and d["id"] not in reserved:
+                    reserved[d["id"]] = now
+
+    watcher = asyncio.create_task(watch())
+
+    async def submit(i: int) -> None:
+        nonlocal errors
+        spec = pb.GangSpec(name=f"{tag}-{i}", members=8, resources=pb.Resources(gpus=1), run=pb.RunSpec(duration_s=duration))
+        t0 = time.monotonic()
+        try:
+            r = await stubs[azs[i % len(azs)]].SubmitGang(gpb.SubmitGangRequest(spec=spec, idempotency_key=f"{tag}-{i}"), timeout=10)
+            sent[r.gang.id] = t0
+        except grpc.aio.AioRpcError:
+            errors += 1
+
+    tasks = []
+    n = int(rate * seconds)
+    start = time.monotonic()
+    for i in range(n):
+        delay = start + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(submit(i)))
+    await asyncio.gather(*tasks)
+    offered_s = time.monotonic() - start
+    # Let the queue drain (bounded).
+    drain_deadline = time.monotonic() + max(20.0, seconds * 4)
+    while time.monotonic() < drain_deadline and len([g for g in sent if g in reserved]) < len(sent):
+        await asyncio.sleep(0.1)
+    watcher.cancel()
+    await asyncio.gather(watcher, return_exceptions=True)
+    lat = [(reserved[g] - t) * 1000 for g, t in sent.items() if g in reserved]
+    done_times = sorted(reserved[g] for g in sent if g in reserved)
+    span = (done_times[-1] - start) if done_times else float("nan")
+    for ch in channels.values():
+        await ch.close()
+    return {
+        "offered": rate, "submitted": len(sent), "errors": errors, "admitted": len(lat),
+        "throughput": len(lat) / span if lat else 0.0, "p50": pct(lat, 50), "p99": pct(lat, 99),
+        "offered_s": offered_s,
+    }
+
+
+async def wait_ready(address: str, azs: list[str], nodes: int, timeout: float = 60) -> None:
+    async with grpc.aio.insecure_channel(address) as ch:
+        stub = ggrpc.GangServiceStub(ch)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                st = await stub.ClusterStatus(gpb.ClusterStatusRequest(), timeout=5)
+                ready = {a.az: a.nodes_ready for a in st.azs if a.has_leader}
+                if all(ready.get(az, 0) >= nodes for az in azs):
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError("cluster not ready")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--azs", type=int, default=3)
+    ap.add_argument("--nodes-per-az", type=int, default=32)
+    ap.add_argument("--rates", default="20,50,100,150,200")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--duration", type=float, default=0.5, help="simulated member run time (churn)")
+    ap.add_argument("--raw-seconds", type=float, default=3.0)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
+    etcd = EtcdServer(data_dir=tmp / "etcd", log_path=tmp / "etcd.log").start().wait_ready()
+    procs: list[subprocess.Popen] = []
+    try:
+        raw1 = await raw_txn_rate(etcd.endpoint, a.raw_seconds, 1)
+        raw32 = await raw_txn_rate(etcd.endpoint, a.raw_seconds, 32)
+        azs = [f"az-{chr(ord('a') + i)}" for i in range(a.azs)]
+        addresses = {}
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for az in azs:
+            p = subprocess.Popen([sys.executable, "-m", "coordinator", "--cluster", "bench", "--az", az, "--id", f"{az}-1",
+                                  "--etcd", etcd.endpoint, "--log-level", "WARNING"],
+                                 stdout=subprocess.PIPE, stderr=open(tmp / f"{az}.log", "w"), text=True, cwd=REPO, env=env)
+            procs.append(p)
+            addresses[az] = p.stdout.readline().split("address=")[1].strip()
+        for az in azs:
+            procs.append(subprocess.Popen([sys.executable, "-m", "agent.sim", "--cluster", "bench", "--az", az, "--etcd", etcd.endpoint,
+                                           "--nodes", str(a.nodes_per_az), "--spines", "2", "--leaves-per-spine", "2"],
+                                          stdout=subprocess.DEVNULL, stderr=open(tmp / f"agents-{az}.log", "w"), cwd=REPO, env=env))
+        await wait_ready(addresses[azs[0]], azs, a.nodes_per_az)
+        store = await Store(etcd.endpoint, "bench").connect()
+        rows = []
+        for i, rate in enumerate(float(r) for r in a.rates.split(",")):
+            rows.append(await offered_load(addresses, store, rate, a.seconds, a.duration, f"r{i}"))
+            await asyncio.sleep(a.duration + 1.0)  # let running gangs finish between steps
+        await store.close()
+        cpu = os.cpu_count()
+        print(f"\nPhalanx admission benchmark — {a.azs} AZs x {a.nodes_per_az} simulated 8-GPU nodes, 8x1-GPU gangs, "
+              f"members run {a.duration}s (churn), {a.seconds}s per step, {cpu} CPUs, etcd fsync on")
+        print(f"\nraw fenced reservation txn (same shape as a reservation), same etcd:")
+        print(f"  {'writers':>8} {'txn/s':>8}")
+        print(f"  {1:>8} {raw1:>8.0f}")
+        print(f"  {32:>8} {raw32:>8.0f}")
+        print(f"\n  {'offered/s':>9} {'submitted':>9} {'admitted':>8} {'errors':>6} {'gangs/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+        for r in rows:
+            print(f"  {r['offered']:>9.0f} {r['submitted']:>9} {r['admitted']:>8} {r['errors']:>6} {r['throughput']:>8.1f} {r['p50']:>8.1f} {r['p99']:>8.1f}")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        etcd.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
