@@ -28,7 +28,7 @@ from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
 from agent.launcher import Launcher, MemberKey, MemberLaunch
 from coordinator.config import Timings
 from coordinator.store import Get, Store, StoreUnavailable
-from phalanx import wire
+from phalanx import failpoints, wire
 from phalanx.model import MemberPhase
 from phalanx.topology import NodeTopology
 from phalanx.v1 import agent_pb2 as apb
@@ -194,7 +194,8 @@ class Agent:
         watchdog = asyncio.create_task(self._silence_watchdog(call), name=f"wd-{self.node}")
         try:
             async for msg in self._until_silent(call, watchdog):
-                if not self.guard.accept(msg.epoch):
+                # failpoint agent.ignore_epoch: a planted bug for the chaos checker
+                if not self.guard.accept(msg.epoch) and not failpoints.on("agent.ignore_epoch"):
                     self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)
                     log.warning("agent %s ignored a message with stale epoch %d (highest %d)", self.node, msg.epoch, self.guard.highest)
                     continue
@@ -260,7 +261,7 @@ class Agent:
             await asyncio.sleep(min(0.2, self.t.fence_after_s / 10))
             now = time.monotonic()
             live = [r for r in self.members.values() if r.phase.live]
-            if live and self.fence.overdue(now):
+            if live and self.fence.overdue(now) and not failpoints.on("agent.no_fencing"):
                 self.fenced_count += 1
                 log.warning(
                     "agent %s FENCING: no valid leader heard for %.1fs (fence_after_s=%.1f); stopping %d member(s)",
@@ -277,6 +278,8 @@ class Agent:
         """One linearizable read: is ``epoch`` still the leader's, and (for a
         start) is the reservation COMMITTED for this incarnation and these
         devices on this node? Returns "" if so, else why not."""
+        if failpoints.on("agent.skip_token_check"):
+            return ""
         ops = [Get(self.keys.leader(self.az))]
         if gang is not None:
             ops.append(Get(self.keys.reservation(self.az, gang)))

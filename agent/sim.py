@@ -26,6 +26,23 @@ from coordinator.store import Store
 from phalanx.topology import NodeTopology
 
 
+class HistoryFile(list):
+    """A history sink that appends JSON lines (flushed per event, so a
+    killed agent process loses nothing it recorded)."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(path, "a", buffering=1)
+
+    def append(self, item: tuple[str, dict]) -> None:  # type: ignore[override]
+        event, detail = item
+        self._f.write(json.dumps({"event": event, **detail}, default=str) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
+
+
 def launcher_factory(launch: bool, state_dir: Path | None, agent_id: str) -> Callable[[Callable[[MemberKey, int], Any]], Launcher]:
     if not launch:
         return SimulatedLauncher
@@ -86,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launch", action="store_true", help="run members as real processes")
     p.add_argument("--state-dir", default=os.environ.get("PHALANX_STATE_DIR", ""))
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
+    p.add_argument("--history", default="", help="append every agent effect as a JSON line to this file (chaos suite)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agents-{a.az} %(levelname)s %(name)s: %(message)s")
@@ -107,10 +125,16 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await run_agents(
-            cluster=a.cluster, az=a.az, etcd=a.etcd, topologies=topologies, timings=timings,
-            launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
-        )
+        sink = HistoryFile(Path(a.history)) if a.history else None
+        try:
+            await run_agents(
+                cluster=a.cluster, az=a.az, etcd=a.etcd, topologies=topologies, timings=timings,
+                launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
+                history=sink,
+            )
+        finally:
+            if sink is not None:
+                sink.close()
 
     asyncio.run(amain())
     return 0

@@ -25,6 +25,7 @@ from coordinator.core.placement import NodeView, Placement
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, absent
+from phalanx import failpoints
 from phalanx.errors import AlreadyExists, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
 from phalanx.spec import GangSpec
@@ -354,7 +355,9 @@ class AzLeader:
                 placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
                 new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall())
                 key = self.keys.reservation(self.az, g.id)
+                await failpoints.hit("leader.before_reserve")
                 written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)])
+                await failpoints.hit("leader.after_reserve")
         except BaseException:
             if self.reservations.get(g.id) is r:
                 self._drop_reservation(g.id)
