@@ -92,6 +92,7 @@ class Agent:
         self.fenced_count = 0
         self._seq = 0
         self._last_heard = 0.0
+        self._token_flights: dict[tuple[int, str, int], asyncio.Future] = {}
         # Assignment handling is serialized so ledger checks and starts never
         # interleave for one node.
         self._lock = asyncio.Lock()
@@ -274,44 +275,69 @@ class Agent:
                 await self.launcher.stop_all(self.t.stop_grace_s)
 
     # ------------------------------------------------------------ commands
-    async def _token_ok(self, epoch: int, gang: str | None = None, incarnation: int = 0, gpus: tuple[int, ...] = ()) -> str:
+    async def _token_ok(self, epoch: int, gang: str | None = None, incarnation: int = 0, gpus: tuple[int, ...] | None = ()) -> Any:
         """One linearizable read: is ``epoch`` still the leader's, and (for a
         start) is the reservation COMMITTED for this incarnation and these
-        devices on this node? Returns "" if so, else why not."""
+        devices on this node? Returns "" if so, else why not. With
+        ``gpus=None`` returns (why, this node's reserved devices) instead."""
         if failpoints.on("agent.skip_token_check"):
-            return ""
+            return ("", {"gpus": list(range(1024))}) if gpus is None else ""
+        if gpus is None:
+            return await self._token_read(epoch, gang, incarnation)
+        why, mine = await self._token_read(epoch, gang, incarnation)
+        if not why and gang is not None and (mine is None or not set(gpus) <= set(mine.get("gpus", ()))):
+            why = f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}"
+        return why
+
+    async def _token_read(self, epoch: int, gang: str | None, incarnation: int) -> tuple[str, Any]:
         ops = [Get(self.keys.leader(self.az))]
         if gang is not None:
             ops.append(Get(self.keys.reservation(self.az, gang)))
         try:
             res = await self.store.txn([], ops)
         except StoreUnavailable as exc:
-            return f"cannot confirm the leader's token: {exc}"
+            return f"cannot confirm the leader's token: {exc}", None
         leader = res.results[0]
         if not leader or leader[0].create_revision != epoch:
-            return f"epoch {epoch} is no longer the leader of {self.az}"
+            return f"epoch {epoch} is no longer the leader of {self.az}", None
         if gang is None:
-            return ""
+            return "", None
         r = res.results[1]
         if not r:
-            return f"no reservation for {gang} in {self.az}"
+            return f"no reservation for {gang} in {self.az}", None
         rec = r[0].json()
         if rec.get("status") != "COMMITTED" or int(rec.get("incarnation", -1)) != incarnation:
-            return f"reservation of {gang} is {rec.get('status')} for incarnation {rec.get('incarnation')}, not COMMITTED for {incarnation}"
-        mine = rec.get("nodes", {}).get(self.node)
+            return f"reservation of {gang} is {rec.get('status')} for incarnation {rec.get('incarnation')}, not COMMITTED for {incarnation}", None
+        return "", rec.get("nodes", {}).get(self.node)
+
+    async def _token_ok_shared(self, epoch: int, gang: str, incarnation: int, gpus: tuple[int, ...]) -> str:
+        """Coalesce concurrent checks of the same (epoch, gang, incarnation)
+        into one read in flight. Never reuses a finished read: each start is
+        still preceded by a read that began after its assignment arrived."""
+        flight_key = (epoch, gang, incarnation)
+        fut = self._token_flights.get(flight_key)
+        if fut is None:
+            fut = asyncio.ensure_future(self._token_ok(epoch, gang, incarnation, None))
+            self._token_flights[flight_key] = fut
+            fut.add_done_callback(lambda _f: self._token_flights.pop(flight_key, None))
+        why, mine = await asyncio.shield(fut)
+        if why:
+            return why
         if mine is None or not set(gpus) <= set(mine.get("gpus", ())):
             return f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}"
         return ""
 
     async def _on_assign(self, epoch: int, a: apb.Assignment) -> None:
         key = MemberKey(a.gang, a.incarnation, a.rank)
+        gpus, nics = tuple(a.gpus), tuple(a.nics)
+        # The token check runs before the lock, so the members of one gang
+        # arriving together share one etcd read (see _token_ok_shared).
+        why = await self._token_ok_shared(epoch, a.gang, a.incarnation, gpus)
         async with self._lock:
             existing = self.members.get(key)
             if existing is not None:
                 self._report(existing)  # duplicate assignment: idempotent
                 return
-            gpus, nics = tuple(a.gpus), tuple(a.nics)
-            why = await self._token_ok(epoch, a.gang, a.incarnation, gpus)
             if why:
                 self._record("assign_refused_token", key=str(key), epoch=epoch, reason=why)
                 log.warning("agent %s refused %s: %s", self.node, key, why)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from coordinator.config import CoordinatorConfig
 from coordinator.core import progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
-from coordinator.core.placement import NodeView, Placement
+from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, absent
@@ -87,6 +87,7 @@ class AzLeader:
         self.wake = asyncio.Event()
         self.stopped = asyncio.Event()
         self._inflight: set[str] = set()  # gangs with a write in flight
+        self.index = FabricIndex()  # static node facts, refreshed when a node registers
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
 
@@ -190,10 +191,8 @@ class AzLeader:
     async def submit(self, spec: GangSpec, idempotency_key: str) -> tuple[GangRecord, bool]:
         self.check_valid()
         k = self.keys
-        if idempotency_key:
-            existing = await self._by_idempotency(idempotency_key, spec)
-            if existing:
-                return existing, False
+        # No pre-read of the idempotency key: the txn below creates it only if
+        # absent, and only a lost compare costs the extra read.
         now = self.wall()
         gang_id = f"{spec.name}-{secrets.token_hex(4)}"
         rec = GangRecord(
@@ -322,7 +321,7 @@ class AzLeader:
         pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight]
         if not pending:
             return
-        decisions = plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az)
+        decisions = plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az, index=self.index)
         sem = asyncio.Semaphore(self.config.reserve_parallelism)
         for d in decisions:
             if isinstance(d, Reserve):
@@ -424,6 +423,7 @@ class AzLeader:
         key = self.keys.node(self.az, node)
         res = await self.store.fenced_txn(self.fence, [], [Put(key, rec.to_dict())])
         self.nodes[node] = rec.__class__(**{**rec.__dict__, "mod_revision": res.revision})
+        self.index = FabricIndex.build(n.topology for n in self.nodes.values())
         self.conns[node] = conn
         conn.last_seen = self.mono()
         self.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
-from coordinator.core.placement import NodeView, Placement, PlacementRequest, Shortfall, Unplaceable, place
+from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, Unplaceable, place
 from coordinator.core.records import GangRecord
 from phalanx.model import GangState
 
@@ -42,7 +42,7 @@ class FailAdmission:
 
 Decision = Reserve | KeepPending | FailAdmission
 
-PlaceFn = Callable[[PlacementRequest, Sequence[NodeView]], Placement | Unplaceable]
+PlaceFn = Callable[..., Placement | Unplaceable]
 
 
 def _take(nodes: dict[str, NodeView], placement: Placement) -> None:
@@ -61,10 +61,15 @@ def plan_admissions(
     az: str,
     backfill_window_s: float = 30.0,
     place_fn: PlaceFn = place,
+    index: FabricIndex | None = None,
 ) -> list[Decision]:
     free = {n.topology.node: n for n in nodes}
     decisions: list[Decision] = []
     blocked_by: GangRecord | None = None
+    # Within one cycle free capacity only shrinks, so a request shape that
+    # did not fit will not fit later in the same cycle: remember the answer
+    # (a queue of equal gangs then costs one placement, not one each).
+    failed: dict[tuple, Unplaceable] = {}
     for gang in sorted(pending, key=lambda g: g.order_key):
         if gang.state != GangState.PENDING:
             continue
@@ -76,7 +81,13 @@ def plan_admissions(
             decisions.append(KeepPending(gang, f"waiting behind older gang {blocked_by.id}, which has waited past the backfill window"))
             continue
         request = PlacementRequest.from_spec(gang.id, gang.spec, azs=frozenset({az}))
-        result = place_fn(request, list(free.values()))
+        shape = (request.members, request.gpus_per_member, request.rdma_nics_per_member, request.gpu_model,
+                 request.required, request.preferred, request.allow_cross_az)
+        result = failed.get(shape)
+        if result is None:
+            result = place_fn(request, list(free.values()), index) if index is not None else place_fn(request, list(free.values()))
+        if isinstance(result, Unplaceable):
+            failed[shape] = result
         if isinstance(result, Placement):
             _take(free, result)
             decisions.append(Reserve(gang, result, result.reason))

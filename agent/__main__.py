@@ -1,0 +1,130 @@
+"""`python -m agent` — one node agent (the process a DaemonSet runs per node).
+
+Discovers the node's topology (NVML, sysfs, `nvidia-smi topo -m`, static
+location and Kubernetes-style labels; docs/topology.md), registers with its
+AZ's leader and launches members as real processes. For machines without the
+hardware, ``--nvml-recording`` / ``--sysfs-recording`` replay recorded answers
+of a real machine layout (tests/fixtures/topology/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from agent.session import Agent
+from coordinator.config import Timings, timings_from_mapping
+from coordinator.store import Store
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
+    p.add_argument("--cluster", default="local")
+    p.add_argument("--az", required=True)
+    p.add_argument("--etcd", required=True)
+    p.add_argument("--node", default=os.uname().nodename)
+    p.add_argument("--region", default="")
+    p.add_argument("--spine", default="")
+    p.add_argument("--leaf", default="")
+    p.add_argument("--rack", default="")
+    p.add_argument("--labels", default="", help="node labels as JSON object or k=v,k=v (Kubernetes topology labels are mapped)")
+    p.add_argument("--labels-file", default="", help="JSON file of node labels")
+    p.add_argument("--nvml-recording", default="", help="replay a recorded NVML (JSON) instead of the driver")
+    p.add_argument("--sysfs-recording", default="", help="replay a recorded sysfs tree (JSON) instead of /sys")
+    p.add_argument("--sysfs-root", default="/sys")
+    p.add_argument("--nvidia-smi-topo", default="", help="a file with `nvidia-smi topo -m` output (fallback source)")
+    p.add_argument("--simulate-members", action="store_true", help="members are timers, not processes")
+    p.add_argument("--state-dir", default=os.environ.get("PHALANX_STATE_DIR", ""))
+    p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
+    p.add_argument("--history", default="")
+    p.add_argument("--print-topology", action="store_true", help="discover, print the topology as JSON and exit")
+    p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
+    return p
+
+
+def parse_labels(text: str, path: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    if path:
+        labels.update(json.loads(Path(path).read_text()))
+    if text.strip().startswith("{"):
+        labels.update(json.loads(text))
+    elif text:
+        for part in text.split(","):
+            k, _, v = part.partition("=")
+            labels[k.strip()] = v.strip()
+    return labels
+
+
+def discover_topology(a: argparse.Namespace):
+    from agent.topology import DiscoveryConfig, discover
+    from agent.topology.recording import ReplayNvml, write_sysfs
+
+    nvml = ReplayNvml(json.loads(Path(a.nvml_recording).read_text())) if a.nvml_recording else None
+    sysfs_root = Path(a.sysfs_root)
+    if a.sysfs_recording:
+        sysfs_root = write_sysfs(json.loads(Path(a.sysfs_recording).read_text()), Path(tempfile.mkdtemp(prefix="phalanx-sysfs-")))
+    smi = Path(a.nvidia_smi_topo).read_text() if a.nvidia_smi_topo else None
+    config = DiscoveryConfig(
+        node=a.node, az=a.az, region=a.region, spine=a.spine, leaf=a.leaf, rack=a.rack,
+        labels=parse_labels(a.labels, a.labels_file), sysfs_root=sysfs_root, nvml=nvml, nvidia_smi_topo=smi,
+    )
+    return discover(config)
+
+
+async def amain(a: argparse.Namespace) -> int:
+    timings = Timings.fast() if a.timings == "fast" else (timings_from_mapping(json.loads(a.timings)) if a.timings else Timings())
+    topo = discover_topology(a)
+    if a.print_topology:
+        print(json.dumps(topo.to_dict(), indent=1, sort_keys=True))
+        return 0
+    state_dir = Path(a.state_dir or tempfile.mkdtemp(prefix=f"phalanx-agent-{a.node}-"))
+    agent_id = f"{a.node}-agent"
+    if a.simulate_members:
+        from agent.simulated import SimulatedLauncher as factory  # noqa: N813
+    else:
+        from agent.process import ProcessLauncher
+
+        def factory(on_exit):  # type: ignore[no-redef]
+            return ProcessLauncher(state_dir, agent_id, on_exit)
+
+    store = await Store(a.etcd, a.cluster, timeout=timings.etcd_timeout_s).connect()
+    history = None
+    if a.history:
+        from agent.sim import HistoryFile
+
+        history = HistoryFile(Path(a.history))
+    agent = Agent(cluster=a.cluster, az=a.az, topology=topo, store=store, launcher_factory=factory, timings=timings,
+                  agent_id=agent_id, history=(lambda e, d: history.append((e, d))) if history is not None else None)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    run = asyncio.create_task(agent.run())
+    print(f"PHALANX_AGENT_READY node={a.node} az={a.az} gpus={len(topo.gpus)} nics={len(topo.nics)}", flush=True)
+    await stop.wait()
+    # SIGTERM: stop members too (a node drain). A crash or SIGKILL leaves them
+    # running, and a restarted agent adopts them.
+    await agent.stop(stop_members=True)
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+    await store.close()
+    if history is not None:
+        history.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agent-{a.node} %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(amain(a))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
