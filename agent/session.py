@@ -167,6 +167,8 @@ class Agent:
         return kv.json().get("address", ""), kv.create_revision
 
     async def _session_once(self) -> None:
+        if failpoints.on("agent.cut_off"):
+            return  # fault injection: as if the network to every coordinator were cut
         found = await self._find_leader()
         if not found or not found[0]:
             return
@@ -195,6 +197,8 @@ class Agent:
         watchdog = asyncio.create_task(self._silence_watchdog(call), name=f"wd-{self.node}")
         try:
             async for msg in self._until_silent(call, watchdog):
+                if failpoints.on("agent.cut_off"):
+                    break
                 # failpoint agent.ignore_epoch: a planted bug for the chaos checker
                 if not self.guard.accept(msg.epoch) and not failpoints.on("agent.ignore_epoch"):
                     self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)

@@ -46,11 +46,17 @@ class Timings:
     campaign_retry_s: float = 0.5
     # Two-phase prepare hold timeout before in-doubt resolution (issue 3).
     prepare_timeout_s: float = 10.0
+    # Whole-gang restart backoff: base * 2^restarts, capped.
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 60.0
 
     @property
     def leader_validity_s(self) -> float:
         """How long after a keepalive was sent the leader may keep acting."""
         return self.lease_ttl_s - self.step_down_margin_s
+
+    def restart_backoff(self, restarts: int) -> float:
+        return min(self.restart_backoff_max_s, self.restart_backoff_s * (2 ** max(0, restarts)))
 
     @property
     def replace_after_s(self) -> float:
@@ -113,6 +119,8 @@ class Timings:
             stop_grace_s=1.0,
             campaign_retry_s=0.2,
             prepare_timeout_s=3.0,
+            restart_backoff_s=0.2,
+            restart_backoff_max_s=2.0,
         ).validate()
 
 

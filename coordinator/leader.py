@@ -88,6 +88,7 @@ class AzLeader:
         self.stopped = asyncio.Event()
         self._inflight: set[str] = set()  # gangs with a write in flight
         self.index = FabricIndex()  # static node facts, refreshed when a node registers
+        self._last_persist = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
 
@@ -160,6 +161,7 @@ class AzLeader:
         for kv in gang_kvs:
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
             if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
+                # (RESTARTING gangs are not terminal: they are kept too.)
                 self.gangs[g.id] = g
         for kv in node_kvs:
             n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
@@ -251,13 +253,15 @@ class AzLeader:
         return await self._finish(g, GangState.CANCELLED, reason or "cancelled by user")
 
     async def _finish(self, g: GangRecord, state: GangState, reason: str) -> GangRecord:
-        """Move a gang to a terminal state. Its devices stay held (reservation
-        RELEASING) until every member is known to be gone, so they are never
-        handed to another gang while an old member may still run."""
+        """Tear an incarnation down: to a terminal state, or to RESTARTING.
+        Its devices stay held (reservation RELEASING) until every member is
+        known to be gone, so they are never handed to another gang (or to the
+        gang's next incarnation) while an old member may still run: at most
+        one incarnation of a gang is ever alive."""
         k = self.keys
         inc = g.incarnation
         live_nodes = self._live_member_nodes(g)
-        ops: list = [Delete(k.name(g.spec.name))]
+        ops: list = [] if state == GangState.RESTARTING else [Delete(k.name(g.spec.name))]
         r = self.reservations.get(g.id)
         releasing: Reservation | None = None
         if r is not None:
@@ -273,14 +277,33 @@ class AzLeader:
                 self.reservations[g.id] = releasing
             else:
                 self._drop_reservation(g.id)
-        if releasing is None:
+        if releasing is None and state != GangState.RESTARTING:
             self.gangs.pop(g.id, None)
             self.members.pop((g.id, inc), None)
         # Stop (or tell agents to forget) the members of this incarnation.
         for node in {m.node for m in g.placement}:
             self._send(node, revoke=(g.id, inc, reason))
-        log.info("gang %s -> %s: %s", g.id, state.name, reason)
+        log.info("gang %s#%d -> %s: %s", g.id, inc, state.name, reason)
         return written
+
+    async def _requeue(self, g: GangRecord) -> None:
+        """RESTARTING -> PENDING as the next incarnation, once every member of
+        the old one is gone; keeps the first submit time (so it stays at the
+        head of the queue) and waits out the restart backoff."""
+        ops: list = []
+        if g.id in self.reservations:
+            ops.append(Delete(self.keys.reservation(self.az, g.id)))
+        backoff = self.t.restart_backoff(g.restarts)
+        new = g.evolve(
+            state=GangState.PENDING, incarnation=g.incarnation + 1, restarts=g.restarts + 1, placement=(), span=None,
+            not_before=self.wall() + backoff, updated_at=self.wall(),
+            reason=f"restart {g.restarts + 1}/{g.spec.policy.max_restarts} after: {g.reason}",
+        )
+        await self._write_gang(new, g, ops)
+        self._drop_reservation(g.id)
+        self.members.pop((g.id, g.incarnation), None)
+        log.info("gang %s restarts as incarnation %d in %.1fs", g.id, new.incarnation, backoff)
+        self.wake.set()
 
     def _live_member_nodes(self, g: GangRecord) -> set[str]:
         reports = self.members.get((g.id, g.incarnation), {})
@@ -289,7 +312,7 @@ class AzLeader:
             rep = reports.get(m.rank)
             if rep is None or rep.phase.live:
                 # unknown counts as live: we may have assigned it already
-                if g.state in (GangState.RESERVED, GangState.STARTING, GangState.RUNNING) or rep is not None:
+                if g.state in (GangState.RESERVED, GangState.STARTING, GangState.RUNNING, GangState.RESTARTING) or rep is not None:
                     nodes.add(m.node)
         return nodes
 
@@ -318,6 +341,8 @@ class AzLeader:
     async def cycle(self) -> None:
         self.check_valid()
         await self._check_liveness()
+        await self._check_start_barrier()
+        await self._persist_heartbeats()
         pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight]
         if not pending:
             return
@@ -423,7 +448,7 @@ class AzLeader:
         key = self.keys.node(self.az, node)
         res = await self.store.fenced_txn(self.fence, [], [Put(key, rec.to_dict())])
         self.nodes[node] = rec.__class__(**{**rec.__dict__, "mod_revision": res.revision})
-        self.index = FabricIndex.build(n.topology for n in self.nodes.values())
+        self.index = self.index.refreshed(n.topology for n in self.nodes.values())
         self.conns[node] = conn
         conn.last_seen = self.mono()
         self.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
@@ -455,7 +480,7 @@ class AzLeader:
                 for rank in missing:
                     self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(
                         MemberPhase.FAILED, -1, "member vanished (agent restarted without it)", node)
-            elif g.state.terminal:
+            elif g.state.terminal or g.state == GangState.RESTARTING:
                 # RELEASING: the agent does not run them any more.
                 for rank in missing:
                     self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(MemberPhase.STOPPED, 0, "gone", node)
@@ -495,29 +520,46 @@ class AzLeader:
         if g is None or gang_id in self._inflight:
             return
         reports = self.members.get((g.id, g.incarnation), {})
-        if g.state.terminal:
-            # RELEASING: free the devices once no member can be alive.
-            if g.id in self.reservations and not any(reports.get(m.rank, progress.MemberReport(MemberPhase.RUNNING)).phase.live for m in g.placement):
-                await self._release(g)
+        if g.state.terminal or g.state == GangState.RESTARTING:
+            # Torn down: act once no member of this incarnation can be alive.
+            if any(reports.get(m.rank, progress.MemberReport(MemberPhase.RUNNING)).phase.live for m in g.placement):
+                return
+            self._inflight.add(gang_id)
+            try:
+                if g.state == GangState.RESTARTING:
+                    await self._requeue(g)
+                elif g.id in self.reservations:
+                    await self._release(g)
+            except Conflict as exc:
+                log.info("gang %s: %s", gang_id, exc)
+            finally:
+                self._inflight.discard(gang_id)
             return
         tr = progress.evaluate(g.state, len(g.placement), reports)
         if tr is None:
             return
-        self._inflight.add(gang_id)
+        await self._transition(g, tr.to, tr.reason)
+
+    async def _transition(self, g: GangRecord, to: GangState, reason: str) -> None:
+        """Apply a run-time transition; a failure restarts the whole gang
+        while restarts remain (DESIGN §4 failure policy)."""
+        if to == GangState.FAILED and g.restarts < g.spec.policy.max_restarts:
+            to = GangState.RESTARTING
+        self._inflight.add(g.id)
         try:
-            if tr.to.terminal:
-                await self._finish(g, tr.to, tr.reason)
+            if to.terminal or to == GangState.RESTARTING:
+                await self._finish(g, to, reason)
             else:
-                await self._write_gang(g.evolve(state=tr.to, reason=tr.reason, updated_at=self.wall()), g)
+                await self._write_gang(g.evolve(state=to, reason=reason, updated_at=self.wall()), g)
         except Conflict as exc:
-            log.info("gang %s: %s", gang_id, exc)
+            log.info("gang %s: %s", g.id, exc)
         finally:
-            self._inflight.discard(gang_id)
-        # A terminal transition may already allow the release.
-        if tr.to.terminal:
-            g2 = self.gangs.get(gang_id)
-            if g2 is not None and g2.state.terminal:
-                await self._evaluate(gang_id)
+            self._inflight.discard(g.id)
+        # A teardown may already allow the release (no live members).
+        if to.terminal or to == GangState.RESTARTING:
+            g2 = self.gangs.get(g.id)
+            if g2 is not None and (g2.state.terminal or g2.state == GangState.RESTARTING):
+                await self._evaluate(g.id)
 
     async def _release(self, g: GangRecord) -> None:
         key = self.keys.reservation(self.az, g.id)
@@ -532,6 +574,47 @@ class AzLeader:
         self.wake.set()
 
     # ------------------------------------------------------------ liveness
+    HEARTBEAT_PERSIST_S = 5.0
+
+    async def _persist_heartbeats(self) -> None:
+        """Heartbeats live in memory; their wall time is written to the node
+        records coarsely (every HEARTBEAT_PERSIST_S, batched), so `phalanx
+        nodes` on any replica shows a recent last_heartbeat without a write
+        per heartbeat."""
+        now_m, now_w = self.mono(), self.wall()
+        if now_m - self._last_persist < self.HEARTBEAT_PERSIST_S:
+            return
+        self._last_persist = now_m
+        ops = []
+        for node, conn in self.conns.items():
+            rec = self.nodes.get(node)
+            if rec is None or not rec.ready or conn.closed:
+                continue
+            seen_wall = now_w - (now_m - conn.last_seen)
+            if seen_wall - rec.last_heartbeat < self.HEARTBEAT_PERSIST_S / 2:
+                continue
+            new = NodeRecord(rec.topology, True, rec.agent_id, seen_wall, "")
+            ops.append((node, new))
+        for i in range(0, len(ops), 100):
+            chunk = ops[i:i + 100]
+            self.check_valid()
+            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, n), r.to_dict()) for n, r in chunk])
+            for n, r in chunk:
+                self.nodes[n] = NodeRecord(r.topology, r.ready, r.agent_id, r.last_heartbeat, r.reason, res.revision)
+
+    async def _check_start_barrier(self) -> None:
+        """A gang whose members have not all started within its
+        start_timeout_s is torn down (all-or-nothing at run time too)."""
+        now = self.wall()
+        for g in list(self.gangs.values()):
+            if g.state not in (GangState.RESERVED, GangState.STARTING) or g.id in self._inflight:
+                continue
+            if now - g.updated_at <= g.spec.policy.start_timeout_s:
+                continue
+            reports = self.members.get((g.id, g.incarnation), {})
+            started = sum(1 for r in reports.values() if r.phase in (MemberPhase.RUNNING, MemberPhase.SUCCEEDED))
+            await self._transition(g, GangState.FAILED, f"start barrier: {started} of {len(g.placement)} members started within start_timeout_s={g.spec.policy.start_timeout_s:g}s")
+
     async def _check_liveness(self) -> None:
         now = self.mono()
         for node, live in list(self.liveness.items()):

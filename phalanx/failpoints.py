@@ -34,6 +34,36 @@ class Action:
 
 
 _ARMED: dict[str, Action] = {}
+# Optional file re-read at run time (tests and the chaos suite arm and disarm
+# points in a running process by rewriting it). Unset: no cost at all.
+_FILE = os.environ.get("PHALANX_FAILPOINTS_FILE", "")
+_file_state: dict[str, float] = {"checked": 0.0, "mtime": -1.0}
+_FROM_FILE: set[str] = set()
+
+
+def _reload() -> None:
+    now = time.monotonic()
+    if now - _file_state["checked"] < 0.1:
+        return
+    _file_state["checked"] = now
+    try:
+        mtime = os.stat(_FILE).st_mtime
+        text = open(_FILE).read() if mtime != _file_state["mtime"] else None
+    except FileNotFoundError:
+        mtime, text = 0.0, ""
+    if text is None:
+        return
+    _file_state["mtime"] = mtime
+    for name in _FROM_FILE:
+        _ARMED.pop(name, None)
+    _FROM_FILE.clear()
+    try:
+        parsed = parse(text.replace("\n", ","))
+    except ValueError as exc:
+        log.error("ignoring %s: %s", _FILE, exc)
+        return
+    _ARMED.update(parsed)
+    _FROM_FILE.update(parsed)
 
 
 def parse(text: str) -> dict[str, Action]:
@@ -65,12 +95,16 @@ def load_from_env() -> None:
 
 def on(name: str) -> bool:
     """A planted-bug switch: True only when armed with ``on``."""
+    if _FILE:
+        _reload()
     a = _ARMED.get(name)
     return a is not None and a.kind == "on"
 
 
 async def hit(name: str) -> None:
     """A protocol step: crash, pause or delay here if armed."""
+    if _FILE:
+        _reload()
     a = _ARMED.get(name)
     if a is None:
         return

@@ -29,6 +29,7 @@ MAX_RUN_BYTES = 64 * 1024
 DEFAULT_DURATION_S = 10.0
 DEFAULT_ADMISSION_TIMEOUT_S = 600.0
 DEFAULT_MAX_RESTARTS = 3
+DEFAULT_START_TIMEOUT_S = 300.0
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -80,6 +81,7 @@ class Run:
 class Policy:
     admission_timeout_s: float = DEFAULT_ADMISSION_TIMEOUT_S
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,7 @@ _SECTIONS: dict[str, set[str]] = {
     "resources": {"gpus", "gpu_model", "rdma_nics"},
     "topology": {"required", "preferred", "allow_cross_az"},
     "run": {"command", "env", "duration_s"},
-    "policy": {"admission_timeout_s", "max_restarts"},
+    "policy": {"admission_timeout_s", "max_restarts", "start_timeout_s"},
 }
 
 
@@ -210,6 +212,8 @@ def parse_spec(data: Any) -> GangSpec:
     c = _Checker()
     top = c.section(data, "")
     if not isinstance(data, Mapping):
+        if not c.errors:  # None (an empty document) passes section() silently
+            c.fail("spec", "is empty; expected a mapping with at least name, members and resources.gpus")
         raise InvalidSpec(c.errors)
 
     name = c.string(top, "name", "name", "")
@@ -281,6 +285,9 @@ def parse_spec(data: Any) -> GangSpec:
         pol, "admission_timeout_s", "policy.admission_timeout_s", DEFAULT_ADMISSION_TIMEOUT_S, 0.0, 30 * 24 * 3600.0, strict_lo=True
     )
     max_restarts = c.integer(pol, "max_restarts", "policy.max_restarts", DEFAULT_MAX_RESTARTS, 0, MAX_RESTARTS)
+    start_timeout_s = c.number(
+        pol, "start_timeout_s", "policy.start_timeout_s", DEFAULT_START_TIMEOUT_S, 0.0, 24 * 3600.0, strict_lo=True
+    )
 
     if c.errors:
         raise InvalidSpec(c.errors)
@@ -296,7 +303,7 @@ def parse_spec(data: Any) -> GangSpec:
             allow_cross_az=allow_cross_az or required == Level.REGION,
         ),
         run=Run(command=command, env=env, duration_s=duration_s),
-        policy=Policy(admission_timeout_s=admission_timeout_s, max_restarts=max_restarts),
+        policy=Policy(admission_timeout_s=admission_timeout_s, max_restarts=max_restarts, start_timeout_s=start_timeout_s),
     )
 
 

@@ -48,6 +48,7 @@ def spec_to_pb(spec: GangSpec) -> pb.GangSpec:
         policy=pb.Policy(
             admission_timeout_s=spec.policy.admission_timeout_s,
             max_restarts=spec.policy.max_restarts,
+            start_timeout_s=spec.policy.start_timeout_s,
         ),
     )
 
@@ -64,7 +65,9 @@ def spec_from_pb(msg: pb.GangSpec) -> GangSpec:
     data["resources"] = {"gpus": msg.resources.gpus, "rdma_nics": msg.resources.rdma_nics}
     if msg.resources.gpu_model:
         data["resources"]["gpu_model"] = msg.resources.gpu_model
-    topo: dict[str, Any] = {"allow_cross_az": msg.topology.allow_cross_az}
+    # Only a true flag is passed on: proto3 cannot say "unset", and an unset
+    # flag must not contradict required: region.
+    topo: dict[str, Any] = {"allow_cross_az": True} if msg.topology.allow_cross_az else {}
     errors: list[FieldError] = []
     for key, value in (("required", msg.topology.required), ("preferred", msg.topology.preferred)):
         if value:
@@ -74,7 +77,7 @@ def spec_from_pb(msg: pb.GangSpec) -> GangSpec:
                 errors.append(FieldError(f"topology.{key}", f"unknown topology level {value}"))
     data["topology"] = topo
     run: dict[str, Any] = {"command": list(msg.run.command), "env": dict(msg.run.env)}
-    if msg.run.duration_s:
+    if msg.run.HasField("duration_s"):
         run["duration_s"] = msg.run.duration_s
     data["run"] = run
     policy: dict[str, Any] = {}
@@ -82,6 +85,8 @@ def spec_from_pb(msg: pb.GangSpec) -> GangSpec:
         policy["admission_timeout_s"] = msg.policy.admission_timeout_s
     if msg.HasField("policy"):
         policy["max_restarts"] = msg.policy.max_restarts
+    if msg.policy.start_timeout_s:
+        policy["start_timeout_s"] = msg.policy.start_timeout_s
     data["policy"] = policy
     try:
         spec = parse_spec(data)

@@ -77,6 +77,9 @@ def plan_admissions(
         if waited > gang.spec.policy.admission_timeout_s:
             decisions.append(FailAdmission(gang, f"not admitted within admission_timeout_s={gang.spec.policy.admission_timeout_s:g}s"))
             continue
+        if gang.not_before > now:
+            decisions.append(KeepPending(gang, f"restart backoff: not re-placed for {gang.not_before - now:.1f}s"))
+            continue
         if blocked_by is not None:
             decisions.append(KeepPending(gang, f"waiting behind older gang {blocked_by.id}, which has waited past the backfill window"))
             continue

@@ -20,16 +20,19 @@ The algorithm, in order of what matters most:
    AZ holds it.
 3. **Best fit.** Among the domains of that level that fit, take the one with
    the fewest member slots free, then the fewest free GPUs, then the fewest
-   nodes needed, then the smallest name: large domains stay whole for the
-   gangs that need them.
+   nodes needed, then the one in the fuller leaf/spine/AZ, then the smallest
+   name: large domains stay whole for the gangs that need them. (One node:
+   one that gives each member its own NVLink island first; NVLink level:
+   a single node before a multi-node clique.)
 4. **Spread inside the chosen domain.** Recursively over its children
    (AZs, spines, leaves, NVLink cliques, nodes): while no child can take the
    rest, take the child with most capacity (fewest children in total); the
    last child is again the best fit for the remainder.
 5. **Inside a node.** All of a node's members on one NVLink island if one has
-   room, else each member on its own best-fit island; GPUs ordered by their
-   closest free NIC, then by rail alignment; NICs by PCIe distance to the
-   member's GPUs. On rail-optimised fabrics (``Nic.rail >= 0``) the member
+   room, else each member on its own best-fit island, else on the fewest
+   islands; GPUs ordered by the PCIe distance to their closest free NIC,
+   then by rail alignment, then by index; NICs by (closest, total) PCIe
+   distance to the member's GPUs, then rail alignment, then name. On rail-optimised fabrics (``Nic.rail >= 0``) the member
    with local index *i* on every node gets the rails the first node's member
    *i* got, so rank peers talk over one rail switch.
 6. **Ranks.** Nodes ordered by (az, spine, leaf, nvlink_domain, node); a
@@ -429,6 +432,10 @@ class _Inventory:
         self.cliques: dict[str, _Domain] = {}
         self.not_ready = 0
         self.wrong_model = 0
+        # Nodes without room for one member matter only to the shortfall of a
+        # gang that must sit on one node; keep them just for that case.
+        self.full: list[_Entry] = []
+        keep_full = request.limit <= Level.NODE
         # This loop runs over every node on every call: locals and the
         # identity-keyed index lookup keep it near a microsecond per node.
         by_id = index.by_id
@@ -480,6 +487,8 @@ class _Inventory:
                 nics = _NO_NICS
                 cap = gpu_cap
             if cap <= 0:
+                if keep_full:
+                    self.full.append(_Entry(f, free, nics, 0, gpu_cap, leaf))
                 continue
             entry = _Entry(f, free, nics, cap, gpu_cap, leaf)
             leaf.cap += cap
@@ -741,6 +750,59 @@ def span_of(members: Sequence[tuple[NodeTopology, Sequence[int]]]) -> tuple[Leve
     return Level.REGION, "+".join(sorted({t.domain(Level.REGION) for t in nodes}))
 
 
+def violations(request: PlacementRequest, placement: Placement, nodes: Sequence[NodeView]) -> list[str]:
+    """Every way ``placement`` breaks the capacity and topology rules for
+    ``request`` on ``nodes``; empty when it is sound (STYLE 12: invariants
+    are code). Used by the property tests after every answer; a driver may
+    run it before preparing a plan it got from elsewhere."""
+    out: list[str] = []
+    views = {(v.az, v.name): v for v in nodes}
+    if [s.rank for s in placement.members] != list(range(request.members)):
+        out.append(f"ranks are {[s.rank for s in placement.members]}, expected 0..{request.members - 1}")
+    used: set[tuple[str, str, object]] = set()
+    where: list[tuple[str, str]] = []
+    members: list[tuple[NodeTopology, tuple[int, ...]]] = []
+    for s in placement.members:
+        v = views.get((s.az, s.node))
+        if v is None:
+            out.append(f"rank {s.rank}: node {s.az}/{s.node} is not in the inventory")
+            continue
+        where.append((s.az, s.node))
+        members.append((v.topology, s.gpus))
+        if not v.ready:
+            out.append(f"rank {s.rank}: node {s.az}/{s.node} is not ready")
+        if request.azs is not None and s.az not in request.azs:
+            out.append(f"rank {s.rank}: AZ {s.az} is outside {sorted(request.azs)}")
+        needle = request.gpu_model.lower()
+        models = {g.index: g.model.lower() for g in v.topology.gpus}
+        usable = {n.name for n in v.topology.nics if n.usable}
+        if len(s.gpus) != request.gpus_per_member or len(s.nics) != request.rdma_nics_per_member:
+            out.append(f"rank {s.rank}: {len(s.gpus)} GPUs and {len(s.nics)} NICs, expected "
+                       f"{request.gpus_per_member} and {request.rdma_nics_per_member}")
+        for gpu in s.gpus:
+            if gpu not in v.free_gpus or gpu not in models or needle not in models[gpu]:
+                out.append(f"rank {s.rank}: GPU {gpu} on {s.node} is not a free {request.gpu_model or 'GPU'}")
+        for nic in s.nics:
+            if nic not in v.free_nics or nic not in usable:
+                out.append(f"rank {s.rank}: NIC {nic} on {s.node} is not free and usable")
+        for dev in (*(("gpu", g) for g in s.gpus), *(("nic", n) for n in s.nics)):
+            if (s.az, s.node, dev) in used:
+                out.append(f"rank {s.rank}: {dev[0]} {dev[1]} on {s.node} is given twice")
+            used.add((s.az, s.node, dev))
+    runs = [w for i, w in enumerate(where) if i == 0 or where[i - 1] != w]
+    if len(runs) != len(set(runs)):
+        out.append("the ranks of a node are not consecutive")
+    if members and len(members) == len(placement.members):
+        span, domain = span_of(members)
+        if (span, domain) != (placement.span, placement.domain):
+            out.append(f"span says {placement.span.label} {placement.domain}, members are in {span.label} {domain}")
+        if span > request.limit:
+            out.append(f"span {span.label} is wider than the limit {request.limit.label}")
+    if len(placement.azs()) > 1 and not request.may_span_azs:
+        out.append(f"crosses AZs {sorted(placement.azs())} but may not")
+    return out
+
+
 # --- the engine ---------------------------------------------------------------------
 
 
@@ -789,8 +851,8 @@ def _best(cands: Sequence[_Unit], m: int, inv: _Inventory) -> _Unit:
     if len(tied) == 1:
         return tied[0]
     # Fewest nodes only differs when a node can take several members.
-    nodes = (lambda c: _min_nodes(c, m)) if inv.max_node_cap > 1 else (lambda c: 0)
-    return min(tied, key=lambda c: (nodes(c), _context(c), c.name))
+    several = inv.max_node_cap > 1
+    return min(tied, key=lambda c: (_min_nodes(c, m) if several else 0, _context(c), c.name))
 
 
 def _choose_domain(inv: _Inventory, level: Level, m: int, g: int, r: int) -> tuple[_Unit | None, int]:
@@ -807,13 +869,14 @@ def _choose_domain(inv: _Inventory, level: Level, m: int, g: int, r: int) -> tup
     elif level == Level.NODE:
         if m > inv.max_node_cap:
             return None, 0
-        cands = [e for e in inv.entries if e.cap >= m]
-        if cands and any(len(e.facts.islands) > 1 for e in cands):
+        nodes = [e for e in inv.entries if e.cap >= m]
+        if nodes and any(len(e.facts.islands) > 1 for e in nodes):
             # A node where every member gets its own island beats one that
             # would split a member over PCIe, before best fit.
-            split = {id(e): _island_split(e, g, m) for e in cands}
+            split = {id(e): _island_split(e, g, m) for e in nodes}
             least = min(split.values())
-            cands = [e for e in cands if split[id(e)] == least]
+            nodes = [e for e in nodes if split[id(e)] == least]
+        cands = list(nodes)
     else:
         cands = [d for d in inv.domains(level) if d.cap >= m]
     if not cands:
@@ -866,7 +929,7 @@ def _shortfall(request: PlacementRequest, level: Level, name: str, nfree: int, t
     if cap >= m:
         reason = "fits here, but not inside one narrower domain" if level > request.limit else ""
     elif nfree < need:
-        reason = f"{need - nfree} GPUs short"
+        reason = f"{need - nfree} GPU{'s' if need - nfree != 1 else ''} short"
     elif gpu_cap < m:
         reason = f"free GPUs fragmented over nodes: a member needs {request.gpus_per_member} on one node"
     else:
@@ -885,7 +948,7 @@ def _level_shortfalls(request: PlacementRequest, inv: _Inventory, level: Level) 
     m = request.members
     rows: list[Shortfall] = []
     if level in (Level.NVLINK_DOMAIN, Level.NODE):
-        for e in inv.entries:
+        for e in (*inv.entries, *inv.full):
             if level == Level.NVLINK_DOMAIN and e.facts.clique:
                 continue  # counted with its clique below
             cap = _island_cap(e, g, r) if level == Level.NVLINK_DOMAIN else e.cap

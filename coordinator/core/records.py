@@ -46,6 +46,7 @@ class GangRecord:
     span: Level | None = None
     restarts: int = 0
     idempotency_key: str = ""
+    not_before: float = 0.0  # restart backoff: not placed before this wall time
     mod_revision: int = 0  # from the read; not stored
 
     @property
@@ -70,6 +71,7 @@ class GangRecord:
             "span": self.span.label if self.span else "",
             "restarts": self.restarts,
             "idempotency_key": self.idempotency_key,
+            "not_before": self.not_before,
         }
 
     @classmethod
@@ -87,6 +89,7 @@ class GangRecord:
             span=Level.parse(d["span"]) if d.get("span") else None,
             restarts=int(d.get("restarts", 0)),
             idempotency_key=d.get("idempotency_key", ""),
+            not_before=float(d.get("not_before", 0.0)),
             mod_revision=mod_revision,
         )
 

@@ -100,12 +100,14 @@ class RunSpec(_message.Message):
     def __init__(self, command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., duration_s: _Optional[float] = ...) -> None: ...
 
 class Policy(_message.Message):
-    __slots__ = ("admission_timeout_s", "max_restarts")
+    __slots__ = ("admission_timeout_s", "max_restarts", "start_timeout_s")
     ADMISSION_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    START_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     admission_timeout_s: float
     max_restarts: int
-    def __init__(self, admission_timeout_s: _Optional[float] = ..., max_restarts: _Optional[int] = ...) -> None: ...
+    start_timeout_s: float
+    def __init__(self, admission_timeout_s: _Optional[float] = ..., max_restarts: _Optional[int] = ..., start_timeout_s: _Optional[float] = ...) -> None: ...
 
 class GangSpec(_message.Message):
     __slots__ = ("name", "queue", "priority", "members", "resources", "topology", "run", "policy")
@@ -142,7 +144,7 @@ class MemberPlacement(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., az: _Optional[str] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Gang(_message.Message):
-    __slots__ = ("id", "spec", "state", "owner_az", "incarnation", "reason", "submitted_at", "updated_at", "placement", "restarts", "mod_revision", "span")
+    __slots__ = ("id", "spec", "state", "owner_az", "incarnation", "reason", "submitted_at", "updated_at", "placement", "restarts", "mod_revision", "span", "not_before")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +157,7 @@ class Gang(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     MOD_REVISION_FIELD_NUMBER: _ClassVar[int]
     SPAN_FIELD_NUMBER: _ClassVar[int]
+    NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: GangSpec
     state: GangState
@@ -167,7 +170,8 @@ class Gang(_message.Message):
     restarts: int
     mod_revision: int
     span: TopologyLevel
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ...) -> None: ...
+    not_before: float
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ..., not_before: _Optional[float] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_mib", "pci_bus_id", "numa_node", "nvlink_island", "nvlink_peers", "pcie_switch")

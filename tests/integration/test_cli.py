@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import uuid
 from collections.abc import Iterator
@@ -344,3 +346,56 @@ def test_cli_failover_in_address_list(address: str, capsys: pytest.CaptureFixtur
         dead = f"127.0.0.1:{s.getsockname()[1]}"
     code, out, _ = run_cli(capsys, "status", "--address", f"{dead},{address}")
     assert code == 0 and "az-a" in out
+
+
+def _pid_listening_on(address: str) -> int:
+    """The coordinator process started with ``--listen ADDRESS``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"coordinator" in argv and address.encode() in argv:
+            return int(entry)
+    raise LookupError(address)
+
+
+async def test_watch_and_calls_survive_losing_the_serving_coordinator(
+    etcd_server: EtcdServer, cluster_name: str, tmp_path: Path
+) -> None:
+    """One AZ, two coordinators. Stop the one serving a watch: the watch
+    resumes on the other and still sees the gang to its end, with no event
+    twice; unary calls fail over too."""
+    up = UpProcess([
+        "--no-workload", "--etcd", etcd_server.endpoint, "--cluster", cluster_name, "--azs", "1",
+        "--coordinators-per-az", "2", "--nodes-per-az", "1", "--base-port", "0", "--state-dir", str(tmp_path / "s"),
+    ])
+    try:
+        await asyncio.to_thread(up.start)
+        await _wait_nodes_ready_n(up.address, 1)
+        async with AsyncClient(up.address, timeout=15) as client:
+            gang = (await client.submit(small(unique("failover"), duration_s=6.0))).gang
+            seen: list[pb.Gang] = []
+            async for g in client.watch(gang.id):
+                seen.append(g)
+                if len(seen) == 1:
+                    serving = client.addresses[client._current]
+                    os.kill(_pid_listening_on(serving), signal.SIGTERM)
+            assert state_name(seen[-1]) == "SUCCEEDED", [state_name(g) for g in seen]
+            revisions = [g.mod_revision for g in seen]
+            assert len(set(revisions)) == len(revisions)
+            st = await client.status()
+            stopped_id = f"az-a-c{up.addresses.index(serving)}"
+            assert st.served_by and st.served_by != stopped_id
+    finally:
+        code = await asyncio.to_thread(up.stop)
+    assert code == 0, "\n".join(up.lines[-40:])
+
+
+async def _wait_nodes_ready_n(address: str, n: int) -> None:
+    async with AsyncClient(address) as client:
+        while sum(az.nodes_ready for az in (await client.status()).azs) < n:
+            await asyncio.sleep(0.2)

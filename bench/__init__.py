@@ -1,0 +1,1 @@
+"""Benchmarks that print comparable tables; run on purpose, never from the test suite."""

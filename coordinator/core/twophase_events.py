@@ -1,0 +1,521 @@
+"""Events (what happened, past tense) and effects (what to do, imperative) of
+the two-phase reservation state machines.
+
+The driver feeds events into ``ParticipantState.handle`` / ``OwnerState.handle``
+and performs the effects they return; results of effects come back as events
+(``WriteHold`` -> ``HoldWritten`` / ``HoldWriteFailed``). Every event and
+effect carries ``stimulus_id``: an effect copies the id of the event that
+caused it, so a log line or a chaos history can be traced back to the RPC,
+watch notification or timer that started the chain.
+
+Driver contract, per effect, is in each docstring. Two rules apply to all:
+
+* A ``...Failed`` event means the write *definitely did not apply* (a lost
+  compare, a refused request). When the outcome is unknown (deadline exceeded
+  on the wire), the driver reads the key back linearizably and reports what it
+  finds; it never guesses.
+* A store write whose fencing compare fails (``NotLeader``) is not reported
+  at all: the leader steps down and this state object is discarded. The next
+  leader starts from ``ParticipantRecovered`` / ``OwnerRecovered``.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from coordinator.core.twophase_model import (
+    DecisionKey,
+    DecisionRecord,
+    HoldState,
+    NodeDevices,
+    NodeSlice,
+    Outcome,
+    Plan,
+    ReservationRecord,
+    normalize_plan,
+    normalize_slice,
+)
+
+# --------------------------------------------------------------------------
+# Base classes
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Something that happened; input of ``handle``."""
+
+    stimulus_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GangEvent(Event):
+    """An event about one attempt (gang, incarnation)."""
+
+    gang: str
+    incarnation: int
+
+    @property
+    def key(self) -> DecisionKey:
+        return (self.gang, self.incarnation)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Effect:
+    """Something the driver must do; output of ``handle``."""
+
+    stimulus_id: str
+
+
+# --------------------------------------------------------------------------
+# Events shared by both roles
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionCreated(GangEvent):
+    """Result of ``CreateDecision``: the key now exists. ``won`` says whether
+    our create made it; ``outcome`` is what the key holds either way (when
+    we lost, someone else's decision, which is the one that counts)."""
+
+    won: bool
+    outcome: Outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionCreateFailed(GangEvent):
+    """``CreateDecision`` definitely did not reach etcd (unavailable,
+    refused). Not for "lost the race": that is ``DecisionCreated(won=False)``."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecisionObserved(GangEvent):
+    """The watch on ``decisions/`` (or a read) showed this decision."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True, kw_only=True)
+class GangFinished(GangEvent):
+    """This incarnation of the gang is over (succeeded, failed, cancelled,
+    or torn down to restart) and that fact is already durable in
+    ``gangs/<gang>``. The only way a COMMITTED hold is ever released."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryDue(GangEvent):
+    """A timer the core scheduled (``ScheduleTimeout``) to re-issue store
+    work that failed, or, for the owner, to start the next incarnation after
+    a backoff. Fired late or twice it is harmless."""
+
+
+# --------------------------------------------------------------------------
+# Participant events
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareReceived(GangEvent):
+    """A ``Prepare`` RPC (``PrepareRequest``) from the owner's AZ leader."""
+
+    owner_az: str
+    priority: int
+    submitted_at: float
+    nodes: NodeSlice
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", normalize_slice(self.nodes))
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldWritten(GangEvent):
+    """``WriteHold`` applied: ``reservations/<az>/<gang>`` is PREPARED at this
+    incarnation (or was already, at this incarnation)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldWriteFailed(GangEvent):
+    """``WriteHold`` definitely not applied (e.g. a newer incarnation's record
+    is already there)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitWritten(GangEvent):
+    """``MarkCommitted`` applied: the record is COMMITTED."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitWriteFailed(GangEvent):
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldReleased(GangEvent):
+    """``ReleaseHold`` applied (or there was nothing left to delete)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class HoldReleaseFailed(GangEvent):
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommitReceived(GangEvent):
+    """A ``Commit`` RPC from the owner (``DecisionRequest``)."""
+
+    from_az: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AbortReceived(GangEvent):
+    """An ``Abort`` RPC from the owner (``DecisionRequest``)."""
+
+    from_az: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepareTimedOut(GangEvent):
+    """The timer from ``ScheduleTimeout`` for an undecided PREPARED hold."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class InventoryChanged(Event):
+    """The AZ's schedulable devices changed (node joined, left, drained).
+    ``nodes`` None means "unknown": prepares are then checked against holds
+    only. Existing holds are not touched: losing a node is the lifecycle's
+    business (restart the gang), not the reservation protocol's."""
+
+    nodes: Mapping[str, NodeDevices] | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParticipantRecovered(Event):
+    """A new leader of this AZ read its durable state once (one range read,
+    DESIGN §1) and starts from it. ``reservations`` are this AZ's records,
+    ``decisions`` every decision key, ``finished`` the attempts whose gang
+    record says they are over."""
+
+    reservations: Sequence[ReservationRecord]
+    decisions: Sequence[DecisionRecord]
+    finished: Sequence[DecisionKey] = ()
+
+
+# --------------------------------------------------------------------------
+# Owner events
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class GangSubmitted(GangEvent):
+    """Start admitting the gang at ``incarnation`` (1 for a new gang, the next
+    one after a restart). The gang record is already durable."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementMade(GangEvent):
+    """Result of ``RequestPlacement``."""
+
+    plan: Plan
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plan", normalize_plan(self.plan))
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlacementFailed(GangEvent):
+    """Placement found no room; ``reason`` is the shortfall as text."""
+
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptWritten(GangEvent):
+    """``WriteAttempt`` applied: ``gangs/<gang>`` names this incarnation and
+    its plan."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptWriteFailed(GangEvent):
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class VoteReceived(GangEvent):
+    """A participant's answer to ``Prepare`` (``PrepareResponse``)."""
+
+    from_az: str
+    yes: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class VotesTimedOut(GangEvent):
+    """The vote deadline timer of this incarnation."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryRequested(Event):
+    """The queue asks an unplaced gang to try placement again (capacity
+    changed)."""
+
+    gang: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnerRecovered(Event):
+    """A new owner leader read ``gangs/<gang>`` and its decision once.
+
+    ``incarnation`` / ``plan``: the last attempt recorded by ``WriteAttempt``
+    (0 / None if none was ever recorded); ``decision``: the content of
+    ``decisions/<gang>/<incarnation>`` if it exists; ``finished``: the gang
+    record says that incarnation is over.
+    """
+
+    gang: str
+    incarnation: int
+    plan: Plan | None
+    decision: Outcome | None
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        if self.plan is not None:
+            object.__setattr__(self, "plan", normalize_plan(self.plan))
+
+
+# --------------------------------------------------------------------------
+# Effects: store writes (the driver runs each as one fenced etcd txn)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteHold(Effect):
+    """Put ``reservations/<az>/<gang>`` = PREPARED at ``incarnation``.
+
+    Guard: only if the key is absent or holds a *lower* incarnation; if it
+    already holds this incarnation, succeed without writing (a late duplicate
+    must never downgrade a COMMITTED record). Not bound to the session lease:
+    a hold outlives its leader. Report ``HoldWritten`` / ``HoldWriteFailed``.
+    """
+
+    az: str
+    gang: str
+    incarnation: int
+    owner_az: str
+    priority: int
+    submitted_at: float
+    nodes: NodeSlice
+
+    def record(self) -> ReservationRecord:
+        return ReservationRecord(
+            az=self.az, gang=self.gang, incarnation=self.incarnation,
+            state=HoldState.PREPARED, nodes=self.nodes, owner_az=self.owner_az,
+            priority=self.priority, submitted_at=self.submitted_at,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarkCommitted(Effect):
+    """Set the record's state to COMMITTED, only if it holds ``incarnation``.
+    Report ``CommitWritten`` / ``CommitWriteFailed``."""
+
+    az: str
+    gang: str
+    incarnation: int
+    nodes: NodeSlice
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReleaseHold(Effect):
+    """Delete ``reservations/<az>/<gang>`` only if it holds ``incarnation``
+    (compare on the stored incarnation, never a blind delete: the key may
+    already carry the gang's next incarnation). Absent counts as done.
+    Report ``HoldReleased`` / ``HoldReleaseFailed``."""
+
+    az: str
+    gang: str
+    incarnation: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateDecision(Effect):
+    """Create ``decisions/<gang>/<incarnation>`` = ``outcome`` if absent
+    (txn ``create_revision == 0``); this write is the commit point. Report
+    ``DecisionCreated`` with what the key holds afterwards, or
+    ``DecisionCreateFailed``. Re-issuing it is always safe."""
+
+    gang: str
+    incarnation: int
+    outcome: Outcome
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteAttempt(Effect):
+    """Owner: record in ``gangs/<gang>`` that ``incarnation`` is in flight
+    with ``plan`` (state RESERVING), only if the stored incarnation is not
+    higher. Done *before* any Prepare is sent, so that a new owner leader
+    knows which incarnation may have holds out there and never reuses its
+    number with a different plan. Report ``AttemptWritten`` /
+    ``AttemptWriteFailed``."""
+
+    gang: str
+    incarnation: int
+    owner_az: str
+    priority: int
+    submitted_at: float
+    plan: Plan
+
+
+# --------------------------------------------------------------------------
+# Effects: messages to peers (CoordinatorPeer RPCs) and replies
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendPrepare(Effect):
+    """``CoordinatorPeer.Prepare`` to the leader of ``to_az`` (possibly our
+    own AZ). Best effort: a lost Prepare ends in ``VotesTimedOut``."""
+
+    to_az: str
+    gang: str
+    incarnation: int
+    owner_az: str
+    priority: int
+    submitted_at: float
+    nodes: NodeSlice
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendVote(Effect):
+    """Answer a Prepare (the ``PrepareResponse`` of every pending Prepare RPC
+    for this (gang, incarnation), or a call back to the owner)."""
+
+    to_az: str
+    from_az: str
+    gang: str
+    incarnation: int
+    yes: bool
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendCommit(Effect):
+    """``CoordinatorPeer.Commit``. Best effort: participants also learn the
+    decision from the watch and, failing that, from their prepare timeout."""
+
+    to_az: str
+    gang: str
+    incarnation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendAbort(Effect):
+    """``CoordinatorPeer.Abort``. Best effort, like ``SendCommit``."""
+
+    to_az: str
+    gang: str
+    incarnation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendFinish(Effect):
+    """Tell ``to_az`` that this incarnation is over, so it releases its
+    COMMITTED hold. Best effort: participants also watch ``gangs/``."""
+
+    to_az: str
+    gang: str
+    incarnation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class SendDecisionAck(Effect):
+    """The ``DecisionResponse`` to a Commit/Abort RPC."""
+
+    to_az: str
+    gang: str
+    incarnation: int
+    applied: bool
+    state: str
+
+
+# --------------------------------------------------------------------------
+# Effects: timers, placement, lifecycle, agents
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleTimeout(Effect):
+    """Feed ``event`` back at time ``at`` (same clock as ``now``). Timers are
+    in memory: a new leader re-creates the ones it needs on recovery, and the
+    core ignores a timer that is no longer relevant."""
+
+    at: float
+    event: Event
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestPlacement(Effect):
+    """Compute a plan for this attempt; answer ``PlacementMade`` or
+    ``PlacementFailed``."""
+
+    gang: str
+    incarnation: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DispatchGang(Effect):
+    """The record is durably COMMITTED: send the assignments to the agents of
+    ``nodes`` (they re-check the record themselves, DESIGN §6)."""
+
+    az: str
+    gang: str
+    incarnation: int
+    nodes: NodeSlice
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarkGangReserved(Effect):
+    """Lifecycle: the gang is RESERVED at ``incarnation`` with ``plan``."""
+
+    gang: str
+    incarnation: int
+    plan: Plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarkGangPending(Effect):
+    """Lifecycle: the gang waits (PENDING) for room; ``reason`` for explain."""
+
+    gang: str
+    incarnation: int
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MarkGangFailed(Effect):
+    """Lifecycle: give up admitting the gang (``max_attempts`` exhausted)."""
+
+    gang: str
+    incarnation: int
+    reason: str
+
+
+ParticipantEvent = (
+    PrepareReceived | HoldWritten | HoldWriteFailed | CommitWritten | CommitWriteFailed
+    | HoldReleased | HoldReleaseFailed | CommitReceived | AbortReceived | DecisionObserved
+    | DecisionCreated | DecisionCreateFailed | PrepareTimedOut | RetryDue | GangFinished
+    | InventoryChanged | ParticipantRecovered
+)
+OwnerEvent = (
+    GangSubmitted | PlacementMade | PlacementFailed | AttemptWritten | AttemptWriteFailed
+    | VoteReceived | VotesTimedOut | DecisionCreated | DecisionCreateFailed | DecisionObserved
+    | RetryDue | RetryRequested | GangFinished | OwnerRecovered
+)

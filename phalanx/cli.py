@@ -1,0 +1,667 @@
+"""The ``phalanx`` command: submit and inspect gangs, run a local cluster.
+
+Exit codes (docs/cli.md):
+  0  success (``wait``: the wanted state was reached)
+  1  any other error: server error, unreachable cluster, ``wait`` timed out or
+     the gang ended in another terminal state
+  2  invalid input: a bad gang spec (checked locally, before anything is sent),
+     a bad flag, or a request the server rejected as INVALID_ARGUMENT
+  130 interrupted (Ctrl-C)
+
+Expected errors print one ``error: <message>`` line on stderr, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TextIO
+
+import yaml
+
+from phalanx.client import (
+    DEFAULT_ADDRESS,
+    AsyncClient,
+    TerminalStateReached,
+    is_terminal,
+    parse_states,
+    state_name,
+)
+from phalanx.errors import InvalidArgument, PhalanxError
+from phalanx.model import GangState, Level
+from phalanx.spec import GangSpec, InvalidSpec, load_spec
+from phalanx.v1 import types_pb2 as pb
+from phalanx.wire import message_to_dict, topology_from_pb
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INVALID = 2
+EXIT_INTERRUPTED = 130
+
+ADDRESS_ENV = "PHALANX_ADDRESS"
+STATE_DIR_ENV = "PHALANX_STATE_DIR"
+
+
+class UsageError(Exception):
+    """Bad local input (a flag value, an unreadable file): exit code 2."""
+
+
+# --- formatting -----------------------------------------------------------------
+
+
+def format_age(seconds: float) -> str:
+    """``42s``, ``5m``, ``3h``, ``2d``; ``-`` for an unknown time."""
+    if seconds != seconds or seconds < 0:
+        return "-"
+    if seconds < 120:
+        return f"{int(seconds)}s"
+    if seconds < 7200:
+        return f"{int(seconds // 60)}m"
+    if seconds < 2 * 86400:
+        return f"{int(seconds // 3600)}h"
+    return f"{int(seconds // 86400)}d"
+
+
+def age_since(timestamp: float, now: float | None = None) -> str:
+    if not timestamp:
+        return "-"
+    return format_age((time.time() if now is None else now) - timestamp)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Left-aligned columns separated by two spaces; the last column is not
+    padded so long reasons do not leave trailing blanks."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def level_label(value: int) -> str:
+    try:
+        return Level(value).label if value else "-"
+    except ValueError:
+        return str(value)
+
+
+def dump(msg: Any, fmt: str) -> str:
+    data = message_to_dict(msg) if not isinstance(msg, (dict, list)) else msg
+    if fmt == "json":
+        return json.dumps(data, indent=2, sort_keys=False)
+    return yaml.safe_dump(data, sort_keys=False).rstrip("\n")
+
+
+def gang_gpus(gang: pb.Gang) -> int:
+    return gang.spec.members * gang.spec.resources.gpus
+
+
+def describe_gang(gang: pb.Gang, now: float | None = None) -> str:
+    """The human form of ``phalanx get``."""
+    spec = gang.spec
+    topo = []
+    if spec.topology.required:
+        topo.append(f"required {level_label(spec.topology.required)}")
+    if spec.topology.preferred:
+        topo.append(f"preferred {level_label(spec.topology.preferred)}")
+    if spec.topology.allow_cross_az:
+        topo.append("cross-AZ allowed")
+    if gang.span:
+        topo.append(f"span {level_label(gang.span)}")
+    model = f" {spec.resources.gpu_model}" if spec.resources.gpu_model else ""
+    nics = f", {spec.resources.rdma_nics} RDMA NIC" if spec.resources.rdma_nics else ""
+    fields = [
+        ("id", gang.id),
+        ("name", spec.name),
+        ("state", f"{state_name(gang)} (incarnation {gang.incarnation}, restarts {gang.restarts})"),
+        ("owner az", gang.owner_az or "-"),
+        ("members", f"{spec.members} x {spec.resources.gpus}{model} GPU{nics} = {gang_gpus(gang)} GPUs"),
+        ("queue", f"{spec.queue or 'default'} (priority {spec.priority})"),
+        ("topology", ", ".join(topo) or "-"),
+        ("submitted", f"{_clock(gang.submitted_at)} ({age_since(gang.submitted_at, now)} ago)" if gang.submitted_at else "-"),
+        ("updated", f"{_clock(gang.updated_at)} ({age_since(gang.updated_at, now)} ago)" if gang.updated_at else "-"),
+    ]
+    if gang.reason:
+        fields.append(("reason", gang.reason))
+    width = max(len(k) for k, _ in fields) + 1
+    out = [f"{(k + ':').ljust(width)} {v}" for k, v in fields]
+    if gang.placement:
+        out.append("placement:")
+        rows = [
+            [m.rank, m.az, m.node, ",".join(str(g) for g in m.gpus) or "-", ",".join(m.nics) or "-"]
+            for m in sorted(gang.placement, key=lambda m: m.rank)
+        ]
+        out.extend("  " + line for line in format_table(["RANK", "AZ", "NODE", "GPUS", "NICS"], rows).splitlines())
+    return "\n".join(out)
+
+
+def _clock(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def gang_rows(gangs: Sequence[pb.Gang], now: float | None = None) -> list[list[Any]]:
+    return [
+        [
+            g.id,
+            g.spec.name,
+            state_name(g),
+            g.owner_az or "-",
+            g.spec.members,
+            gang_gpus(g),
+            age_since(g.submitted_at, now),
+            g.reason,
+        ]
+        for g in gangs
+    ]
+
+
+GANG_HEADERS = ["ID", "NAME", "STATE", "AZ", "MEMBERS", "GPUS", "AGE", "REASON"]
+
+
+def watch_line(gang: pb.Gang) -> str:
+    """One line per change for ``phalanx watch``."""
+    parts = [time.strftime("%H:%M:%S"), gang.id, state_name(gang), f"inc={gang.incarnation}"]
+    if gang.placement:
+        nodes = {(m.az, m.node) for m in gang.placement}
+        azs = {m.az for m in gang.placement}
+        parts.append(f"nodes={len(nodes)}" + (f" azs={len(azs)}" if len(azs) > 1 else ""))
+    if gang.span:
+        parts.append(f"span={level_label(gang.span)}")
+    if gang.reason:
+        parts.append(gang.reason)
+    return "  ".join(parts)
+
+
+# --- commands talking to the cluster --------------------------------------------
+
+
+def _print(text: str = "", file: TextIO | None = None) -> None:
+    print(text, file=file or sys.stdout, flush=True)
+
+
+def read_spec_file(path: str) -> GangSpec:
+    """Read and validate a spec file (``-`` = stdin). InvalidSpec / UsageError."""
+    try:
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {path}: not UTF-8 text") from None
+    return load_spec(text)
+
+
+async def cmd_submit(client: AsyncClient, args: argparse.Namespace, spec: GangSpec) -> int:
+    result = await client.submit(spec, idempotency_key=args.idempotency_key)
+    gang = result.gang
+    if args.output in ("json", "yaml"):
+        _print(dump(gang, args.output))
+    elif args.output == "wide":
+        _print(format_table(GANG_HEADERS, gang_rows([gang])))
+    else:
+        _print(gang.id)
+    if not result.created:
+        _print(f"note: gang {gang.id} was already submitted with this idempotency key", sys.stderr)
+    return EXIT_OK
+
+
+async def cmd_get(client: AsyncClient, args: argparse.Namespace) -> int:
+    gang = await client.get(args.id)
+    _print(dump(gang, args.output) if args.output in ("json", "yaml") else describe_gang(gang))
+    return EXIT_OK
+
+
+async def cmd_list(client: AsyncClient, args: argparse.Namespace) -> int:
+    gangs = await client.list(
+        states=args.states, queue=args.queue, owner_az=args.az, name_prefix=args.name_prefix, limit=args.limit
+    )
+    if args.output in ("json", "yaml"):
+        _print(dump([message_to_dict(g) for g in gangs], args.output))
+    elif gangs:
+        _print(format_table(GANG_HEADERS, gang_rows(gangs)))
+    else:
+        _print("no gangs")
+    return EXIT_OK
+
+
+async def cmd_watch(client: AsyncClient, args: argparse.Namespace) -> int:
+    last_line_key: tuple[Any, ...] | None = None
+    async for gang in client.watch(args.id):
+        # One line per *visible* change; a record rewrite that changes nothing
+        # shown (e.g. a heartbeat timestamp) is not worth a line.
+        key = (gang.state, gang.incarnation, gang.reason, len(gang.placement), gang.span)
+        if key != last_line_key:
+            _print(watch_line(gang))
+            last_line_key = key
+        if is_terminal(gang):
+            break
+    return EXIT_OK
+
+
+async def cmd_wait(client: AsyncClient, args: argparse.Namespace) -> int:
+    try:
+        gang = await client.wait(args.id, args.wanted, timeout=args.timeout)
+    except TimeoutError as exc:
+        _print(f"error: timed out: {exc}", sys.stderr)
+        return EXIT_ERROR
+    except TerminalStateReached as exc:
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_ERROR
+    _print(f"gang {gang.id} is {state_name(gang)}")
+    return EXIT_OK
+
+
+async def cmd_cancel(client: AsyncClient, args: argparse.Namespace) -> int:
+    gang = await client.cancel(args.id, reason=args.reason)
+    _print(f"gang {gang.id}: {state_name(gang)}" + (f" ({gang.reason})" if gang.reason else ""))
+    return EXIT_OK
+
+
+async def cmd_explain(client: AsyncClient, args: argparse.Namespace) -> int:
+    response = await client.explain(args.id)
+    if args.output in ("json", "yaml"):
+        _print(dump(response, args.output))
+        return EXIT_OK
+    gang = response.gang
+    _print(f"gang {gang.id or args.id}: {state_name(gang)}" + (f" ({gang.reason})" if gang.reason else ""))
+    if response.summary:
+        _print(response.summary)
+    if response.shortfalls:
+        _print("shortfall by domain:")
+        rows = [
+            [
+                level_label(s.level),
+                s.domain,
+                f"{s.gpus_free}/{s.gpus_total}",
+                s.gpus_needed,
+                f"{s.members_fit}/{s.members_needed}",
+                s.reason,
+            ]
+            for s in response.shortfalls
+        ]
+        table = format_table(["LEVEL", "DOMAIN", "GPUS FREE/TOTAL", "GPUS NEEDED", "MEMBERS FIT/NEEDED", "REASON"], rows)
+        _print("\n".join("  " + line for line in table.splitlines()))
+    return EXIT_OK
+
+
+def node_rows(nodes: Sequence[pb.NodeStatus], now: float | None = None) -> list[list[Any]]:
+    rows = []
+    for n in sorted(nodes, key=lambda n: (n.topology.az, n.topology.node)):
+        t = n.topology
+        rows.append(
+            [
+                t.node,
+                t.az or "-",
+                f"{t.spine or '-'}/{t.leaf or '-'}",
+                "yes" if n.ready else "no",
+                f"{n.gpus_used}/{n.gpus_total}",
+                age_since(n.last_heartbeat, now),
+                n.reason,
+            ]
+        )
+    return rows
+
+
+async def cmd_nodes(client: AsyncClient, args: argparse.Namespace) -> int:
+    nodes = await client.nodes(az=args.az)
+    if args.output in ("json", "yaml"):
+        _print(dump([message_to_dict(n) for n in nodes], args.output))
+    elif nodes:
+        _print(format_table(["NODE", "AZ", "SPINE/LEAF", "READY", "GPUS USED/TOTAL", "HEARTBEAT", "REASON"], node_rows(nodes)))
+    else:
+        _print("no nodes")
+    return EXIT_OK
+
+
+async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
+    st = await client.status()
+    if args.output in ("json", "yaml"):
+        _print(dump(st, args.output))
+        return EXIT_OK
+    _print(f"cluster {st.cluster or '-'}" + (f" (answered by {st.served_by})" if st.served_by else ""))
+    rows = [
+        [
+            az.az,
+            az.leader_id if az.has_leader else "(none)",
+            az.leader_address if az.has_leader else "-",
+            az.epoch if az.has_leader else "-",
+            f"{az.nodes_ready}/{az.nodes_total}",
+            f"{az.gpus_free}/{az.gpus_total}",
+        ]
+        for az in sorted(st.azs, key=lambda a: a.az)
+    ]
+    if rows:
+        _print(format_table(["AZ", "LEADER", "ADDRESS", "EPOCH", "NODES READY/TOTAL", "GPUS FREE/TOTAL"], rows))
+    else:
+        _print("no AZs")
+    counts = dict(st.gangs_by_state)
+    _print("gangs: " + (format_state_counts(counts) or "none"))
+    return EXIT_OK
+
+
+def format_state_counts(counts: dict[str, int]) -> str:
+    """``PENDING 1, RUNNING 3`` in lifecycle order; keys may be names with or
+    without the ``GANG_STATE_`` prefix."""
+
+    def order(name: str) -> tuple[int, str]:
+        try:
+            return (min(int(s) for s in parse_states(name)), name)
+        except ValueError:
+            return (len(GangState) + 1, name)
+
+    items = sorted(((k, v) for k, v in counts.items() if v), key=lambda kv: order(kv[0]))
+    return ", ".join(f"{k.removeprefix('GANG_STATE_')} {v}" for k, v in items)
+
+
+async def cmd_topology(client: AsyncClient, args: argparse.Namespace) -> int:
+    # Imported here so every other command works without the view module.
+    from phalanx.topology_view import render_tree
+
+    nodes = await client.nodes(az=args.az)
+    entries = [(topology_from_pb(n.topology), frozenset(n.used_gpus), bool(n.ready)) for n in nodes]
+    _print(render_tree(entries))
+    return EXIT_OK
+
+
+# --- local commands -----------------------------------------------------------------
+
+
+def log_roots(state_dir: Path, gang: str, depth: int = 3) -> list[Path]:
+    """Agent state dirs under ``state_dir`` that hold logs of ``gang``.
+
+    ``phalanx up --launch`` gives each AZ's agents process its own dir under
+    one parent, and a simulator may keep one dir per node below that, so look
+    a few levels down rather than make the user find the right one."""
+    found: list[Path] = []
+    level = [state_dir]
+    for _ in range(depth + 1):
+        nxt: list[Path] = []
+        for d in level:
+            if (d / "logs" / gang).is_dir():
+                found.append(d)
+            try:
+                nxt.extend(sorted(p for p in d.iterdir() if p.is_dir() and p.name != "logs"))
+            except OSError:
+                pass
+        level = nxt
+    return found
+
+
+def resolve_log_gang(state_dir: Path, gang: str) -> str:
+    """A gang id as given, or for a gang *name* the id (``<name>-<8 hex>``) of
+    the most recently written gang of that name, like ``phalanx get NAME``."""
+    if "/" in gang or log_roots(state_dir, gang):
+        return gang
+    candidates: dict[str, float] = {}
+    pattern = re.compile(rf"^{re.escape(gang)}-[0-9a-f]{{8}}$")
+    level = [state_dir]
+    for _ in range(4):
+        nxt: list[Path] = []
+        for d in level:
+            logs = d / "logs"
+            if logs.is_dir():
+                for entry in logs.iterdir():
+                    if pattern.match(entry.name):
+                        candidates[entry.name] = max(candidates.get(entry.name, 0.0), entry.stat().st_mtime)
+            try:
+                nxt.extend(p for p in d.iterdir() if p.is_dir() and p.name != "logs")
+            except OSError:
+                pass
+        level = nxt
+    return max(candidates, key=lambda k: candidates[k]) if candidates else gang
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    state_dir = args.state_dir or os.environ.get(STATE_DIR_ENV, "")
+    if not state_dir:
+        raise UsageError(f"logs needs --state-dir or {STATE_DIR_ENV} (the agents' --state-dir)")
+    if not Path(state_dir).is_dir():
+        raise UsageError(f"--state-dir: {state_dir} is not a directory")
+    # Imported here: no other command needs the agent side.
+    from agent.process import read_log
+
+    gang = resolve_log_gang(Path(state_dir), args.gang)
+    try:
+        files = [f for root in log_roots(Path(state_dir), gang) for f in read_log(root, gang, incarnation=args.incarnation, rank=args.rank)]
+    except ValueError as exc:  # an unsafe gang name for a path
+        raise UsageError(str(exc)) from None
+    if not files:
+        what = f"gang {args.gang}" + (f" rank {args.rank}" if args.rank is not None else "")
+        what += f" incarnation {args.incarnation}" if args.incarnation is not None else ""
+        raise UsageError(f"no logs for {what} under {state_dir}")
+    if args.incarnation is None:
+        # Default to the latest incarnation: earlier ones are history.
+        latest = max(key.incarnation for key, _ in files)
+        files = [(k, p) for k, p in files if k.incarnation == latest]
+    files.sort(key=lambda kp: (kp[0].incarnation, kp[0].rank))
+    for i, (key, path) in enumerate(files):
+        if len(files) > 1:
+            sys.stdout.write(("\n" if i else "") + f"==> {key} ({path}) <==\n")
+        try:
+            with open(path, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 16), b""):
+                    sys.stdout.write(chunk.decode("utf-8", "replace"))
+        except OSError as exc:
+            _print(f"error: cannot read {path}: {exc.strerror or exc}", sys.stderr)
+    sys.stdout.flush()
+    return EXIT_OK
+
+
+# --- argument parsing -------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+class _StatesAction(argparse.Action):
+    """``--state running --state pending`` or ``--state running,pending``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        current = list(getattr(namespace, self.dest, None) or [])
+        for item in str(values).split(","):
+            if not item.strip():
+                continue
+            try:
+                current.extend(sorted(parse_states(item)))
+            except ValueError as exc:
+                parser.error(f"{option_string}: {exc}")
+        setattr(namespace, self.dest, current)
+
+
+def _common_options() -> argparse.ArgumentParser:
+    # Defaults are SUPPRESSed so these flags work before *and* after the
+    # subcommand without the subparser's default overwriting the main one.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--address",
+        default=argparse.SUPPRESS,
+        help=f"coordinator address(es), comma-separated (env {ADDRESS_ENV}; default {DEFAULT_ADDRESS})",
+    )
+    common.add_argument(
+        "--rpc-timeout",
+        type=_positive_float,
+        default=argparse.SUPPRESS,
+        help="deadline of each API call in seconds, failover included (default 10)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common_options()
+    parser = argparse.ArgumentParser(
+        prog="phalanx",
+        description="Phalanx: gang scheduling of GPU training jobs across availability zones.",
+        parents=[common],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes: 0 ok, 1 error (or wait not satisfied), 2 invalid input, 130 interrupted",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from phalanx import up as up_module  # local: up imports the client and etcd helpers
+
+    p = sub.add_parser("up", help="run a local multi-AZ cluster (etcd, coordinators, simulated agents)")
+    up_module.add_arguments(p)
+
+    p = sub.add_parser("submit", parents=[common], help="submit a gang spec (YAML); prints the gang id")
+    p.add_argument("file", metavar="FILE", help="gang spec file, '-' for stdin")
+    p.add_argument("--idempotency-key", default=None, help="reuse to make a resubmission return the same gang")
+    p.add_argument("-o", "--output", choices=["id", "json", "yaml", "wide"], default="id")
+    p.add_argument("--dry-run", action="store_true", help="only validate; print the normalised spec")
+
+    p = sub.add_parser("get", parents=[common], help="show one gang")
+    p.add_argument("id", metavar="ID", help="gang id, or the name of a live gang")
+    p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+
+    p = sub.add_parser("list", parents=[common], help="list gangs")
+    p.add_argument("--state", dest="states", action=_StatesAction, default=[], metavar="STATE", help="filter by state (repeatable, or comma-separated)")
+    p.add_argument("--queue", default="")
+    p.add_argument("--az", default="", help="owner AZ")
+    p.add_argument("--name-prefix", default="")
+    p.add_argument("--limit", type=_non_negative_int, default=0)
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+
+    p = sub.add_parser("watch", parents=[common], help="print a line per change until the gang is terminal")
+    p.add_argument("id", metavar="ID")
+
+    p = sub.add_parser("wait", parents=[common], help="wait until a gang reaches a state")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--for", dest="wanted", action=_StatesAction, default=[], required=True, metavar="STATE", help="wanted state (repeatable, or comma-separated)")
+    p.add_argument("--timeout", type=_positive_float, default=300.0, help="seconds (default 300)")
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a gang")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--reason", default="", help="recorded on the gang")
+
+    p = sub.add_parser("explain", parents=[common], help="why a gang is (not) placed: summary and per-domain shortfalls")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+
+    p = sub.add_parser("nodes", parents=[common], help="list nodes")
+    p.add_argument("--az", default="")
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+
+    p = sub.add_parser("status", parents=[common], help="leaders, epochs and capacity per AZ; gangs by state")
+    p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+
+    p = sub.add_parser("topology", parents=[common], help="the network tree with GPU usage")
+    p.add_argument("--az", default="")
+
+    p = sub.add_parser("logs", parents=[common], help="print member logs written by agents started with --launch")
+    p.add_argument("gang", metavar="GANG", help="gang id, or name (its most recent gang)")
+    p.add_argument("--rank", type=_non_negative_int, default=None)
+    p.add_argument("--incarnation", type=_non_negative_int, default=None, help="default: the latest one found")
+    p.add_argument("--state-dir", default=None, help=f"the agents' state dir (env {STATE_DIR_ENV})")
+    return parser
+
+
+REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] = {
+    "get": cmd_get,
+    "list": cmd_list,
+    "watch": cmd_watch,
+    "wait": cmd_wait,
+    "cancel": cmd_cancel,
+    "explain": cmd_explain,
+    "nodes": cmd_nodes,
+    "status": cmd_status,
+    "topology": cmd_topology,
+}
+
+
+def resolve_address(args: argparse.Namespace) -> str:
+    return getattr(args, "address", None) or os.environ.get(ADDRESS_ENV, "") or DEFAULT_ADDRESS
+
+
+async def _run_remote(args: argparse.Namespace) -> int:
+    try:
+        client = AsyncClient(resolve_address(args), timeout=getattr(args, "rpc_timeout", 10.0))
+    except ValueError as exc:
+        raise UsageError(f"--address: {exc}") from None
+    async with client:
+        if args.command == "submit":
+            spec = read_spec_file(args.file)  # validated before any connection
+            if args.dry_run:
+                _print(yaml.safe_dump(spec.to_dict(), sort_keys=False).rstrip("\n"))
+                return EXIT_OK
+            return await cmd_submit(client, args, spec)
+        return await REMOTE[args.command](client, args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch a parsed command; expected errors become exit codes."""
+    try:
+        if args.command == "up":
+            from phalanx import up as up_module
+
+            return up_module.run(args)
+        if args.command == "logs":
+            return cmd_logs(args)
+        return asyncio.run(_run_remote(args))
+    except InvalidSpec as exc:
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_INVALID
+    except InvalidArgument as exc:
+        _print(f"error: invalid argument: {exc}", sys.stderr)
+        return EXIT_INVALID
+    except UsageError as exc:
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_INVALID
+    except PhalanxError as exc:
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_ERROR
+    except ImportError as exc:
+        # topology/logs need modules that may not be installed in this build.
+        _print(f"error: {args.command} is not available: {exc}", sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        _print("interrupted", sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `phalanx list | head`: the reader went away; not an error worth a trace.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: 0 after --help, 2 for a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_INVALID
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_INVALID
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,578 @@
+"""Typed Python SDK for the GangService API (DESIGN §1, "phalanx").
+
+Two clients with the same methods:
+
+- :class:`AsyncClient` over ``grpc.aio`` — use it from asyncio code.
+- :class:`Client` — a blocking facade that runs one private :class:`AsyncClient`
+  on its own event loop in a background daemon thread. Chosen over the sync
+  gRPC stubs so that failover, deadlines, idempotent submit retries and watch
+  resumption exist in exactly one place.
+
+Failover and deadlines
+----------------------
+``addresses`` lists coordinators (any replica of any AZ can answer reads;
+standbys forward writes to their leader). Every call has one overall deadline,
+``timeout`` seconds. An attempt that fails with ``UNAVAILABLE`` (coordinator
+down, or cut off from etcd) or runs out of its share of the deadline is
+repeated on the next address, with a short backoff after a full round, until
+the call's deadline. Each attempt gets a share of the time left (split over the
+addresses not yet tried), so one hung coordinator cannot eat the whole deadline
+while another could answer.
+
+Retrying is safe because every GangService RPC is idempotent (DESIGN §5):
+reads trivially, ``cancel`` by nature, and ``submit`` because the client sends
+an idempotency key — generated once per ``submit`` call when the caller gives
+none — and reuses it on every retry of that call, so a retried submit whose
+first attempt did reach etcd returns the same gang (``created=False``) instead
+of creating a second one.
+
+Why not the channel's retry service config (STYLE §7): the addresses are
+separate servers on separate channels, an up-but-partitioned coordinator
+answers UNAVAILABLE on every retry of its own channel, and ``watch`` needs
+resumption on another server, which a retry policy cannot do for a stream that
+has already delivered messages.
+
+Errors
+------
+gRPC status codes become the typed errors of :mod:`phalanx.errors` via
+``from_status``. A spec that fails local validation raises
+:class:`phalanx.spec.InvalidSpec` and is never sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+import yaml
+
+from phalanx.errors import FailedPrecondition, PhalanxError, from_status
+from phalanx.model import TERMINAL_STATES, GangState
+from phalanx.spec import FieldError, GangSpec, InvalidSpec, load_spec, parse_spec
+from phalanx.v1 import gang_pb2, gang_pb2_grpc
+from phalanx.v1 import types_pb2 as pb
+from phalanx.wire import spec_from_pb, spec_to_pb
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "SubmitResult",
+    "TerminalStateReached",
+    "DEFAULT_ADDRESS",
+    "MAX_MESSAGE_BYTES",
+    "parse_addresses",
+    "parse_states",
+    "state_name",
+    "is_terminal",
+]
+
+DEFAULT_ADDRESS = "127.0.0.1:7070"
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+# Reconnect quickly after a coordinator restarts: gRPC's default backoff grows
+# to 120 s, during which a channel fails every call without trying to connect.
+_CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+# Below this an attempt is pointless; the last attempt always gets what is left.
+_MIN_ATTEMPT_S = 1.0
+_BACKOFF_START_S = 0.1
+_BACKOFF_MAX_S = 1.0
+# Stream errors after which a watch resumes on another address.
+_RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+
+T = TypeVar("T")
+StateLike = GangState | int | str
+SpecLike = GangSpec | pb.GangSpec | Mapping[str, Any] | str
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitResult:
+    """Outcome of ``submit``: the gang as stored, and whether this call created
+    it (``False`` when the idempotency key matched an earlier submission)."""
+
+    gang: pb.Gang
+    created: bool
+
+
+class TerminalStateReached(PhalanxError):
+    """``wait`` gave up early: the gang reached a terminal state the caller did
+    not ask for (e.g. FAILED while waiting for RUNNING), so the wanted state can
+    never come. ``gang`` is the gang as last seen."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+    def __init__(self, gang: pb.Gang, wanted: Collection[GangState]):
+        self.gang = gang
+        self.state = GangState(gang.state)
+        self.wanted = frozenset(wanted)
+        reason = f" ({gang.reason})" if gang.reason else ""
+        want = " or ".join(sorted(s.name for s in self.wanted))
+        super().__init__(f"gang {gang.id} reached {self.state.name}{reason} instead of {want}")
+
+
+# --- small helpers ------------------------------------------------------------
+
+
+def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
+    """``"h1:p1,h2:p2"`` or a sequence of such strings -> ``("h1:p1", "h2:p2")``.
+    Blank entries are dropped; duplicates keep their first position."""
+    parts = [addresses] if isinstance(addresses, str) else list(addresses)
+    out: list[str] = []
+    for part in parts:
+        for item in str(part).split(","):
+            item = item.strip()
+            for scheme in ("http://", "https://", "grpc://"):
+                if item.startswith(scheme):
+                    item = item[len(scheme):]
+            item = item.rstrip("/")
+            if item and item not in out:
+                out.append(item)
+    if not out:
+        raise ValueError("no coordinator address given")
+    return tuple(out)
+
+
+def parse_states(states: Collection[StateLike] | StateLike | None) -> frozenset[GangState]:
+    """Accept ``GangState``, wire enum ints, or names (``"running"``,
+    ``"GANG_STATE_RUNNING"``). Raises ValueError naming a bad one."""
+    if states is None:
+        return frozenset()
+    if isinstance(states, (str, int)):
+        states = [states]
+    out: set[GangState] = set()
+    for s in states:
+        if isinstance(s, GangState):
+            out.add(s)
+        elif isinstance(s, int) and not isinstance(s, bool):
+            try:
+                out.add(GangState(s))
+            except ValueError:
+                raise ValueError(f"unknown gang state {s}") from None
+        elif isinstance(s, str):
+            text = s.strip().upper()
+            if text.startswith("GANG_STATE_"):
+                text = text[len("GANG_STATE_"):]
+            out.add(GangState.parse(text))
+        else:
+            raise ValueError(f"unknown gang state {s!r}")
+    return frozenset(out)
+
+
+def state_name(gang: pb.Gang) -> str:
+    """``"RUNNING"`` etc.; ``"UNSPECIFIED"`` for a gang without a state."""
+    try:
+        return GangState(gang.state).name
+    except ValueError:
+        return "UNSPECIFIED"
+
+
+def is_terminal(gang: pb.Gang) -> bool:
+    return gang.state in {int(s) for s in TERMINAL_STATES}
+
+
+def to_spec(spec: SpecLike) -> GangSpec:
+    """Validate locally whatever the caller handed us. Raises InvalidSpec."""
+    if isinstance(spec, GangSpec):
+        # Re-validate: a dataclass can be built by hand, bypassing parse_spec.
+        return parse_spec(spec.to_dict())
+    if isinstance(spec, pb.GangSpec):
+        return spec_from_pb(spec)
+    if isinstance(spec, str):
+        return load_spec(spec)
+    if isinstance(spec, Mapping):
+        return parse_spec(spec)
+    raise InvalidSpec([FieldError("spec", f"must be a GangSpec, a mapping or YAML text, got {type(spec).__name__}")])
+
+
+# --- the async client -----------------------------------------------------------
+
+
+class AsyncClient:
+    """Async client for one Phalanx cluster. Use as ``async with AsyncClient(...)``
+    or call :meth:`close`. Channels are opened lazily, on the running loop."""
+
+    def __init__(self, addresses: str | Sequence[str] = DEFAULT_ADDRESS, timeout: float = 10.0):
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.addresses: tuple[str, ...] = parse_addresses(addresses)
+        self.timeout = float(timeout)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[str, gang_pb2_grpc.GangServiceStub] = {}
+        # Index of the address that answered last: stick to a working server.
+        self._current = 0
+        self._closed = False
+
+    # -- plumbing --
+
+    def _stub(self, address: str) -> gang_pb2_grpc.GangServiceStub:
+        if self._closed:
+            raise RuntimeError("client is closed")
+        stub = self._stubs.get(address)
+        if stub is None:
+            channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
+            self._channels[address] = channel
+            stub = self._stubs[address] = gang_pb2_grpc.GangServiceStub(channel)
+        return stub
+
+    def _rotation(self) -> Iterator[int]:
+        """Address indexes, starting at the one that answered last, forever."""
+        n = len(self.addresses)
+        return (i % n for i in itertools.count(self._current))
+
+    async def _call(
+        self,
+        method: str,
+        request: Any,
+        *,
+        timeout: float | None = None,
+        on_retry_error: Callable[[PhalanxError], Awaitable[Any]] | None = None,
+    ) -> Any:
+        """One unary RPC with failover (module docstring). ``on_retry_error``
+        may turn an error seen on a *retry* into a result (used by cancel)."""
+        budget = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        n = len(self.addresses)
+        tried: list[str] = []
+        last: grpc.aio.AioRpcError | None = None
+        backoff = _BACKOFF_START_S
+        for attempt, index in enumerate(self._rotation()):
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and attempt and attempt % n == 0:
+                # A whole round failed: wait a little before the next round.
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            untried = n - attempt % n
+            share = max(remaining / untried, min(_MIN_ATTEMPT_S, remaining))
+            address = self.addresses[index]
+            tried.append(address)
+            try:
+                result = await getattr(self._stub(address), method)(request, timeout=share)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                # DEADLINE_EXCEEDED: this attempt's share ran out; the loop
+                # moves on while the call's own deadline allows.
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    last = exc
+                    continue
+                err = from_status(code, exc.details() or "")
+                if attempt and on_retry_error is not None:
+                    return await on_retry_error(err)
+                raise err from None
+            self._current = index
+            return result
+        raise self._exhausted(method, budget, tried, last)
+
+    def _exhausted(self, method: str, budget: float, tried: list[str], last: grpc.aio.AioRpcError | None) -> PhalanxError:
+        where = ", ".join(dict.fromkeys(tried)) or ", ".join(self.addresses)
+        if last is None:
+            return from_status(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {budget:g}s from {where}")
+        code = last.code()
+        details = last.details() or code.name
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return from_status(code, f"{method}: no answer within {budget:g}s from {where}")
+        return from_status(code, f"{method}: no coordinator could answer (tried {where}): {details}")
+
+    # -- API --
+
+    async def submit(self, spec: SpecLike, idempotency_key: str | None = None) -> SubmitResult:
+        """Validate ``spec`` locally (raises InvalidSpec, nothing is sent), then
+        submit it. Returns once the gang is durable in etcd."""
+        domain = to_spec(spec)
+        key = idempotency_key or str(uuid.uuid4())
+        request = gang_pb2.SubmitGangRequest(spec=spec_to_pb(domain), idempotency_key=key)
+        response: gang_pb2.SubmitGangResponse = await self._call("SubmitGang", request)
+        return SubmitResult(gang=response.gang, created=response.created)
+
+    async def get(self, id: str) -> pb.Gang:
+        """The gang with this id, or the live gang with this name."""
+        return await self._call("GetGang", gang_pb2.GetGangRequest(id=id))
+
+    async def list(
+        self,
+        states: Collection[StateLike] | StateLike | None = None,
+        queue: str = "",
+        owner_az: str = "",
+        name_prefix: str = "",
+        limit: int = 0,
+    ) -> list[pb.Gang]:
+        """Gangs matching every given filter (``limit`` 0: the server's default)."""
+        request = gang_pb2.ListGangsRequest(
+            states=[int(s) for s in sorted(parse_states(states))],
+            queue=queue,
+            owner_az=owner_az,
+            name_prefix=name_prefix,
+            limit=limit,
+        )
+        response: gang_pb2.ListGangsResponse = await self._call("ListGangs", request)
+        return list(response.gangs)
+
+    async def watch(self, id: str) -> AsyncIterator[pb.Gang]:
+        """Yield the gang now, then on every change, until it is terminal.
+
+        If the stream breaks (coordinator gone, or it ended the stream before
+        the gang was terminal), the watch resumes on the next address; changes
+        already delivered are not repeated (events are ordered by etcd
+        revision). Each (re)connection must deliver its first event within
+        ``timeout``; there is no overall deadline, a watch lasts as long as the
+        gang does. A coordinator that hangs mid-stream (SIGSTOP) without
+        closing its connection is not detected (no keepalive pings: servers
+        punish clients that ping more often than they allow)."""
+        last_revision = -1
+        pause = _BACKOFF_START_S
+        while True:
+            call, event = await self._open_watch(id)
+            try:
+                while event is not grpc.aio.EOF:
+                    revision = event.revision or event.gang.mod_revision
+                    if not revision or revision > last_revision:
+                        last_revision = max(last_revision, revision)
+                        pause = _BACKOFF_START_S
+                        yield event.gang
+                    if is_terminal(event.gang):
+                        return
+                    try:
+                        event = await call.read()
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() not in _RESUMABLE or self._closed:
+                            raise from_status(exc.code(), exc.details() or "") from None
+                        break
+            finally:
+                call.cancel()
+            # Paced, so a server that keeps ending streams early is not spun on.
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _BACKOFF_MAX_S)
+
+    async def _open_watch(self, id: str) -> tuple[Any, gang_pb2.GangEvent]:
+        """Open a WatchGang stream and read its first event, with the same
+        failover and deadline rules as a unary call."""
+        deadline = time.monotonic() + self.timeout
+        n = len(self.addresses)
+        tried: list[str] = []
+        last: grpc.aio.AioRpcError | None = None
+        backoff = _BACKOFF_START_S
+        for attempt, index in enumerate(self._rotation()):
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and attempt and attempt % n == 0:
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            share = max(remaining / (n - attempt % n), min(_MIN_ATTEMPT_S, remaining))
+            address = self.addresses[index]
+            tried.append(address)
+            call = self._stub(address).WatchGang(gang_pb2.WatchGangRequest(id=id))
+            try:
+                event = await asyncio.wait_for(call.read(), timeout=share)
+            except asyncio.TimeoutError:
+                call.cancel()
+                continue
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in _RESUMABLE and not self._closed:
+                    last = exc
+                    continue
+                raise from_status(exc.code(), exc.details() or "") from None
+            except BaseException:
+                call.cancel()
+                raise
+            if event is grpc.aio.EOF:
+                continue  # closed with OK before any event: ask someone else
+            self._current = index
+            return call, event
+        raise self._exhausted("WatchGang", self.timeout, tried, last)
+
+    async def wait(self, id: str, states: Collection[StateLike] | StateLike, timeout: float) -> pb.Gang:
+        """Return the gang as soon as it is in one of ``states``.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds, and
+        :class:`TerminalStateReached` as soon as the gang reaches a terminal
+        state (SUCCEEDED, FAILED, CANCELLED) that is not among ``states`` —
+        the wanted state can then never come, so there is nothing to wait for."""
+        wanted = parse_states(states)
+        if not wanted:
+            raise ValueError("wait needs at least one state")
+        wanted_ints = {int(s) for s in wanted}
+        last: pb.Gang | None = None
+
+        async def follow() -> pb.Gang:
+            nonlocal last
+            agen = self.watch(id)
+            try:
+                async for gang in agen:
+                    last = gang
+                    if gang.state in wanted_ints:
+                        return gang
+                    if is_terminal(gang):
+                        raise TerminalStateReached(gang, wanted)
+            finally:
+                await agen.aclose()
+            # watch only ends on a terminal gang, handled above.
+            raise PhalanxError(f"watch of gang {id} ended unexpectedly")
+
+        try:
+            return await asyncio.wait_for(follow(), timeout=timeout)
+        except asyncio.TimeoutError:
+            now = f" (now {state_name(last)})" if last is not None else ""
+            want = " or ".join(sorted(s.name for s in wanted))
+            raise TimeoutError(f"gang {id} did not reach {want} within {timeout:g}s{now}") from None
+
+    async def cancel(self, id: str, reason: str = "") -> pb.Gang:
+        """Cancel a gang (whole-gang teardown). Returns the gang as updated."""
+
+        async def already_done(err: PhalanxError) -> pb.Gang:
+            # A retry whose first attempt did land sees a finished gang: that
+            # is our own cancel succeeding, not an error.
+            if isinstance(err, FailedPrecondition):
+                gang = await self.get(id)
+                if gang.state == int(GangState.CANCELLED):
+                    return gang
+            raise err
+
+        return await self._call("CancelGang", gang_pb2.CancelGangRequest(id=id, reason=reason), on_retry_error=already_done)
+
+    async def explain(self, id: str) -> gang_pb2.ExplainGangResponse:
+        """Why a gang is where it is: a summary and, when it cannot be placed,
+        the shortfall in each candidate domain."""
+        return await self._call("ExplainGang", gang_pb2.ExplainGangRequest(id=id))
+
+    async def nodes(self, az: str = "") -> list[pb.NodeStatus]:
+        response: gang_pb2.ListNodesResponse = await self._call("ListNodes", gang_pb2.ListNodesRequest(az=az))
+        return list(response.nodes)
+
+    async def status(self) -> gang_pb2.ClusterStatusResponse:
+        """Each AZ's leader, epoch and capacity; gang counts by state."""
+        return await self._call("ClusterStatus", gang_pb2.ClusterStatusRequest())
+
+    async def close(self) -> None:
+        self._closed = True
+        channels = list(self._channels.values())
+        self._channels.clear()
+        self._stubs.clear()
+        for channel in channels:
+            await channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+# --- the blocking client ----------------------------------------------------------
+
+
+class Client:
+    """Blocking client with the same methods as :class:`AsyncClient`.
+
+    Runs an AsyncClient on a private event loop in a daemon thread; every
+    method submits a coroutine there and waits for its result. Safe to share
+    between threads. ``watch`` returns a plain iterator."""
+
+    def __init__(self, addresses: str | Sequence[str] = DEFAULT_ADDRESS, timeout: float = 10.0):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="phalanx-client", daemon=True)
+        self._thread.start()
+        self._async = AsyncClient(addresses, timeout)
+        self.addresses = self._async.addresses
+        self.timeout = self._async.timeout
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        if self._loop.is_closed():
+            raise RuntimeError("client is closed")
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # e.g. KeyboardInterrupt in the caller: stop the RPC too
+            raise
+
+    def submit(self, spec: SpecLike, idempotency_key: str | None = None) -> SubmitResult:
+        return self._run(self._async.submit(spec, idempotency_key))
+
+    def get(self, id: str) -> pb.Gang:
+        return self._run(self._async.get(id))
+
+    def list(
+        self,
+        states: Collection[StateLike] | StateLike | None = None,
+        queue: str = "",
+        owner_az: str = "",
+        name_prefix: str = "",
+        limit: int = 0,
+    ) -> list[pb.Gang]:
+        return self._run(self._async.list(states, queue, owner_az, name_prefix, limit))
+
+    def watch(self, id: str) -> Iterator[pb.Gang]:
+        agen = self._async.watch(id)
+        try:
+            while True:
+                item = self._run(_anext(agen))
+                if item is _END:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            if not self._loop.is_closed():
+                asyncio.run_coroutine_threadsafe(agen.aclose(), self._loop).result()
+
+    def wait(self, id: str, states: Collection[StateLike] | StateLike, timeout: float) -> pb.Gang:
+        return self._run(self._async.wait(id, states, timeout))
+
+    def cancel(self, id: str, reason: str = "") -> pb.Gang:
+        return self._run(self._async.cancel(id, reason))
+
+    def explain(self, id: str) -> gang_pb2.ExplainGangResponse:
+        return self._run(self._async.explain(id))
+
+    def nodes(self, az: str = "") -> list[pb.NodeStatus]:
+        return self._run(self._async.nodes(az))
+
+    def status(self) -> gang_pb2.ClusterStatusResponse:
+        return self._run(self._async.status())
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        self._run(self._async.close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_END = object()
+
+
+async def _anext(agen: AsyncIterator[T]) -> T | object:
+    # run_coroutine_threadsafe needs a coroutine (__anext__ gives an awaitable),
+    # and StopAsyncIteration does not cross a concurrent Future cleanly.
+    try:
+        return await agen.__anext__()
+    except StopAsyncIteration:
+        return _END
+
+
+def spec_yaml(spec: GangSpec) -> str:
+    """The YAML form of a validated spec (used by ``phalanx submit -o yaml``)."""
+    return yaml.safe_dump(spec.to_dict(), sort_keys=False)

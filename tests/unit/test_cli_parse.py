@@ -1,0 +1,335 @@
+"""The ``phalanx`` command without a cluster: argument parsing, local spec
+validation (nothing may leave the machine), exit codes and error lines."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from phalanx import cli
+from phalanx.model import GangState
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[tuple[socket.socket, str]]:
+    """A listening socket that nobody serves: any connection attempt to it
+    would be queued in its backlog, which the test can then detect."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(8)
+    sock.setblocking(False)
+    yield sock, f"127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def assert_never_contacted(sock: socket.socket) -> None:
+    with pytest.raises(BlockingIOError):
+        conn, _ = sock.accept()
+        conn.close()
+
+
+@pytest.fixture
+def unused_address() -> str:
+    """An address where nothing listens (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"127.0.0.1:{port}"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return cli.build_parser().parse_args(list(argv))
+
+
+# --- parsing ------------------------------------------------------------------------
+
+PARSES: list[tuple[str, list[str], dict[str, object]]] = [
+    ("submit-defaults", ["submit", "g.yaml"], {"command": "submit", "file": "g.yaml", "output": "id", "idempotency_key": None, "dry_run": False}),
+    ("submit-key-and-output", ["submit", "g.yaml", "--idempotency-key", "k1", "-o", "wide"], {"idempotency_key": "k1", "output": "wide"}),
+    ("submit-stdin", ["submit", "-"], {"file": "-"}),
+    ("get-json", ["get", "tiny-1a2b3c4d", "-o", "json"], {"command": "get", "id": "tiny-1a2b3c4d", "output": "json"}),
+    ("list-filters", ["list", "--queue", "q", "--az", "az-b", "--name-prefix", "ll", "--limit", "5"], {"queue": "q", "az": "az-b", "name_prefix": "ll", "limit": 5, "states": []}),
+    ("list-states-repeat-and-comma", ["list", "--state", "running,pending", "--state", "FAILED"], {"states": [GangState.RUNNING, GangState.PENDING, GangState.FAILED]}),
+    ("list-state-wire-name", ["list", "--state", "GANG_STATE_RESERVED"], {"states": [GangState.RESERVED]}),
+    ("watch", ["watch", "g1"], {"command": "watch", "id": "g1"}),
+    ("wait", ["wait", "g1", "--for", "running", "--timeout", "30"], {"wanted": [GangState.RUNNING], "timeout": 30.0}),
+    ("wait-several", ["wait", "g1", "--for", "running,succeeded"], {"wanted": [GangState.RUNNING, GangState.SUCCEEDED], "timeout": 300.0}),
+    ("cancel-reason", ["cancel", "g1", "--reason", "oops"], {"command": "cancel", "reason": "oops"}),
+    ("explain", ["explain", "g1"], {"command": "explain", "output": "text"}),
+    ("nodes-az", ["nodes", "--az", "az-a"], {"command": "nodes", "az": "az-a"}),
+    ("status", ["status"], {"command": "status", "output": "text"}),
+    ("topology", ["topology", "--az", "az-c"], {"command": "topology", "az": "az-c"}),
+    ("logs", ["logs", "g1", "--rank", "3", "--state-dir", "/tmp/x"], {"gang": "g1", "rank": 3, "incarnation": None, "state_dir": "/tmp/x"}),
+    ("address-before-command", ["--address", "h:1", "status"], {"address": "h:1"}),
+    ("address-after-command", ["status", "--address", "h:1,h:2"], {"address": "h:1,h:2"}),
+    ("rpc-timeout", ["get", "x", "--rpc-timeout", "2.5"], {"rpc_timeout": 2.5}),
+    (
+        "up-defaults",
+        ["up"],
+        {"azs": 3, "coordinators_per_az": 2, "nodes_per_az": 8, "etcd": "", "no_workload": False, "launch": False, "state_dir": "", "cluster": "local", "base_port": 7070},
+    ),
+    (
+        "up-flags",
+        ["up", "--azs", "2", "--coordinators-per-az", "1", "--nodes-per-az", "4", "--etcd", "http://h:2379", "--no-workload", "--launch", "--state-dir", "/tmp/s", "--cluster", "c1", "--base-port", "0"],
+        {"azs": 2, "coordinators_per_az": 1, "nodes_per_az": 4, "etcd": "http://h:2379", "no_workload": True, "launch": True, "state_dir": "/tmp/s", "cluster": "c1", "base_port": 0},
+    ),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [c[1:] for c in PARSES], ids=[c[0] for c in PARSES])
+def test_parses(argv: list[str], expected: dict[str, object]) -> None:
+    ns = parse(*argv)
+    for key, value in expected.items():
+        assert getattr(ns, key) == value, key
+
+
+USAGE_ERRORS: list[tuple[str, list[str]]] = [
+    ("no-command", []),
+    ("unknown-command", ["launch"]),
+    ("submit-needs-file", ["submit"]),
+    ("submit-bad-output", ["submit", "g.yaml", "-o", "xml"]),
+    ("wait-needs-for", ["wait", "g1"]),
+    ("wait-unknown-state", ["wait", "g1", "--for", "done"]),
+    ("wait-negative-timeout", ["wait", "g1", "--for", "running", "--timeout", "-1"]),
+    ("wait-zero-timeout", ["wait", "g1", "--for", "running", "--timeout", "0"]),
+    ("list-unknown-state", ["list", "--state", "bogus"]),
+    ("list-negative-limit", ["list", "--limit", "-1"]),
+    ("logs-negative-rank", ["logs", "g1", "--rank", "-1"]),
+    ("rpc-timeout-not-number", ["status", "--rpc-timeout", "soon"]),
+]
+
+
+@pytest.mark.parametrize("argv", [c[1] for c in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == cli.EXIT_INVALID
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    assert "submit" in capsys.readouterr().out
+
+
+def test_address_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(cli.ADDRESS_ENV, raising=False)
+    assert cli.resolve_address(parse("status")) == "127.0.0.1:7070"
+    monkeypatch.setenv(cli.ADDRESS_ENV, "10.0.0.1:7070,10.0.0.2:7070")
+    assert cli.resolve_address(parse("status")) == "10.0.0.1:7070,10.0.0.2:7070"
+    # The flag wins over the environment.
+    assert cli.resolve_address(parse("status", "--address", "h:9")) == "h:9"
+
+
+# --- local validation: nothing is sent ---------------------------------------------------
+
+BAD_SPECS: list[tuple[str, str, str]] = [
+    ("negative-members", "name: g\nmembers: -3\nresources: {gpus: 1}\n", "members"),
+    ("unknown-field", "name: g\nmembers: 1\nresources: {gpus: 1, cpus: 2}\n", "resources.cpus"),
+    ("bad-level", "name: g\nmembers: 1\nresources: {gpus: 1}\ntopology: {required: rack}\n", "topology.required"),
+    ("bad-name", "name: G_1\nmembers: 1\nresources: {gpus: 1}\n", "name"),
+    ("empty-file", "", "spec"),
+    ("not-yaml", "name: [\n", "spec"),
+]
+
+
+@pytest.mark.parametrize("text, field", [c[1:] for c in BAD_SPECS], ids=[c[0] for c in BAD_SPECS])
+def test_submit_bad_spec_exits_2_without_contacting_a_server(
+    text: str, field: str, tmp_path: Path, silent_listener: tuple[socket.socket, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    sock, address = silent_listener
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert cli.main(["submit", str(path), "--address", address]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert field in err
+    assert "Traceback" not in err
+    assert_never_contacted(sock)
+
+
+def test_submit_missing_file_exits_2(tmp_path: Path, silent_listener: tuple[socket.socket, str], capsys: pytest.CaptureFixture[str]) -> None:
+    sock, address = silent_listener
+    assert cli.main(["submit", str(tmp_path / "nope.yaml"), "--address", address]) == cli.EXIT_INVALID
+    assert "cannot read" in capsys.readouterr().err
+    assert_never_contacted(sock)
+
+
+def test_submit_dry_run_prints_normalised_spec(silent_listener: tuple[socket.socket, str], capsys: pytest.CaptureFixture[str]) -> None:
+    sock, address = silent_listener
+    assert cli.main(["submit", str(REPO / "examples" / "tiny.yaml"), "--dry-run", "--address", address]) == 0
+    out = capsys.readouterr().out
+    assert "name: tiny" in out and "members: 8" in out
+    assert_never_contacted(sock)
+
+
+def test_unreachable_cluster_exits_1_with_one_error_line(unused_address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["get", "g1", "--address", unused_address, "--rpc-timeout", "1"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ")
+    assert unused_address in err
+    assert "Traceback" not in err
+
+
+def test_bad_address_list_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--address", " , "]) == cli.EXIT_INVALID
+    assert "--address" in capsys.readouterr().err
+
+
+def test_console_script_prints_no_traceback(tmp_path: Path, silent_listener: tuple[socket.socket, str]) -> None:
+    """The real entry point, in a fresh interpreter."""
+    sock, address = silent_listener
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: g\nmembers: -3\nresources: {gpus: 1}\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "phalanx", "submit", str(path), "--address", address],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "members" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert_never_contacted(sock)
+
+
+# --- phalanx up: flags are checked before anything starts ----------------------------------
+
+UP_BAD_FLAGS: list[tuple[str, list[str], str]] = [
+    ("zero-azs", ["--azs", "0"], "--azs"),
+    ("too-many-azs", ["--azs", "27"], "--azs"),
+    ("zero-coordinators", ["--coordinators-per-az", "0"], "--coordinators-per-az"),
+    ("zero-nodes", ["--nodes-per-az", "0"], "--nodes-per-az"),
+    ("privileged-port", ["--base-port", "80"], "--base-port"),
+    ("bad-cluster-name", ["--cluster", "My Cluster"], "--cluster"),
+]
+
+
+@pytest.mark.parametrize("argv, flag", [c[1:] for c in UP_BAD_FLAGS], ids=[c[0] for c in UP_BAD_FLAGS])
+def test_up_rejects_bad_flags_before_starting_anything(argv: list[str], flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "state"
+    assert cli.main(["up", "--state-dir", str(state), *argv]) == cli.EXIT_INVALID
+    assert flag in capsys.readouterr().err
+    assert not state.exists()
+
+
+def test_up_config_names_azs_and_normalises_etcd() -> None:
+    from phalanx.up import UpConfig
+
+    cfg = UpConfig.from_args(parse("up", "--azs", "4", "--etcd", "http://10.0.0.1:2379/, 10.0.0.2:2379"))
+    assert cfg.azs == ("az-a", "az-b", "az-c", "az-d")
+    assert cfg.etcd == "10.0.0.1:2379,10.0.0.2:2379"
+    assert cfg.workload
+
+
+def test_up_picks_consecutive_ports_and_replaces_taken_ones() -> None:
+    from phalanx.up import pick_ports, port_is_free
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        base = taken.getsockname()[1]
+        assert not port_is_free(base)
+        ports = pick_ports(base, 3)
+    assert ports[0] != base  # taken: replaced by a free port
+    assert len(set(ports)) == 3 and all(p > 0 for p in ports)
+    # base 0: free ports only, all distinct.
+    assert len(set(pick_ports(0, 4))) == 4
+
+
+def test_workload_fits_templates_to_the_cluster() -> None:
+    from phalanx.spec import parse_spec
+    from phalanx.up import fit_template, load_templates
+
+    templates = {t.label: t for t in load_templates()}
+    assert {"tiny", "llama-pretrain", "cross-az", "real-command"} <= set(templates)
+    assert templates["cross-az"].cross_az and templates["real-command"].real_command
+    # Two 8-GPU nodes: the 4 x 8-GPU gang shrinks to what half the AZ holds.
+    data = fit_template(templates["llama-pretrain"], nodes=2, gpus_per_node=8, azs=1, seq=7)
+    spec = parse_spec(data)
+    assert spec.name == "llama-pretrain-7"
+    assert spec.members * spec.resources.gpus <= 8
+    assert spec.topology.required is not None  # constraints are kept
+    # Big nodes, big cluster: the example's own size is kept.
+    spec = parse_spec(fit_template(templates["tiny"], nodes=8, gpus_per_node=8, azs=3, seq=1))
+    assert (spec.members, spec.resources.gpus) == (8, 1)
+
+
+# --- output helpers ------------------------------------------------------------------------
+
+AGES = [(0, "0s"), (59, "59s"), (119, "119s"), (120, "2m"), (7199, "119m"), (7200, "2h"), (3 * 86400, "3d"), (-1, "-"), (float("nan"), "-")]
+
+
+@pytest.mark.parametrize("seconds, text", AGES, ids=[t for _, t in AGES])
+def test_format_age(seconds: float, text: str) -> None:
+    assert cli.format_age(seconds) == text
+
+
+def test_format_table_aligns_columns() -> None:
+    table = cli.format_table(["A", "LONG"], [["xxx", "1"], ["y", "22 reason"]]).splitlines()
+    assert table[0] == "A    LONG"
+    assert table[1] == "xxx  1"
+    assert table[2] == "y    22 reason"
+
+
+def test_format_state_counts_in_lifecycle_order() -> None:
+    counts = {"GANG_STATE_SUCCEEDED": 2, "RUNNING": 3, "GANG_STATE_PENDING": 1, "FAILED": 0}
+    assert cli.format_state_counts(counts) == "PENDING 1, RUNNING 3, SUCCEEDED 2"
+
+
+# --- logs: files written by agents with --launch ---------------------------------------------
+
+
+def test_logs_needs_a_state_dir(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv(cli.STATE_DIR_ENV, raising=False)
+    assert cli.main(["logs", "g1"]) == cli.EXIT_INVALID
+    assert cli.STATE_DIR_ENV in capsys.readouterr().err
+
+
+def write_member_log(state_dir: Path, gang: str, incarnation: int, rank: int, text: str) -> None:
+    from agent.launcher import MemberKey
+    from agent.process import member_log_path
+
+    path = member_log_path(state_dir, MemberKey(gang, incarnation, rank))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_logs_reads_the_latest_incarnation_across_agent_dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("agent.process")
+    # The layout `phalanx up --launch` produces: <dir>/<az>/<node>-agent/logs/...
+    write_member_log(tmp_path / "az-a" / "n1-agent", "g1", 1, 0, "old rank 0\n")
+    write_member_log(tmp_path / "az-a" / "n1-agent", "g1", 2, 0, "new rank 0\n")
+    write_member_log(tmp_path / "az-b" / "n7-agent", "g1", 2, 1, "new rank 1\n")
+    assert cli.main(["logs", "g1", "--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "new rank 0" in out and "new rank 1" in out and "old rank 0" not in out
+
+    assert cli.main(["logs", "g1", "--state-dir", str(tmp_path), "--rank", "1"]) == 0
+    assert capsys.readouterr().out == "new rank 1\n"
+
+    assert cli.main(["logs", "g1", "--state-dir", str(tmp_path), "--incarnation", "1"]) == 0
+    assert capsys.readouterr().out == "old rank 0\n"
+
+
+def test_logs_env_state_dir_and_missing_gang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("agent.process")
+    monkeypatch.setenv(cli.STATE_DIR_ENV, str(tmp_path))
+    assert cli.main(["logs", "nothing-here"]) == cli.EXIT_INVALID
+    assert "no logs for gang nothing-here" in capsys.readouterr().err
+
+
+def test_logs_by_gang_name_picks_the_most_recent_gang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("agent.process")
+    write_member_log(tmp_path / "az-a" / "n1-agent", "train-0123abcd", 1, 0, "older gang\n")
+    write_member_log(tmp_path / "az-a" / "n2-agent", "train-89abcdef", 1, 0, "newer gang\n")
+    older = tmp_path / "az-a" / "n1-agent" / "logs" / "train-0123abcd"
+    os.utime(older, (1, 1))
+    assert cli.main(["logs", "train", "--state-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "newer gang\n"
