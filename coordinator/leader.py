@@ -460,11 +460,18 @@ class AzLeader:
             key_ = (m.gang, m.incarnation)
             g = self.gangs.get(m.gang)
             committed = self.reservations.get(m.gang)
-            if g is None or committed is None or committed.incarnation != m.incarnation or committed.status == "PREPARED":
+            report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
+            if (g is None or committed is None or committed.incarnation != m.incarnation
+                    or committed.status != "COMMITTED" or g.state.terminal or g.state == GangState.RESTARTING):
                 self._send(node, revoke=(m.gang, m.incarnation, "no committed reservation for this member"))
+                if g is not None and g.incarnation == m.incarnation:
+                    # Torn down while the agent was away: the member still
+                    # holds its devices until the agent reports it stopped.
+                    reported.setdefault(key_, set()).add(m.rank)
+                    self.members.setdefault(key_, {})[m.rank] = report
                 continue
             reported.setdefault(key_, set()).add(m.rank)
-            self.members.setdefault(key_, {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
+            self.members.setdefault(key_, {})[m.rank] = report
         # Reservations on this node whose members the agent does not report.
         for g in list(self.gangs.values()):
             mine = [m for m in g.placement if m.node == node]

@@ -1,0 +1,243 @@
+"""Run-time semantics with REAL member processes (issue: node agents that
+enforce reservations and launch real gang members)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node
+
+pytestmark = pytest.mark.integration
+AZ = "az-a"
+
+# A member that records its environment, then runs until told to stop.
+ENV_DUMP = (
+    "import json, os, sys, time; "
+    "d = {k: v for k, v in os.environ.items() if k.startswith(('PHALANX_', 'RANK', 'WORLD_SIZE', 'LOCAL_', 'MASTER_', 'CUDA_', 'NCCL_'))}; "
+    "open(os.path.join(sys.argv[1], 'rank-%s-inc-%s.json' % (os.environ['RANK'], os.environ['PHALANX_INCARNATION'])), 'w').write(json.dumps(d)); "
+    "time.sleep(float(sys.argv[2]))"
+)
+
+
+def member(out: Path, seconds: float) -> list[str]:
+    return [sys.executable, "-c", ENV_DUMP, str(out), str(seconds)]
+
+
+def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failpoints: Path | None = None, leaf: str = "l0") -> subprocess.Popen:
+    env = dict(os.environ)
+    if failpoints is not None:
+        env["PHALANX_FAILPOINTS_FILE"] = str(failpoints)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
+         "--spine", "s0", "--leaf", leaf, "--state-dir", str(state_dir), "--history", str(history),
+         "--timings", c._timings_json(), "--log-level", "INFO",
+         "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),
+         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json")],
+        stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "a"), text=True, cwd=REPO, env=env,
+    )
+    ready, _, _ = select.select([p.stdout], [], [], 30)
+    assert ready and "PHALANX_AGENT_READY" in p.stdout.readline(), (c.workdir / f"agent-{node}.log").read_text()
+    return p
+
+
+def events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def live_intervals(evs: list[dict]) -> dict[str, tuple[float, float]]:
+    """member key -> (start, end) on the agents' monotonic clock (one host)."""
+    out: dict[str, list[float]] = {}
+    for e in evs:
+        if e["event"] == "member_started":
+            out[e["key"]] = [e["mono"], float("inf")]
+        elif e["event"] == "member_exited" and e["key"] in out:
+            out[e["key"]][1] = e["mono"]
+    return {k: (a, b) for k, (a, b) in out.items()}
+
+
+def incarnations_overlap(intervals: dict[str, tuple[float, float]], gang: str) -> list[str]:
+    by_inc: dict[int, list[tuple[float, float]]] = {}
+    for key, iv in intervals.items():
+        g, rest = key.split("#")
+        if g == gang:
+            by_inc.setdefault(int(rest.split("/")[0]), []).append(iv)
+    bad = []
+    incs = sorted(by_inc)
+    for a in incs:
+        for b in incs:
+            if a < b:
+                last_a = max(e for _, e in by_inc[a])
+                first_b = min(s for s, _ in by_inc[b])
+                if first_b < last_a:
+                    bad.append(f"incarnation {b} started at {first_b:.2f} before {a} ended at {last_a:.2f}")
+    return bad
+
+
+@pytest.fixture
+async def two_agents(local_cluster: LocalCluster, tmp_path: Path):
+    c = local_cluster
+    c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    procs = {}
+    for n in ("n0", "n1"):
+        procs[n] = agent_proc(c, n, tmp_path / f"state-{n}", tmp_path / f"hist-{n}.jsonl", tmp_path / f"fp-{n}")
+    await c.wait_nodes_ready(AZ, 2)
+    yield c, procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        p.stdout.close()
+
+
+async def test_members_see_exactly_their_environment(two_agents, tmp_path: Path) -> None:
+    c, _ = two_agents
+    out = tmp_path / "env"
+    out.mkdir()
+    spec = pb.GangSpec(name="envs", members=4, resources=pb.Resources(gpus=4, rdma_nics=4), run=pb.RunSpec(command=member(out, 0.5)))
+    g = await c.submit(spec)
+    done = await c.wait_state(g.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    envs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    assert sorted(int(e["RANK"]) for e in envs) == [0, 1, 2, 3]
+    placed = {m.rank: m for m in done.placement}
+    seen_devices = set()
+    for e in envs:
+        m = placed[int(e["RANK"])]
+        assert e["WORLD_SIZE"] == "4" and e["PHALANX_GANG"] == g.id and e["PHALANX_INCARNATION"] == "1"
+        assert e["CUDA_VISIBLE_DEVICES"] == ",".join(str(x) for x in m.gpus)
+        assert sorted(e["NCCL_IB_HCA"].lstrip("=").split(",")) == sorted(m.nics)
+        assert e["PHALANX_NODE"] == m.node
+        for gpu in m.gpus:
+            assert (m.node, gpu) not in seen_devices
+            seen_devices.add((m.node, gpu))
+        assert e["LOCAL_WORLD_SIZE"] == "2" and e["LOCAL_RANK"] in ("0", "1")
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+
+
+async def test_killed_member_restarts_the_whole_gang_one_incarnation_at_a_time(two_agents, tmp_path: Path) -> None:
+    c, _ = two_agents
+    out = tmp_path / "env"
+    out.mkdir()
+    spec = pb.GangSpec(name="restart-me", members=2, resources=pb.Resources(gpus=8),
+                       run=pb.RunSpec(command=member(out, 300)), policy=pb.Policy(max_restarts=2))
+    g = await c.submit(spec)
+    await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    victim = json.loads((out / "rank-1-inc-1.json").read_text())
+    pid = None
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                environ = (p / "environ").read_bytes()
+            except OSError:
+                continue
+            if f"PHALANX_GANG={g.id}".encode() in environ and b"RANK=1\0" in environ and b"PHALANX_INCARNATION=1\0" in environ:
+                pid = int(p.name)
+    assert pid is not None and victim["RANK"] == "1"
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(300):
+        cur = await c.stub().GetGang(gpb.GetGangRequest(id=g.id))
+        if cur.incarnation == 2 and cur.state == pb.GANG_STATE_RUNNING:
+            break
+        await asyncio.sleep(0.1)
+    assert cur.incarnation == 2 and cur.restarts == 1 and cur.state == pb.GANG_STATE_RUNNING, cur
+    assert "exited with code -9" in cur.reason or "restart 1/2" in cur.reason or cur.reason
+    # Agents' own records: no process of incarnation 2 started before every
+    # process of incarnation 1 had exited (one host: one monotonic clock).
+    evs = events(tmp_path / "hist-n0.jsonl") + events(tmp_path / "hist-n1.jsonl")
+    iv = live_intervals(evs)
+    assert {k for k in iv if k.startswith(g.id)} >= {f"{g.id}#1/r0", f"{g.id}#1/r1", f"{g.id}#2/r0", f"{g.id}#2/r1"}
+    assert incarnations_overlap(iv, g.id) == []
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=g.id))
+
+
+async def test_cut_off_agent_fences_and_gang_is_replaced_only_after_its_deadline(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    c = local_cluster
+    c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    fp = tmp_path / "fp-n0"
+    procs = [agent_proc(c, "n0", tmp_path / "s0", tmp_path / "h0.jsonl", fp),
+             agent_proc(c, "n1", tmp_path / "s1", tmp_path / "h1.jsonl")]
+    try:
+        await c.wait_nodes_ready(AZ, 2)
+        out = tmp_path / "env"
+        out.mkdir()
+        spec = pb.GangSpec(name="one-node", members=1, resources=pb.Resources(gpus=8), run=pb.RunSpec(command=member(out, 300)))
+        g = await c.submit(spec)
+        running = await c.wait_state(g.id, {pb.GANG_STATE_RUNNING})
+        node = running.placement[0].node
+        hist = tmp_path / ("h0.jsonl" if node == "n0" else "h1.jsonl")
+        if node != "n0":
+            pytest.fail("best fit + name tie-break places on n0")
+        fp.write_text("agent.cut_off=on")  # n0 loses its coordinator; keeps running
+        for _ in range(400):
+            cur = await c.stub().GetGang(gpb.GetGangRequest(id=g.id))
+            if cur.incarnation == 2 and cur.state == pb.GANG_STATE_RUNNING:
+                break
+            await asyncio.sleep(0.1)
+        assert cur.incarnation == 2 and cur.placement[0].node == "n1", cur
+        fenced = [e for e in events(hist) if e["event"] == "fenced"]
+        assert fenced, "the cut-off agent must fence its members"
+        exits = [e for e in events(hist) if e["event"] == "member_exited" and e["key"] == f"{g.id}#1/r0"]
+        starts2 = [e for e in events(tmp_path / "h1.jsonl") if e["event"] == "member_started" and e["key"] == f"{g.id}#2/r0"]
+        assert exits and starts2
+        # Same host, so wall clocks agree: the new incarnation started after
+        # the old member was gone, i.e. after the fence deadline.
+        assert starts2[0]["wall"] > exits[0]["wall"]
+        print(f"\nfenced {fenced[0]['silent_s']:.2f}s after last valid contact (fence_after_s={c.timings.fence_after_s}); "
+              f"re-placed {starts2[0]['wall'] - exits[0]['wall']:.2f}s after the old member stopped")
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(20)
+            p.stdout.close()
+
+
+async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(two_agents, tmp_path: Path) -> None:
+    c, procs = two_agents
+    out = tmp_path / "env"
+    out.mkdir()
+    keep = await c.submit(pb.GangSpec(name="keep", members=1, resources=pb.Resources(gpus=4), run=pb.RunSpec(command=member(out, 300))))
+    drop = await c.submit(pb.GangSpec(name="drop", members=1, resources=pb.Resources(gpus=4), run=pb.RunSpec(command=member(out, 300))))
+    k = await c.wait_state(keep.id, {pb.GANG_STATE_RUNNING})
+    d = await c.wait_state(drop.id, {pb.GANG_STATE_RUNNING})
+    assert k.placement[0].node == d.placement[0].node == "n0"
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    try:
+        procs["n0"].send_signal(signal.SIGKILL)  # members live on in their own groups
+        procs["n0"].wait(10)
+        await c.stub().CancelGang(gpb.CancelGangRequest(id=drop.id))  # its reservation goes while the agent is down
+        procs["n0"] = agent_proc(c, "n0", tmp_path / "state-n0", tmp_path / "hist-n0.jsonl")
+        for _ in range(200):
+            if not (await c.etcd_reservations()).get((AZ, drop.id)):
+                break
+            await asyncio.sleep(0.1)
+        assert (await c.etcd_reservations()).get((AZ, drop.id)) is None
+        cur = await c.stub().GetGang(gpb.GetGangRequest(id=keep.id))
+        assert cur.state == pb.GANG_STATE_RUNNING and cur.incarnation == 1, "adopted, not restarted"
+        evs = events(tmp_path / "hist-n0.jsonl")
+        assert len([e for e in evs if e["event"] == "member_started" and e["key"].startswith(keep.id)]) == 1, "not duplicated"
+        assert stray.poll() is None, "a process the agent did not start is left alone"
+    finally:
+        stray.kill()
+        stray.wait()
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=keep.id))
