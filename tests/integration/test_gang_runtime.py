@@ -26,7 +26,8 @@ AZ = "az-a"
 ENV_DUMP = (
     "import json, os, sys, time; "
     "d = {k: v for k, v in os.environ.items() if k.startswith(('PHALANX_', 'RANK', 'WORLD_SIZE', 'LOCAL_', 'MASTER_', 'CUDA_', 'NCCL_'))}; "
-    "open(os.path.join(sys.argv[1], 'rank-%s-inc-%s.json' % (os.environ['RANK'], os.environ['PHALANX_INCARNATION'])), 'w').write(json.dumps(d)); "
+    "p = os.path.join(sys.argv[1], 'rank-%s-inc-%s.json' % (os.environ['RANK'], os.environ['PHALANX_INCARNATION'])); "
+    "open(p + '.tmp', 'w').write(json.dumps(d)); os.replace(p + '.tmp', p); "
     "time.sleep(float(sys.argv[2]))"
 )
 
@@ -141,6 +142,10 @@ async def test_killed_member_restarts_the_whole_gang_one_incarnation_at_a_time(t
                        run=pb.RunSpec(command=member(out, 300)), policy=pb.Policy(max_restarts=2))
     g = await c.submit(spec)
     await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    for _ in range(200):  # RUNNING means started; the file comes a moment later
+        if (out / "rank-1-inc-1.json").exists():
+            break
+        await asyncio.sleep(0.05)
     victim = json.loads((out / "rank-1-inc-1.json").read_text())
     pid = None
     for p in Path("/proc").iterdir():
