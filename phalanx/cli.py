@@ -526,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from phalanx import up as up_module  # local: up imports the client and etcd helpers
 
+    for name, (_, text) in PASSTHROUGH.items():
+        sub.add_parser(name, help=text, add_help=False)
     p = sub.add_parser("up", help="run a local multi-AZ cluster (etcd, coordinators, simulated agents)")
     up_module.add_arguments(p)
 
@@ -651,7 +653,26 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+# Server-side processes, reachable as `phalanx <name> ...` (DESIGN §1); their
+# own argument parsers take the rest of the command line.
+PASSTHROUGH = {
+    "coordinator": ("coordinator.__main__", "run one coordinator replica (python -m coordinator)"),
+    "agent": ("agent.__main__", "run one node agent with topology discovery (python -m agent)"),
+    "agents-sim": ("agent.sim", "run many simulated node agents in one process (python -m agent.sim)"),
+    "chaos": ("chaos.run", "chaos suite: `phalanx chaos run [--scenario NAME|--all] [--seeds N]`"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        import importlib
+
+        rest = argv[1:]
+        if argv[0] == "chaos" and rest[:1] == ["run"]:
+            rest = rest[1:]
+        module = importlib.import_module(PASSTHROUGH[argv[0]][0])
+        return int(module.main(rest) or 0)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
