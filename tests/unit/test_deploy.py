@@ -1,0 +1,541 @@
+"""deploy/: the Kubernetes manifests, the image and the local cluster config
+agree with the code they start — without a cluster, kubectl or kustomize.
+
+Every container's arguments go through the real parsers (``kubelet``'s
+``$(VAR)`` expansion is done here from the container's env, the downward API
+and the ConfigMaps), the timings ConfigMap through ``timings_from_mapping``,
+and each overlay's strategic-merge patches are applied with the few merge
+keys they use (containers and env by name), which is checked too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import ipaddress
+import json
+import logging
+import re
+import shlex
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+import agent.__main__ as agent_main
+import coordinator.__main__ as coordinator_main
+from coordinator.config import CoordinatorConfig, Timings, timings_from_mapping
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+BASE = K8S / "base"
+OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
+GRPC_PORT = 7070
+PLACEHOLDER = "SET-BY-OVERLAY"
+
+# What the API server / kubelet would fill in through the downward API.
+FIELD_VALUES = {
+    "metadata.name": "phalanx-coordinator-az-a-6d5f8b7c9-x2x7k",
+    "metadata.namespace": "phalanx",
+    "status.podIP": "10.42.3.17",
+    "spec.nodeName": "gpu-017",
+}
+IMAGE_ENTRYPOINT = ["python", "-m"]  # deploy/Dockerfile
+
+
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    with path.open() as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def yaml_files() -> list[Path]:
+    return sorted(K8S.rglob("*.yaml")) + sorted(K8S.rglob("*.yml"))
+
+
+def base_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    kust = load_docs(BASE / "kustomization.yaml")[0]
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    for rel in kust["resources"]:
+        for doc in load_docs(BASE / rel):
+            key = (doc["kind"], doc["metadata"]["name"])
+            assert key not in objects, f"duplicate {key} in base"
+            objects[key] = doc
+    return objects
+
+
+def configmaps(objects: dict[tuple[str, str], dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {name: doc.get("data", {}) for (kind, name), doc in objects.items() if kind == "ConfigMap"}
+
+
+# --- strategic merge, restricted to what the overlays use ----------------------------
+
+# Lists merged by a key (as the API's patchMergeKey says); any other list is
+# replaced whole, like nodeSelectorTerms (atomic in the API).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name", "volumeMounts": "mountPath"}
+
+
+def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            out[k] = strategic_merge(base[k], v, k) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        mk = MERGE_KEYS[key]
+        out = [copy.deepcopy(x) for x in base]
+        for item in patch:
+            for i, existing in enumerate(out):
+                if existing[mk] == item[mk]:
+                    out[i] = strategic_merge(existing, item)
+                    break
+            else:
+                out.append(copy.deepcopy(item))
+        return out
+    return copy.deepcopy(patch)
+
+
+def overlay_objects(overlay: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """The base with this overlay's patches applied (names keep the base's)."""
+    objects = copy.deepcopy(base_objects())
+    kust = load_docs(overlay / "kustomization.yaml")[0]
+    for entry in kust["patches"]:
+        (patch,) = load_docs(overlay / entry["path"])
+        key = (patch["kind"], patch["metadata"]["name"])
+        assert key in objects, f"{overlay.name}/{entry['path']} patches {key}, which is not in the base"
+        objects[key] = strategic_merge(objects[key], patch)
+    return objects
+
+
+# --- what kubelet does with a container ----------------------------------------------
+
+def container_env(container: dict[str, Any], cms: dict[str, dict[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for e in container.get("env", []):
+        if "value" in e:
+            env[e["name"]] = expand(str(e["value"]), env)
+            continue
+        src = e["valueFrom"]
+        if "fieldRef" in src:
+            path = src["fieldRef"]["fieldPath"]
+            assert path in FIELD_VALUES, f"{container['name']}: env {e['name']} uses unexpected fieldRef {path}"
+            env[e["name"]] = FIELD_VALUES[path]
+        elif "configMapKeyRef" in src:
+            ref = src["configMapKeyRef"]
+            assert ref["name"] in cms, f"{container['name']}: env {e['name']} names missing ConfigMap {ref['name']}"
+            assert ref["key"] in cms[ref["name"]], f"ConfigMap {ref['name']} has no key {ref['key']}"
+            env[e["name"]] = cms[ref["name"]][ref["key"]]
+        else:
+            raise AssertionError(f"{container['name']}: env {e['name']}: unsupported valueFrom {src}")
+    return env
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """kubelet's $(VAR) expansion; an undefined $(VAR) would reach the process
+    verbatim, which is always a mistake here."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        assert name in env, f"$({name}) is not defined in the container's env"
+        return env[name]
+
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", sub, text)
+
+
+def argv(container: dict[str, Any], cms: dict[str, dict[str, str]]) -> list[str]:
+    env = container_env(container, cms)
+    command = container.get("command", IMAGE_ENTRYPOINT)
+    return [expand(str(x), env) for x in [*command, *container.get("args", [])]]
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["template"]["spec"]
+
+
+def only(items: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    (item,) = [x for x in items if x["name"] == name]
+    return item
+
+
+def zone_values(spec: dict[str, Any]) -> list[str]:
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(terms) == 1, "one zone term (terms are ORed: more would let pods leave the AZ)"
+    (expr,) = [e for e in terms[0]["matchExpressions"] if e["key"] == "topology.kubernetes.io/zone"]
+    assert expr["operator"] == "In"
+    return expr["values"]
+
+
+@pytest.fixture
+def keep_logging() -> Iterator[None]:
+    """coordinator.__main__.parse_args configures logging: undo it."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+    root.setLevel(level)
+
+
+def load_node_labels_script():
+    spec = importlib.util.spec_from_file_location("phalanx_deploy_node_labels", DEPLOY / "node_labels.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def contexts() -> list[tuple[str, dict[tuple[str, str], dict[str, Any]]]]:
+    return [("base", base_objects())] + [(o.name, overlay_objects(o)) for o in OVERLAYS]
+
+
+CONTEXT_IDS = ["base"] + [o.name for o in OVERLAYS]
+
+
+# --- the files --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", yaml_files(), ids=lambda p: str(p.relative_to(K8S)))
+def test_every_manifest_parses(path: Path) -> None:
+    docs = load_docs(path)
+    assert docs, f"{path} holds no document"
+    for doc in docs:
+        assert isinstance(doc, dict) and doc.get("apiVersion") and doc.get("kind"), f"{path}: not a Kubernetes object"
+        if doc["kind"] != "Kustomization":
+            assert doc["metadata"]["name"], f"{path}: object without a name"
+
+
+@pytest.mark.parametrize("kdir", [BASE, *OVERLAYS], ids=lambda p: str(p.relative_to(K8S)))
+def test_kustomizations_name_existing_files(kdir: Path) -> None:
+    (kust,) = load_docs(kdir / "kustomization.yaml")
+    for rel in kust.get("resources", []):
+        assert (kdir / rel).exists(), f"{kdir.name}: resource {rel} does not exist"
+    for entry in kust.get("patches", []):
+        assert (kdir / entry["path"]).is_file(), f"{kdir.name}: patch {entry['path']} does not exist"
+
+
+def test_base_is_in_the_phalanx_namespace_and_uses_one_image() -> None:
+    (kust,) = load_docs(BASE / "kustomization.yaml")
+    assert kust["namespace"] == "phalanx"
+    (ns,) = load_docs(K8S / "namespace.yaml")
+    assert (ns["kind"], ns["metadata"]["name"]) == ("Namespace", "phalanx")
+    image_names = {i["name"] for i in kust.get("images", [])}
+    for (kind, name), obj in base_objects().items():
+        if kind in ("Deployment", "DaemonSet"):
+            spec = pod_spec(obj)
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                assert c["image"] in image_names, f"{name}/{c['name']}: image {c['image']} is not set by kustomization images"
+
+
+def test_overlays_only_use_merges_this_test_understands() -> None:
+    """The overlays' patches touch the AZ only: env (merged by name) and the
+    zone term (replaced whole). Anything more needs kustomize to check."""
+    for overlay in OVERLAYS:
+        (kust,) = load_docs(overlay / "kustomization.yaml")
+        assert kust["resources"] == ["../../base"]
+        assert set(kust) <= {"apiVersion", "kind", "resources", "nameSuffix", "labels", "patches", "images"}
+        for entry in kust["patches"]:
+            assert set(entry) == {"path"}, "patches with targets/ops are not modelled here"
+            (patch,) = load_docs(overlay / entry["path"])
+            spec = patch["spec"]["template"]["spec"]
+            assert set(spec) <= {"affinity", "containers"}
+            assert set(spec["affinity"]) == {"nodeAffinity"}
+            for c in spec["containers"]:
+                assert set(c) == {"name", "env"}
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+def test_timings_configmap_is_valid() -> None:
+    data = configmaps(base_objects())["phalanx-timings"]
+    timings = timings_from_mapping(json.loads(data["timings.json"]))
+    assert isinstance(timings, Timings)
+
+
+def test_etcd_configmap_is_usable_by_the_store() -> None:
+    data = configmaps(base_objects())["phalanx-etcd"]
+    assert re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", data["cluster"]), "cluster must be a DNS label"
+    endpoints = [e for e in data["endpoints"].split(",") if e]
+    assert endpoints
+    for e in endpoints:
+        assert "://" not in e, "host:port without a scheme"
+        host, _, port = e.rpartition(":")
+        assert host and 0 < int(port) < 65536
+        if len(endpoints) > 1:
+            # Store dials several endpoints as `ipv4:a,b,c`: IPv4 literals only.
+            ipaddress.IPv4Address(host)
+    assert len(endpoints) >= 3, "the example spreads etcd members over the three AZs"
+
+
+# --- coordinator ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,objects", contexts(), ids=CONTEXT_IDS)
+def test_coordinator_args_parse(name: str, objects: dict, keep_logging: None) -> None:
+    cms = configmaps(objects)
+    deploy = objects[("Deployment", "phalanx-coordinator")]
+    container = only(pod_spec(deploy)["containers"], "coordinator")
+    full = argv(container, cms)
+    assert full[:3] == ["python", "-m", "coordinator"]
+    config = coordinator_main.parse_args(full[3:])
+    assert isinstance(config, CoordinatorConfig)
+    env = container_env(container, cms)
+    assert config.az == env["PHALANX_AZ"]
+    assert config.coordinator_id == FIELD_VALUES["metadata.name"]
+    assert config.cluster == cms["phalanx-etcd"]["cluster"]
+    assert ",".join(config.etcd) == cms["phalanx-etcd"]["endpoints"]
+    assert config.timings == timings_from_mapping(json.loads(cms["phalanx-timings"]["timings.json"]))
+    # Listens on the served port; publishes the pod IP (downward API) in etcd.
+    assert config.listen.rsplit(":", 1)[1] == str(GRPC_PORT)
+    assert config.advertise == f"{FIELD_VALUES['status.podIP']}:{GRPC_PORT}"
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
+
+
+def test_coordinator_probes_and_service_use_the_served_port() -> None:
+    objects = base_objects()
+    deploy = objects[("Deployment", "phalanx-coordinator")]
+    container = only(pod_spec(deploy)["containers"], "coordinator")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"grpc": GRPC_PORT}
+    for probe in ("readinessProbe", "livenessProbe"):
+        # The native gRPC probe: standard health checking, service "".
+        assert container[probe]["grpc"]["port"] == GRPC_PORT, probe
+        assert container[probe]["grpc"].get("service", "") == ""
+    service = objects[("Service", "phalanx-coordinator")]
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == GRPC_PORT and port["targetPort"] in ("grpc", GRPC_PORT)
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    pdb = objects[("PodDisruptionBudget", "phalanx-coordinator")]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_coordinator_replicas_spread_over_nodes() -> None:
+    deploy = base_objects()[("Deployment", "phalanx-coordinator")]
+    assert deploy["spec"]["replicas"] == 2
+    spec = pod_spec(deploy)
+    (term,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
+    assert spec["serviceAccountName"] == "phalanx-coordinator"
+
+
+# --- agent ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,objects", contexts(), ids=CONTEXT_IDS)
+def test_agent_args_parse(name: str, objects: dict) -> None:
+    cms = configmaps(objects)
+    ds = objects[("DaemonSet", "phalanx-agent")]
+    spec = pod_spec(ds)
+    container = only(spec["containers"], "agent")
+    full = argv(container, cms)
+    assert full[:3] == ["python", "-m", "agent"]
+    a = agent_main.build_parser().parse_args(full[3:])
+    env = container_env(container, cms)
+    assert a.az == env["PHALANX_AZ"]
+    assert a.node == FIELD_VALUES["spec.nodeName"]
+    assert a.cluster == cms["phalanx-etcd"]["cluster"]
+    assert a.etcd == cms["phalanx-etcd"]["endpoints"]
+    timings_from_mapping(json.loads(a.timings))
+    assert not a.simulate_members and not a.nvml_recording and not a.sysfs_recording
+
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+
+    def volume_at(path: str) -> tuple[dict, dict]:
+        for mount_path, m in mounts.items():
+            if path == mount_path or path.startswith(mount_path.rstrip("/") + "/"):
+                return m, volumes[m["name"]]
+        raise AssertionError(f"{path} is on no volume of the agent container")
+
+    # sysfs: the host's /sys, read-only.
+    m, v = volume_at(a.sysfs_root)
+    assert v["hostPath"]["path"] == "/sys" and m.get("readOnly") is True and a.sysfs_root == m["mountPath"]
+    # State (members.json, member logs) survives the container.
+    _, v = volume_at(a.state_dir)
+    assert "hostPath" in v
+    # Labels: written by the init container into the volume the agent reads.
+    init = only(spec["initContainers"], "node-labels")
+    labels_mount, v = volume_at(a.labels_file)
+    assert "emptyDir" in v
+    init_mount = {m["name"]: m for m in init["volumeMounts"]}[labels_mount["name"]]
+    assert init_mount["mountPath"] == labels_mount["mountPath"] and not init_mount.get("readOnly")
+    init_argv = argv(init, cms)
+    assert init_argv[:2] == ["python", "/opt/phalanx/node_labels.py"]
+    init_args = load_node_labels_script().build_parser().parse_args(init_argv[2:])
+    assert init_args.node == FIELD_VALUES["spec.nodeName"]
+    assert init_args.out == a.labels_file
+
+
+def test_agent_pod_runs_on_gpu_nodes_with_the_nvidia_runtime() -> None:
+    objects = base_objects()
+    ds = objects[("DaemonSet", "phalanx-agent")]
+    spec = pod_spec(ds)
+    assert spec["runtimeClassName"] == "nvidia"
+    assert not spec.get("hostPID"), "the agent needs no host PID namespace"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    if spec.get("hostNetwork"):
+        assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    env = {e["name"]: e.get("value") for e in only(spec["containers"], "agent")["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # Agent shutdown stops members (SIGTERM, then SIGKILL after stop_grace_s).
+    timings = timings_from_mapping(json.loads(configmaps(objects)["phalanx-timings"]["timings.json"]))
+    assert spec["terminationGracePeriodSeconds"] > timings.stop_grace_s + 5
+    assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"
+    assert "limits" not in only(spec["containers"], "agent").get("resources", {}), "members share the agent's cgroup"
+
+
+def test_agent_api_access_is_get_nodes_for_the_init_container_only() -> None:
+    objects = base_objects()
+    spec = pod_spec(objects[("DaemonSet", "phalanx-agent")])
+    sa = spec["serviceAccountName"]
+    assert ("ServiceAccount", sa) in objects
+    (binding,) = [o for (k, _), o in objects.items() if k == "ClusterRoleBinding"]
+    assert {"kind": "ServiceAccount", "name": sa, "namespace": "phalanx"} in binding["subjects"]
+    role = objects[("ClusterRole", binding["roleRef"]["name"])]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
+    # No automounted token: members (users' code) run in the agent container.
+    assert spec["automountServiceAccountToken"] is False
+    token_volumes = {v["name"] for v in spec["volumes"]
+                     if any("serviceAccountToken" in s for s in v.get("projected", {}).get("sources", []))}
+    assert token_volumes
+    for c in spec["containers"]:
+        assert not {m["name"] for m in c.get("volumeMounts", [])} & token_volumes, f"{c['name']} sees the API token"
+    init = only(spec["initContainers"], "node-labels")
+    (mount,) = [m for m in init["volumeMounts"] if m["name"] in token_volumes]
+    script = load_node_labels_script()
+    assert mount["mountPath"] == script.SA_DIR
+
+
+# --- overlays -------------------------------------------------------------------------------------
+
+def test_each_overlay_names_a_distinct_az() -> None:
+    assert [o.name for o in OVERLAYS] == ["az-a", "az-b", "az-c"]
+    azs, zones, suffixes = set(), set(), set()
+    for overlay in OVERLAYS:
+        (kust,) = load_docs(overlay / "kustomization.yaml")
+        assert kust["nameSuffix"] == f"-{overlay.name}"
+        # The AZ label goes into the selectors too: one AZ's Service, PDB and
+        # anti-affinity must not select another AZ's pods.
+        (label,) = kust["labels"]
+        assert label["includeSelectors"] is True and label["pairs"] == {"phalanx.dev/az": overlay.name}
+        objects = overlay_objects(overlay)
+        seen_az, seen_zone = set(), set()
+        for key, container in (
+            (("Deployment", "phalanx-coordinator"), "coordinator"),
+            (("DaemonSet", "phalanx-agent"), "agent"),
+        ):
+            spec = pod_spec(objects[key])
+            env = {e["name"]: e.get("value") for e in only(spec["containers"], container)["env"]}
+            seen_az.add(env["PHALANX_AZ"])
+            seen_zone.update(zone_values(spec))
+        # Coordinators and agents of one overlay: the same AZ and zone.
+        assert len(seen_az) == 1 and len(seen_zone) == 1, (overlay.name, seen_az, seen_zone)
+        assert PLACEHOLDER not in seen_az | seen_zone
+        azs |= seen_az
+        zones |= seen_zone
+        suffixes.add(kust["nameSuffix"])
+    assert len(azs) == len(zones) == len(suffixes) == len(OVERLAYS)
+
+
+def test_base_alone_schedules_nowhere() -> None:
+    """The base's AZ is a placeholder no node's zone matches."""
+    objects = base_objects()
+    for key in (("Deployment", "phalanx-coordinator"), ("DaemonSet", "phalanx-agent")):
+        assert zone_values(pod_spec(objects[key])) == [PLACEHOLDER]
+
+
+# --- the node-labels init step --------------------------------------------------------------------
+
+def test_node_labels_script_writes_what_the_agent_reads(tmp_path: Path) -> None:
+    script = load_node_labels_script()
+    node = {"metadata": {"name": "gpu-017", "labels": {
+        "topology.kubernetes.io/zone": "us-east-1a", "network.topology.nvidia.com/leaf": "leaf-3"}}}
+    seen: dict[str, str] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            seen["path"], seen["auth"] = self.path, self.headers.get("Authorization", "")
+            body = json.dumps(node).encode() if self.path == "/api/v1/nodes/gpu-017" else b"{}"
+            self.send_response(200 if self.path == "/api/v1/nodes/gpu-017" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        token = tmp_path / "token"
+        token.write_text("secret-token\n")
+        out = tmp_path / "node" / "labels.json"
+        api = f"http://127.0.0.1:{server.server_port}"
+        rc = script.main(["--node", "gpu-017", "--out", str(out), "--api-server", api, "--token-file", str(token)])
+        assert rc == 0
+        assert seen == {"path": "/api/v1/nodes/gpu-017", "auth": "Bearer secret-token"}
+        assert agent_main.parse_labels("", str(out)) == node["metadata"]["labels"]
+        # A missing node: a non-zero exit (the kubelet retries), no file.
+        missing = tmp_path / "missing.json"
+        rc = script.main(["--node", "gpu-404", "--out", str(missing), "--api-server", api, "--token-file", str(token)])
+        assert rc == 1 and not missing.exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert script.labels_from_node({"metadata": {}}) == {}
+
+
+# --- image ---------------------------------------------------------------------------------------
+
+def test_dockerfile_installs_every_package_and_runs_python_m() -> None:
+    text = (DEPLOY / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    (entry,) = [ln for ln in lines if ln.startswith("ENTRYPOINT")]
+    assert json.loads(entry.removeprefix("ENTRYPOINT").strip()) == IMAGE_ENTRYPOINT
+    assert any(re.search(r"\bpip install \.", ln) for ln in lines)
+    copied = {ln.split()[1] for ln in lines if ln.startswith("COPY")}
+    for src in copied:
+        assert (ROOT / src).exists(), f"COPY {src}: no such path in the repository"
+    # Every top-level package pyproject.toml installs is in the build context.
+    include = re.search(r'include = \[([^\]]*)\]', (ROOT / "pyproject.toml").read_text())
+    assert include is not None
+    for pattern in re.findall(r'"([^"]+)"', include.group(1)):
+        assert pattern.rstrip("*") in copied, f"package {pattern} is not copied into the image"
+    # The init container's script is where the manifest runs it from.
+    assert "COPY deploy/node_labels.py /opt/phalanx/node_labels.py" in lines
+
+
+# --- local cluster ----------------------------------------------------------------------------------
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Z_][A-Z0-9_]*", key), f"{path.name}: not KEY=VALUE: {line!r}"
+        (env[key],) = shlex.split(value) or [""]
+    return env
+
+
+def test_local_env_file_is_accepted_by_phalanx_up() -> None:
+    from phalanx import up as up_module
+
+    env = read_env_file(DEPLOY / "local" / "phalanx.env")
+    p = argparse.ArgumentParser()
+    up_module.add_arguments(p)
+    cfg = up_module.UpConfig.from_args(p.parse_args(shlex.split(env["PHALANX_UP_ARGS"])))
+    assert len(cfg.azs) >= 1
+    timings = env.get("PHALANX_TIMINGS", "")
+    if timings and timings != "fast":
+        timings_from_mapping(json.loads(timings))
+    assert isinstance(logging.getLevelName(env.get("PHALANX_LOG_LEVEL", "INFO").upper()), int)
