@@ -397,6 +397,10 @@ class Agent:
         rec = self.members.get(key)
         self.ledger.release(key)
         if rec is None:
+            # A member that ended while this agent was down (adopt() reports it
+            # as vanished): still an effect, so record when its devices were
+            # known free, else the history shows it running forever.
+            self._record("member_exited", key=str(key), epoch=0, code=code, phase="VANISHED")
             return
         if rec.stop_requested:
             rec.phase = MemberPhase.STOPPED

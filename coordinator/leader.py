@@ -86,6 +86,11 @@ class AzLeader:
         self.pending_reason: dict[str, str] = {}
         self.wake = asyncio.Event()
         self.stopped = asyncio.Event()
+        # Set once rebuild() has loaded gangs and reservations from etcd. The
+        # server publishes this leader (and agents may register) before run()
+        # has rebuilt; reconciling a registration against an empty view would
+        # revoke every running member as "no committed reservation".
+        self.rebuilt = asyncio.Event()
         self._inflight: set[str] = set()  # gangs with a write in flight
         self.index = FabricIndex()  # static node facts, refreshed when a node registers
         self._last_persist = 0.0
@@ -97,6 +102,7 @@ class AzLeader:
         """Lead until the lease is lost or a fenced write fails."""
         try:
             await self.rebuild()
+            self.rebuilt.set()
             log.info("leader of %s (epoch %d): %d gangs, %d reservations, %d nodes", self.az, self.epoch, len(self.gangs), len(self.reservations), len(self.nodes))
             lost = asyncio.create_task(self.session.lost.wait())
             try:
@@ -192,6 +198,7 @@ class AzLeader:
     # ----------------------------------------------------------- submission
     async def submit(self, spec: GangSpec, idempotency_key: str) -> tuple[GangRecord, bool]:
         self.check_valid()
+        await self._until_rebuilt()
         k = self.keys
         # No pre-read of the idempotency key: the txn below creates it only if
         # absent, and only a lost compare costs the extra read.
@@ -215,6 +222,12 @@ class AzLeader:
             if idempotency_key and res.results[1]:
                 existing = await self._by_idempotency(idempotency_key, spec)
                 if existing:
+                    # An earlier attempt of this submission may have committed
+                    # although its reply was lost (a timed-out txn): then this
+                    # leader never learnt of the gang and would never admit it.
+                    if existing.owner_az == self.az and not existing.state.terminal and existing.id not in self.gangs:
+                        self.gangs[existing.id] = existing
+                        self.wake.set()
                     return existing, False
             name_kvs = res.results[0]
             if name_kvs:
@@ -240,6 +253,9 @@ class AzLeader:
     # -------------------------------------------------------------- cancel
     async def cancel(self, gang_id: str, reason: str) -> GangRecord:
         self.check_valid()
+        # Before rebuild() the reservations are unknown: cancelling then would
+        # strand the gang's reservation.
+        await self._until_rebuilt()
         g = self.gangs.get(gang_id)
         if g is None:
             kv = await self.store.get(self.keys.gang(gang_id))
@@ -438,6 +454,7 @@ class AzLeader:
         """An agent connected: record its node (fenced write), then reconcile
         what it runs against committed reservations."""
         self.check_valid()
+        await self._until_rebuilt()
         node = conn.node
         old = self.conns.get(node)
         if old is not None and old is not conn:
@@ -497,6 +514,17 @@ class AzLeader:
             if any(m.node == node for m in g.placement):
                 await self._evaluate(g.id)
         self.wake.set()
+
+    async def _until_rebuilt(self) -> None:
+        """Wait for rebuild(); NotLeader if this leadership ends first."""
+        if not self.rebuilt.is_set():
+            waits = {asyncio.ensure_future(self.rebuilt.wait()), asyncio.ensure_future(self.stopped.wait())}
+            _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for w in pending:
+                w.cancel()
+        if not self.rebuilt.is_set():
+            raise NotLeader(f"leadership of {self.az} (epoch {self.epoch}) ended before its state was rebuilt")
+        self.check_valid()
 
     def on_heartbeat(self, conn: AgentConn) -> bool:
         """Returns whether to acknowledge: only while we are a valid leader."""

@@ -121,12 +121,21 @@ class RetryDue(GangEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class PrepareReceived(GangEvent):
-    """A ``Prepare`` RPC (``PrepareRequest``) from the owner's AZ leader."""
+    """A ``Prepare`` RPC (``PrepareRequest``) from the owner's AZ leader.
+
+    ``local``: the single-AZ path (DESIGN §5: "collapses to one fenced txn").
+    The gang lives in this AZ only, so this participant is the only voter and
+    decides by itself: the hold is written COMMITTED at once (no decision
+    key), and the vote is the answer to the local admission code. It goes
+    through the same ledger and the same conflict order as cross-AZ
+    prepares, which is what serialises single-AZ and cross-AZ contention.
+    """
 
     owner_az: str
     priority: int
     submitted_at: float
     nodes: NodeSlice
+    local: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", normalize_slice(self.nodes))
@@ -296,7 +305,9 @@ class OwnerRecovered(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class WriteHold(Effect):
-    """Put ``reservations/<az>/<gang>`` = PREPARED at ``incarnation``.
+    """Put ``reservations/<az>/<gang>`` = PREPARED (or COMMITTED when
+    ``commit``: the single-AZ path, whose txn may also carry the gang record)
+    at ``incarnation``.
 
     Guard: only if the key is absent or holds a *lower* incarnation; if it
     already holds this incarnation, succeed without writing (a late duplicate
@@ -311,11 +322,13 @@ class WriteHold(Effect):
     priority: int
     submitted_at: float
     nodes: NodeSlice
+    commit: bool = False
 
     def record(self) -> ReservationRecord:
         return ReservationRecord(
             az=self.az, gang=self.gang, incarnation=self.incarnation,
-            state=HoldState.PREPARED, nodes=self.nodes, owner_az=self.owner_az,
+            state=HoldState.COMMITTED if self.commit else HoldState.PREPARED,
+            nodes=self.nodes, owner_az=self.owner_az,
             priority=self.priority, submitted_at=self.submitted_at,
         )
 

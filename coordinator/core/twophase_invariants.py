@@ -37,7 +37,8 @@ from coordinator.core.twophase_participant import ParticipantState
 SINGLE_DECISION = "single-decision"
 """At most one decision is ever created per (gang, incarnation)."""
 AGREEMENT = "agreement"
-"""Nobody acts on an outcome that differs from (or precedes) the durable key."""
+"""Nobody acts on an outcome that differs from (or precedes) the durable key.
+(A COMMITTED record with no key at all is a single-AZ reservation.)"""
 COMMIT_NEEDS_PREPARED = "commit-needs-prepared"
 """A COMMIT exists only while every participant AZ of that attempt holds a
 durable record for exactly that incarnation and slice."""
@@ -155,14 +156,18 @@ def _agreement(world: WorldSnapshot, out: list[Violation]) -> None:
         for key, outcome in sorted(participant.known_decisions.items()):
             compare(f"participant {az}", key, outcome)
         for hold in participant.holds.values():
-            if hold.state is HoldState.COMMITTED:
+            if hold.state is HoldState.COMMITTED and not hold.local:
                 compare(f"participant {az} (hold)", hold.key, Outcome.COMMIT)
     for gang, owner in sorted(world.owners.items()):
         for inc, outcome in sorted(owner.known_decisions().items()):
             compare(f"owner of {gang}", (gang, inc), outcome)
     for (az, gang), rec in sorted(world.reservations.items()):
-        if rec.state is HoldState.COMMITTED:
-            compare(f"record {az}/{gang}", (gang, rec.incarnation), Outcome.COMMIT)
+        # Without a decision key, a COMMITTED record is a single-AZ
+        # reservation (no vote to agree on); next to a key, it must be COMMIT.
+        stored = world.decisions.get((gang, rec.incarnation))
+        if rec.state is HoldState.COMMITTED and stored is not None and stored is not Outcome.COMMIT:
+            out.append(Violation(AGREEMENT, f"record {az}/{gang} is COMMITTED but {(gang, rec.incarnation)} "
+                                            f"is {stored.value}"))
 
 
 def _live_commits(world: WorldSnapshot) -> list[DecisionKey]:
@@ -191,6 +196,14 @@ def _commit_needs_prepared(world: WorldSnapshot, out: list[Violation]) -> None:
 
 
 def _committed_kept(world: WorldSnapshot, out: list[Violation]) -> None:
+    for (az, gang), rec in sorted(world.reservations.items()):
+        key = (gang, rec.incarnation)
+        participant = world.participants.get(az)
+        if rec.state is not HoldState.COMMITTED or key in world.finished or participant is None:
+            continue
+        hold = participant.holds.get(gang)
+        if hold is None or hold.incarnation != rec.incarnation:
+            out.append(Violation(COMMITTED_KEPT, f"{az}/{gang}: COMMITTED record of {key} not in the ledger"))
     for key in _live_commits(world):
         gang, inc = key
         for az in sorted(world.plans.get(key, {})):
@@ -254,9 +267,9 @@ def _resolved(world: WorldSnapshot, out: list[Violation]) -> None:
             out.append(Violation(RESOLVED, f"{az}/{gang}: record of finished {key} not released"))
         elif decision is Outcome.ABORT:
             out.append(Violation(RESOLVED, f"{az}/{gang}: record of ABORTed {key} not released"))
-        elif decision is None:
+        elif decision is None and rec.state is HoldState.PREPARED:
             out.append(Violation(RESOLVED, f"{az}/{gang}: {key} still PREPARED with no decision"))
-        elif rec.state is not HoldState.COMMITTED:
+        elif decision is Outcome.COMMIT and rec.state is not HoldState.COMMITTED:
             out.append(Violation(RESOLVED, f"{az}/{gang}: {key} COMMIT but record still PREPARED"))
     for az, participant in sorted(world.participants.items()):
         for gang, hold in sorted(participant.holds.items()):

@@ -133,7 +133,7 @@ class TwoPhaseConfig:
 
     vote_timeout_s: float = 5.0
     """Owner: how long to wait for every vote before deciding ABORT."""
-    prepare_timeout_s: float = 15.0
+    prepare_timeout_s: float = 10.0
     """Participant: how long a PREPARED hold may wait for a decision before
     the participant resolves it itself (in-doubt rule). Longer than
     ``vote_timeout_s`` so that in the common case the owner decides."""

@@ -17,7 +17,7 @@ hold of the same gang by create-if-absent ABORT without asking anyone.
 from __future__ import annotations
 
 import enum
-from typing import Callable, Mapping
+from typing import Mapping
 
 from coordinator.core.ordering import GangOrderKey, gang_order_key
 from coordinator.core.twophase_events import (
@@ -107,35 +107,45 @@ class OwnerState:
         self.last_reason = ""
         """Why the last attempt ended as it did, for ``explain``."""
         self._decided: dict[int, Outcome] = {}
-        self._handlers: dict[type[Event], Callable[[Event, float], list[Effect]]] = {
-            GangSubmitted: self._on_submitted,  # type: ignore[dict-item]
-            PlacementMade: self._on_placement_made,  # type: ignore[dict-item]
-            PlacementFailed: self._on_placement_failed,  # type: ignore[dict-item]
-            RetryRequested: self._on_retry_requested,  # type: ignore[dict-item]
-            AttemptWritten: self._on_attempt_written,  # type: ignore[dict-item]
-            AttemptWriteFailed: self._on_attempt_write_failed,  # type: ignore[dict-item]
-            VoteReceived: self._on_vote,  # type: ignore[dict-item]
-            VotesTimedOut: self._on_votes_timed_out,  # type: ignore[dict-item]
-            DecisionCreated: self._on_decision_created,  # type: ignore[dict-item]
-            DecisionObserved: self._on_decision_observed,  # type: ignore[dict-item]
-            DecisionCreateFailed: self._on_decision_create_failed,  # type: ignore[dict-item]
-            RetryDue: self._on_retry_due,  # type: ignore[dict-item]
-            GangFinished: self._on_finished,  # type: ignore[dict-item]
-            OwnerRecovered: self._on_recovered,  # type: ignore[dict-item]
-        }
 
     # ------------------------------------------------------------------ API
 
     def handle(self, event: Event, now: float) -> list[Effect]:
         """Apply one event at time ``now``; return the effects to perform, in
         order. Events for another gang are a driver bug (``ValueError``)."""
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            raise TypeError(f"owner of {self.gang}: unexpected event {type(event).__name__}")
         gang = getattr(event, "gang", self.gang)
         if gang != self.gang:
             raise ValueError(f"owner of {self.gang} got an event for {gang}")
-        return handler(event, now)
+        match event:
+            case GangSubmitted():
+                return self._on_submitted(event, now)
+            case PlacementMade():
+                return self._on_placement_made(event, now)
+            case PlacementFailed():
+                return self._on_placement_failed(event, now)
+            case RetryRequested():
+                return self._on_retry_requested(event, now)
+            case AttemptWritten():
+                return self._on_attempt_written(event, now)
+            case AttemptWriteFailed():
+                return self._on_attempt_write_failed(event, now)
+            case VoteReceived():
+                return self._on_vote(event, now)
+            case VotesTimedOut():
+                return self._on_votes_timed_out(event, now)
+            case DecisionCreated():
+                return self._on_decision_created(event, now)
+            case DecisionObserved():
+                return self._on_decision_observed(event, now)
+            case DecisionCreateFailed():
+                return self._on_decision_create_failed(event, now)
+            case RetryDue():
+                return self._on_retry_due(event, now)
+            case GangFinished():
+                return self._on_finished(event, now)
+            case OwnerRecovered():
+                return self._on_recovered(event, now)
+        raise TypeError(f"owner of {self.gang}: unexpected event {type(event).__name__}")
 
     @property
     def order_key(self) -> GangOrderKey:

@@ -10,12 +10,15 @@ Rules this module enforces (docs/two-phase.md has the full story):
 
 * a YES vote is sent only after the PREPARED record is durable;
 * a hold is dropped from the ledger only when its decision is ABORT (durable,
-  learned from the owner, the watch, or our own create-if-absent) or its gang
-  finished; a COMMITTED hold is never dropped for any other reason;
+  learned from the owner, the watch, or our own create-if-absent), its gang
+  finished, or its write definitely failed; a COMMITTED hold is dropped only
+  when its gang finished;
 * conflicts are settled by ``ordering.gang_order_key``: an older gang aborts
   a younger gang's undecided hold by winning its decision key, a younger gang
   is refused; a prepare never waits on another gang's progress, only on our
-  own create-if-absent write, so nothing can wait in a cycle.
+  own create-if-absent write, so nothing can wait in a cycle;
+* single-AZ reservations (``PrepareReceived(local=True)``) go through the
+  same ledger and order, and are COMMITTED by their own write.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, Mapping
+from typing import Mapping
 
 from coordinator.core.ordering import GangOrderKey, gang_order_key, is_older
 from coordinator.core.twophase_events import (
@@ -92,6 +95,9 @@ class Hold:
     """In-doubt deadline of a written, undecided hold; None while our own
     in-doubt ``CreateDecision`` is in flight (so a duplicate timer does not
     issue a second one) and for holds that are not PREPARED+written."""
+    local: bool = False
+    """Reserved by the single-AZ path: COMMITTED from the start, no decision
+    key. A COMMITTED record without a decision key is read back as one."""
 
     @property
     def key(self) -> DecisionKey:
@@ -147,25 +153,6 @@ class ParticipantState:
         self._parked: dict[str, ParkedPrepare] = {}
         self._releases: set[DecisionKey] = set()
         self._finished: set[DecisionKey] = set()
-        self._handlers: dict[type[Event], Callable[[Event, float], list[Effect]]] = {
-            PrepareReceived: self._on_prepare,  # type: ignore[dict-item]
-            HoldWritten: self._on_hold_written,  # type: ignore[dict-item]
-            HoldWriteFailed: self._on_hold_write_failed,  # type: ignore[dict-item]
-            CommitWritten: self._on_commit_written,  # type: ignore[dict-item]
-            CommitWriteFailed: self._on_commit_write_failed,  # type: ignore[dict-item]
-            HoldReleased: self._on_hold_released,  # type: ignore[dict-item]
-            HoldReleaseFailed: self._on_hold_release_failed,  # type: ignore[dict-item]
-            CommitReceived: self._on_commit_received,  # type: ignore[dict-item]
-            AbortReceived: self._on_abort_received,  # type: ignore[dict-item]
-            DecisionObserved: self._on_decision_observed,  # type: ignore[dict-item]
-            DecisionCreated: self._on_decision_created,  # type: ignore[dict-item]
-            DecisionCreateFailed: self._on_decision_create_failed,  # type: ignore[dict-item]
-            PrepareTimedOut: self._on_prepare_timed_out,  # type: ignore[dict-item]
-            RetryDue: self._on_retry_due,  # type: ignore[dict-item]
-            GangFinished: self._on_gang_finished,  # type: ignore[dict-item]
-            InventoryChanged: self._on_inventory_changed,  # type: ignore[dict-item]
-            ParticipantRecovered: self._on_recovered,  # type: ignore[dict-item]
-        }
 
     # ------------------------------------------------------------------ API
 
@@ -173,10 +160,42 @@ class ParticipantState:
         """Apply one event at time ``now``; return the effects to perform, in
         order. Raises ``TypeError`` for an event this role does not handle
         (a driver bug, not a runtime condition)."""
-        handler = self._handlers.get(type(event))
-        if handler is None:
-            raise TypeError(f"participant {self.az}: unexpected event {type(event).__name__}")
-        return handler(event, now)
+        match event:
+            case PrepareReceived():
+                return self._on_prepare(event, now)
+            case HoldWritten():
+                return self._on_hold_written(event, now)
+            case HoldWriteFailed():
+                return self._on_hold_write_failed(event, now)
+            case CommitWritten():
+                return self._on_commit_written(event, now)
+            case CommitWriteFailed():
+                return self._on_commit_write_failed(event, now)
+            case HoldReleased():
+                return self._on_hold_released(event, now)
+            case HoldReleaseFailed():
+                return self._on_hold_release_failed(event, now)
+            case CommitReceived():
+                return self._on_commit_received(event, now)
+            case AbortReceived():
+                return self._on_abort_received(event, now)
+            case DecisionObserved():
+                return self._on_decision_observed(event, now)
+            case DecisionCreated():
+                return self._on_decision_created(event, now)
+            case DecisionCreateFailed():
+                return self._on_decision_create_failed(event, now)
+            case PrepareTimedOut():
+                return self._on_prepare_timed_out(event, now)
+            case RetryDue():
+                return self._on_retry_due(event, now)
+            case GangFinished():
+                return self._on_gang_finished(event, now)
+            case InventoryChanged():
+                return self._on_inventory_changed(event, now)
+            case ParticipantRecovered():
+                return self._on_recovered(event, now)
+        raise TypeError(f"participant {self.az}: unexpected event {type(event).__name__}")
 
     @property
     def holds(self) -> Mapping[str, Hold]:
@@ -203,6 +222,11 @@ class ParticipantState:
                 return hold.gang
         return None
 
+    def held_devices(self) -> dict[Device, str]:
+        """Every held device (PREPARED, COMMITTED, or being written) -> gang:
+        what placement must treat as taken in this AZ."""
+        return {device: hold.gang for hold in self._holds.values() for device in hold.devices}
+
     def validate(self) -> list[str]:
         """Internal consistency of this ledger (dask ``validate_state``);
         empty when fine. ``twophase_invariants.check`` calls it."""
@@ -218,7 +242,7 @@ class ParticipantState:
                         f"{self.az}: device {describe_devices([device])} held by {other} and {gang}"
                     )
             known = self._known.get(hold.key)
-            if hold.state is HoldState.COMMITTED and known is not Outcome.COMMIT:
+            if hold.state is HoldState.COMMITTED and known is not Outcome.COMMIT and not hold.local:
                 problems.append(f"{self.az}: {hold.key} COMMITTED without a known COMMIT")
             if hold.state is HoldState.PREPARED and known is not None:
                 problems.append(f"{self.az}: {hold.key} still PREPARED though {known.value} is known")
@@ -295,8 +319,9 @@ class ParticipantState:
             waits.add(hold.key)
 
         mine = gang_order_key(ev.priority, ev.submitted_at, gang)
-        committed: list[tuple[Hold, frozenset[Device]]] = []
-        older: list[tuple[str, frozenset[Device]]] = []
+        # (order key, gang, overlapping devices); the reason names the oldest.
+        committed: list[tuple[GangOrderKey, str, frozenset[Device]]] = []
+        older: list[tuple[GangOrderKey, str, frozenset[Device]]] = []
         victims: list[Hold] = []
         for other in self._holds.values():
             if other.gang == gang:
@@ -305,9 +330,9 @@ class ParticipantState:
             if not overlap:
                 continue
             if other.state is HoldState.COMMITTED:
-                committed.append((other, overlap))
+                committed.append((other.order_key, other.gang, overlap))
             elif is_older(other.order_key, mine):
-                older.append((other.gang, overlap))
+                older.append((other.order_key, other.gang, overlap))
             else:
                 victims.append(other)
         for other_parked in self._parked.values():
@@ -315,13 +340,13 @@ class ParticipantState:
                 continue
             overlap = devices & slice_devices(other_parked.prepare.nodes)
             if overlap:
-                older.append((other_parked.prepare.gang, overlap))
+                older.append((other_parked.order_key, other_parked.prepare.gang, overlap))
         if committed:
-            other, overlap = committed[0]
+            _, other_gang, overlap = min(committed, key=lambda c: c[:2])
             return [self._vote(ev, False,
-                               f"devices committed to gang {other.gang}: {describe_devices(overlap)}")]
+                               f"devices committed to gang {other_gang}: {describe_devices(overlap)}")]
         if older:
-            other_gang, overlap = min(older)
+            _, other_gang, overlap = min(older, key=lambda c: c[:2])
             return [self._vote(ev, False,
                                f"conflict with older gang {other_gang}: {describe_devices(overlap)}")]
 
@@ -336,15 +361,19 @@ class ParticipantState:
                 )
                 for g, n in sorted(waits)
             ]
+        # A local (single-AZ) reservation is COMMITTED from the moment it is
+        # claimed: its write is the commit point, and while it is in flight
+        # no older gang may take the devices away from under it.
         self._holds[gang] = Hold(
             gang=gang, incarnation=inc, owner_az=ev.owner_az, priority=ev.priority,
-            submitted_at=ev.submitted_at, nodes=ev.nodes, state=HoldState.PREPARED,
-            written=False,
+            submitted_at=ev.submitted_at, nodes=ev.nodes,
+            state=HoldState.COMMITTED if ev.local else HoldState.PREPARED,
+            written=False, local=ev.local,
         )
         return [WriteHold(
             stimulus_id=ev.stimulus_id, az=self.az, gang=gang, incarnation=inc,
             owner_az=ev.owner_az, priority=ev.priority, submitted_at=ev.submitted_at,
-            nodes=ev.nodes,
+            nodes=ev.nodes, commit=ev.local,
         )]
 
     def _vote(self, ev: PrepareReceived, yes: bool, reason: str) -> SendVote:
@@ -361,9 +390,18 @@ class ParticipantState:
             # The attempt was aborted or finished while its write was in
             # flight, and the record has only now appeared: delete it, or it
             # would be stranded (chaos invariant 5).
-            return []
+            self._releases.add(ev.key)
+            return [self._release(ev.stimulus_id, ev.gang, ev.incarnation, "aborted while being written")]
         if hold.written:
             return []
+        if hold.local:
+            self._holds[ev.gang] = dataclasses.replace(hold, written=True, commit_written=True)
+            return [
+                SendVote(stimulus_id=ev.stimulus_id, to_az=hold.owner_az, from_az=self.az,
+                         gang=ev.gang, incarnation=ev.incarnation, yes=True, reason="reserved"),
+                DispatchGang(stimulus_id=ev.stimulus_id, az=self.az, gang=ev.gang,
+                             incarnation=ev.incarnation, nodes=hold.nodes),
+            ]
         if hold.state is HoldState.COMMITTED:
             # Cannot happen (COMMIT needs our YES, sent after this event), but
             # if it does, the record must still become COMMITTED.
@@ -574,20 +612,24 @@ class ParticipantState:
             self._highest[rec.gang] = max(self._highest.get(rec.gang, 0), rec.incarnation)
             key = (rec.gang, rec.incarnation)
             decision = self._known.get(key)
-            if key in self._finished or decision is Outcome.ABORT:
+            aborted = decision is Outcome.ABORT and rec.state is HoldState.PREPARED
+            if key in self._finished or aborted:
                 self._releases.add(key)
                 effects.append(self._release(sid, rec.gang, rec.incarnation,
                                              "finished" if key in self._finished else "aborted"))
                 continue
-            # A COMMITTED record without a COMMIT key should not exist; it is
-            # kept as committed all the same, because releasing a committed
-            # hold is the one mistake that strands a running gang.
+            # A COMMITTED record without a decision key is a single-AZ
+            # reservation. One next to an ABORT key should not exist at all;
+            # it is kept as committed all the same, because releasing a
+            # committed hold whose members may run is the worse mistake (the
+            # invariant checker reports it).
             committed = decision is Outcome.COMMIT or rec.state is HoldState.COMMITTED
             hold = Hold(
                 gang=rec.gang, incarnation=rec.incarnation, owner_az=rec.owner_az,
                 priority=rec.priority, submitted_at=rec.submitted_at, nodes=rec.nodes,
                 state=HoldState.COMMITTED if committed else HoldState.PREPARED, written=True,
                 commit_written=rec.state is HoldState.COMMITTED,
+                local=rec.state is HoldState.COMMITTED and decision is None,
             )
             if not committed:
                 # The previous leader's timer is lost; restart it in full
