@@ -377,6 +377,13 @@ class Agent:
                 self._report(rec)
 
     async def _on_revoke(self, epoch: int, r: apb.Revocation) -> None:
+        targets = [m for k, m in self.members.items() if k.gang == r.gang and k.incarnation == r.incarnation]
+        if not any(m.phase.live for m in targets):
+            # Nothing to stop: the revocation only lets us forget finished
+            # members, which needs no token (it changes nothing outside).
+            for m in targets:
+                self.members.pop(m.key, None)
+            return
         why = await self._token_ok(epoch)
         if why:
             self._record("revoke_refused_token", gang=r.gang, epoch=epoch, reason=why)
