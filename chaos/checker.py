@@ -1,0 +1,565 @@
+"""The design's invariants (DESIGN §8), checked on a recorded history. PURE.
+
+Every check is a function of a :class:`chaos.history.History` (records parsed
+once) returning how many things it examined and the violations it found,
+each with the records that show it. No I/O, no clock: unit tests build small
+histories by hand (tests/unit/test_chaos_checker.py).
+
+Timestamps: every source is stamped with the machine's one monotonic clock.
+Agent stamps are taken right after the effect (member started / exited);
+the etcd recorder's stamps are when it *saw* an event, which is never before
+the event happened. Each check uses the recorder's stamps only in the
+direction where that lag can hide a violation but never invent one, and says
+so. Revision-ordered facts (which leader epoch was current when a
+reservation was written) are exact.
+
+| # | invariant | checked from |
+|---|---|---|
+| 1 | all-or-nothing | gang RUNNING writes vs member starts; live members at settle time |
+| 2 | no GPU held twice; no GPU held after etcd released it | member intervals per (node, GPU); reservation deletes |
+| 3 | at most one incarnation of a gang running | member intervals per gang |
+| 4 | no acknowledged submission lost | client acks vs final etcd state; idempotency keys |
+| 5 | nothing stranded | final reservations vs gang states; live members at settle |
+| 6 | no effect from a superseded epoch | reservation writes vs leader key (by revision); member starts vs leader terms |
+| 7 | a leader and admission resume after healing | leader terms and the post-heal probe gangs, within the stated bound |
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos.history import (
+    HOLDING,
+    INF,
+    TERMINAL,
+    History,
+    LeaderTerm,
+    MemberInterval,
+    gang_observations,
+    leader_at_rev,
+    leader_terms,
+    member_intervals,
+    reservation_observations,
+)
+from coordinator.core.records import DeviceLedger, Reservation
+
+INVARIANTS: dict[int, str] = {
+    1: "all-or-nothing",
+    2: "no GPU held by two live members",
+    3: "at most one incarnation running",
+    4: "no acknowledged submission lost",
+    5: "nothing stranded",
+    6: "no effect from a superseded epoch",
+    7: "leader and admission resume after healing",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: int
+    what: str
+    evidence: tuple[str, ...] = ()
+    at: float | None = None  # monotonic time it shows at, when there is one
+
+    def render(self, t0: float = 0.0) -> str:
+        when = f" (at +{self.at - t0:.2f}s)" if self.at is not None and math.isfinite(self.at) else ""
+        lines = [f"[{self.invariant}] {self.what}{when}"]
+        lines += [f"      - {e}" for e in self.evidence]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class InvariantResult:
+    number: int
+    name: str
+    checked: int
+    violations: tuple[Violation, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+@dataclass(frozen=True)
+class Verdict:
+    results: tuple[InvariantResult, ...]
+    measurements: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def violations(self) -> list[Violation]:
+        return [v for r in self.results for v in r.violations]
+
+    def result(self, number: int) -> InvariantResult:
+        return next(r for r in self.results if r.number == number)
+
+
+Check = tuple[int, list[Violation]]
+
+
+def _t(h: History, t: float) -> str:
+    """A monotonic time as seconds since the run started, for evidence lines."""
+    if not math.isfinite(t):
+        return "never"
+    return f"+{t - h.params.started_at:.3f}s"
+
+
+def _iv(h: History, iv: MemberInterval) -> str:
+    end = "still running" if iv.end == INF else f"exited {_t(h, iv.end)} ({iv.exit_phase or iv.exit_code})"
+    return f"{iv.key} on {iv.node} gpus={list(iv.gpus)} epoch={iv.epoch} started {_t(h, iv.start)}, {end}"
+
+
+def _by_member(ivs: Iterable[MemberInterval]) -> dict[tuple[str, int, int], list[MemberInterval]]:
+    out: dict[tuple[str, int, int], list[MemberInterval]] = defaultdict(list)
+    for iv in ivs:
+        out[(iv.gang, iv.incarnation, iv.rank)].append(iv)
+    return out
+
+
+def _world(final_gang: Mapping[str, Any] | None) -> int:
+    if not isinstance(final_gang, Mapping):
+        return 0
+    spec = final_gang.get("spec")
+    return int(spec.get("members", 0)) if isinstance(spec, Mapping) else 0
+
+
+# ---------------------------------------------------------------------------
+# 1. all-or-nothing
+
+
+def check_all_or_nothing(h: History, ivs: Sequence[MemberInterval]) -> Check:
+    """(a) A gang written RUNNING had every rank of that incarnation started
+    before the write was *seen* (a member start is recorded before its report
+    is sent, the report precedes the write, the write precedes its sighting:
+    a missing start cannot be an artefact of lag). (b) At settle time no gang
+    has some but not all of its members running. (c) No gang left RUNNING in
+    the final state without all its members running at settle time."""
+    out: list[Violation] = []
+    checked = 0
+    members = _by_member(ivs)
+    for gid, obs in gang_observations(h.etcd).items():
+        seen: set[int] = set()
+        for o in obs:
+            if o.state != "RUNNING" or o.incarnation in seen:
+                continue
+            seen.add(o.incarnation)
+            checked += 1
+            missing = [r for r in range(o.members)
+                       if not any(iv.start <= o.mono for iv in members.get((gid, o.incarnation, r), ()))]
+            if missing:
+                out.append(Violation(1, f"gang {gid} written RUNNING (rev {o.rev}) before ranks {missing} of "
+                                        f"incarnation {o.incarnation} had started", (
+                    f"RUNNING seen {_t(h, o.mono)}: {o.reason}",
+                    *[_iv(h, iv) for r in range(o.members) for iv in members.get((gid, o.incarnation, r), ())],
+                ), o.mono))
+    t = h.params.settle_at
+    final_gangs = h.final.gangs if h.final is not None else {}
+    live: dict[tuple[str, int], list[MemberInterval]] = defaultdict(list)
+    for iv in ivs:
+        if iv.live_at(t):
+            live[(iv.gang, iv.incarnation)].append(iv)
+    for (gid, inc), ms in sorted(live.items()):
+        checked += 1
+        world = _world(final_gangs.get(gid)) or max(iv.rank for iv in ms) + 1
+        ranks = sorted({iv.rank for iv in ms})
+        if len(ranks) < world:
+            out.append(Violation(1, f"gang {gid}#{inc} has {len(ranks)} of {world} members running at settle time",
+                                 tuple(_iv(h, iv) for iv in ms), t))
+    for gid, g in sorted(final_gangs.items()):
+        if not isinstance(g, Mapping) or g.get("state") != "RUNNING":
+            continue
+        checked += 1
+        inc = int(g.get("incarnation", 1))
+        running = {iv.rank for iv in live.get((gid, inc), ())}
+        missing = [r for r in range(_world(g)) if r not in running]
+        if missing:
+            out.append(Violation(1, f"gang {gid} is RUNNING in the final state but ranks {missing} are not running "
+                                    "at settle time",
+                                 tuple(_iv(h, iv) for r in range(_world(g)) for iv in members.get((gid, inc, r), ())), t))
+    return checked, out
+
+
+# ---------------------------------------------------------------------------
+# 2. no GPU held twice
+
+
+def check_no_double_booking(h: History, ivs: Sequence[MemberInterval]) -> Check:
+    """(a) No (node, GPU) held by two live members at any instant (member
+    intervals from the agents' own stamps); (c) nor reserved twice in etcd at
+    any revision (see _reservation_overlaps). (b) No member holds its GPUs after
+    etcd released them: once the reservation of its incarnation is *seen*
+    deleted (true deletion is earlier), the member must be gone within
+    ``release_tolerance_s``; else the coordinator's ledger hands out GPUs a
+    member still uses. This is what a missing self-fence looks like."""
+    out: list[Violation] = []
+    checked = 0
+    per_gpu: dict[tuple[str, int], list[MemberInterval]] = defaultdict(list)
+    for iv in ivs:
+        for g in iv.gpus:
+            per_gpu[(iv.node, g)].append(iv)
+    for (node, gpu), lst in sorted(per_gpu.items()):
+        lst = sorted(lst, key=lambda i: i.start)
+        checked += 1
+        for i, a in enumerate(lst):
+            for b in lst[i + 1:]:
+                if b.start >= a.end:
+                    continue
+                if a.key != b.key and a.overlaps(b):
+                    out.append(Violation(2, f"GPU {gpu} of {node} held by {a.key} and {b.key} at once",
+                                         (_iv(h, a), _iv(h, b)), max(a.start, b.start)))
+    checked_res, res_overlaps = _reservation_overlaps(h)
+    checked += checked_res
+    out.extend(res_overlaps)
+    tol = h.params.release_tolerance_s
+    gap = any(e.kind == "gap" for e in h.etcd)
+    res = reservation_observations(h.etcd)
+    for iv in ivs:
+        checked += 1
+        obs = res.get((iv.az, iv.gang), [])
+        if not obs:
+            if not gap and h.etcd:
+                out.append(Violation(2, f"{iv.key} ran on {iv.node} but no reservation of {iv.gang} in {iv.az} "
+                                        "was ever written", (_iv(h, iv),), iv.start))
+            continue
+        releases: list[tuple[float, int]] = []  # (seen at, rev) of each release of this incarnation
+        held = False
+        for o in obs:
+            if o.kind == "put" and o.incarnation == iv.incarnation:
+                held = True
+            elif held and (o.kind == "delete" or o.incarnation != iv.incarnation):
+                releases.append((o.mono, o.rev))
+                held = False
+        for seen_at, rev in releases:
+            if iv.start <= seen_at + tol < iv.end:
+                out.append(Violation(2, f"{iv.key} still held GPUs {list(iv.gpus)} of {iv.node} "
+                                        f"{'until the end' if iv.end == INF else f'{iv.end - seen_at:.2f}s'} after "
+                                        f"its reservation was released (rev {rev})",
+                                     (_iv(h, iv), f"reservation {iv.az}/{iv.gang} released at rev {rev}, "
+                                                  f"seen {_t(h, seen_at)}"), seen_at))
+        if releases and not held and iv.start > releases[-1][0] + tol:
+            seen_at, rev = releases[-1]
+            out.append(Violation(2, f"{iv.key} started on {iv.node} after its reservation was released (rev {rev})",
+                                 (_iv(h, iv), f"reservation {iv.az}/{iv.gang} released, seen {_t(h, seen_at)}"),
+                                 iv.start))
+    return checked, out
+
+
+def _reservation_overlaps(h: History) -> Check:
+    """(c) etcd never holds two reservations on one GPU: replayed in revision
+    order (exact), after every reservation write the AZ's reservations at
+    that revision go through the coordinator's own ledger invariant
+    (``coordinator.core.records.DeviceLedger.conflicts``, STYLE §12); any
+    status holds devices."""
+    out: list[Violation] = []
+    held: dict[str, dict[str, tuple[int, Reservation]]] = defaultdict(dict)  # az -> gang -> (rev, reservation)
+    checked = 0
+    for e in h.etcd:
+        if not e.key.startswith("reservations/"):
+            continue
+        az, _, gang = e.key[len("reservations/"):].partition("/")
+        if e.kind == "delete":
+            held[az].pop(gang, None)
+            continue
+        if e.kind != "put" or not isinstance(e.value, Mapping):
+            continue
+        checked += 1
+        try:
+            held[az][gang] = (e.rev, Reservation.from_dict(e.value))
+        except (KeyError, TypeError, ValueError):
+            out.append(Violation(2, f"unreadable reservation {e.key} at rev {e.rev}", (str(e.value),), e.mono))
+            continue
+        ledger = DeviceLedger.from_reservations({g: r for g, (_, r) in held[az].items()})
+        mine = [c for c in ledger.conflicts() if c.endswith(f" {gang}") or f" {gang} and " in c]
+        if mine:
+            others = sorted({g for g in held[az] if g != gang and any(f" {g} " in f" {c} " for c in mine)})
+            out.append(Violation(2, f"etcd holds reservations of {gang} and {', '.join(others)} on the same GPUs",
+                                 (f"{e.key} written at rev {e.rev} (seen {_t(h, e.mono)}): {dict(e.value)}",
+                                  *[f"reservations/{az}/{g} written at rev {held[az][g][0]}" for g in others],
+                                  *[f"{az}: {c}" for c in mine]), e.mono))
+    return checked, out
+
+
+# ---------------------------------------------------------------------------
+# 3. one incarnation at a time
+
+
+def check_one_incarnation(h: History, ivs: Sequence[MemberInterval]) -> Check:
+    """No two incarnations of a gang have live members at the same instant, and
+    no member (gang, incarnation, rank) runs twice at once (e.g. re-placed on a
+    second node while the first copy still runs)."""
+    out: list[Violation] = []
+    by_gang: dict[str, list[MemberInterval]] = defaultdict(list)
+    for iv in ivs:
+        by_gang[iv.gang].append(iv)
+    for gid, lst in sorted(by_gang.items()):
+        lst = sorted(lst, key=lambda i: i.start)
+        for i, a in enumerate(lst):
+            for b in lst[i + 1:]:
+                if not a.overlaps(b):
+                    continue
+                if a.incarnation != b.incarnation:
+                    out.append(Violation(3, f"gang {gid}: incarnations {a.incarnation} and {b.incarnation} "
+                                            "running at once", (_iv(h, a), _iv(h, b)), max(a.start, b.start)))
+                elif a.rank == b.rank:
+                    out.append(Violation(3, f"member {a.key} running twice at once",
+                                         (_iv(h, a), _iv(h, b)), max(a.start, b.start)))
+    return len(by_gang), out
+
+
+# ---------------------------------------------------------------------------
+# 4. no acknowledged submission lost
+
+
+def check_acked_not_lost(h: History) -> Check:
+    """Every acknowledged submission's gang exists in the final etcd state; one
+    idempotency key never yields two gangs; cross-AZ submissions are refused
+    (UNIMPLEMENTED) and leave nothing behind."""
+    out: list[Violation] = []
+    if h.final is None:
+        return 0, [Violation(4, "no final etcd state was recorded: cannot tell whether acknowledged gangs survive")]
+    gangs = h.final.gangs
+    checked = 0
+    for o in h.outcomes:
+        if o.op == "submit" and o.acked:
+            checked += 1
+            if o.gang_id not in gangs:
+                out.append(Violation(4, f"acknowledged gang {o.gang_id} ({o.name}, key {o.key}) is not in etcd",
+                                     (f"acked {_t(h, o.end)} after {o.attempts} attempt(s) in {o.az}",), o.end))
+        if o.op == "submit_cross_az":
+            checked += 1
+            if o.acked:
+                out.append(Violation(4, f"cross-AZ submission {o.name} was accepted (gang {o.gang_id}); it must be "
+                                        "refused UNIMPLEMENTED until two-phase reservations land", (), o.end))
+            elif o.code not in ("UNIMPLEMENTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
+                out.append(Violation(4, f"cross-AZ submission {o.name} refused with {o.code}, not UNIMPLEMENTED",
+                                     (o.detail,), o.end))
+    ids_by_key: dict[str, set[str]] = defaultdict(set)
+    for c in h.calls:
+        if c.op == "submit" and c.code == "OK" and c.gang_id:
+            ids_by_key[c.key].add(c.gang_id)
+    for key, ids in sorted(ids_by_key.items()):
+        if len(ids) > 1:
+            out.append(Violation(4, f"idempotency key {key} acknowledged as {len(ids)} different gangs",
+                                 tuple(sorted(ids))))
+    by_key: dict[str, list[str]] = defaultdict(list)
+    for gid, g in gangs.items():
+        if isinstance(g, Mapping) and g.get("idempotency_key"):
+            by_key[g["idempotency_key"]].append(gid)
+        topo = (g.get("spec") or {}).get("topology") if isinstance(g, Mapping) else None
+        if isinstance(topo, Mapping) and topo.get("allow_cross_az"):
+            out.append(Violation(4, f"gang {gid} with allow_cross_az exists in etcd", ()))
+    for key, gids in sorted(by_key.items()):
+        if len(gids) > 1:
+            out.append(Violation(4, f"idempotency key {key} has {len(gids)} gangs in etcd", tuple(sorted(gids))))
+    return checked, out
+
+
+# ---------------------------------------------------------------------------
+# 5. nothing stranded
+
+
+def check_nothing_stranded(h: History, ivs: Sequence[MemberInterval]) -> Check:
+    """After settling: no reservation for a gang that is not RESERVED/STARTING/
+    RUNNING (a RELEASING one is stranded too: its members should be gone by
+    now); no gang left half-started (RESERVED/STARTING) or half-torn-down
+    (RESTARTING); no member still running whose gang is finished or unknown."""
+    if h.final is None:
+        return 0, [Violation(5, "no final etcd state was recorded")]
+    out: list[Violation] = []
+    gangs = h.final.gangs
+    checked = 0
+    for (az, gid), r in sorted(h.final.reservations.items()):
+        checked += 1
+        g = gangs.get(gid)
+        status = r.get("status") if isinstance(r, Mapping) else "?"
+        state = g.get("state") if isinstance(g, Mapping) else None
+        if state is None:
+            out.append(Violation(5, f"reservation {az}/{gid} ({status}) for a gang that does not exist", (str(r),)))
+        elif state not in HOLDING or status == "RELEASING":
+            out.append(Violation(5, f"reservation {az}/{gid} ({status}) left for a {state} gang",
+                                 (f"gang reason: {g.get('reason', '')}", f"reservation: {r}")))
+    for gid, g in sorted(gangs.items()):
+        if isinstance(g, Mapping) and g.get("state") in ("RESERVED", "STARTING", "RESTARTING"):
+            checked += 1
+            out.append(Violation(5, f"gang {gid} left {g.get('state')} after settling (half-started or half-torn-down)",
+                                 (f"reason: {g.get('reason', '')}",)))
+    t = h.params.settle_at
+    for iv in ivs:
+        if not iv.live_at(t):
+            continue
+        checked += 1
+        g = gangs.get(iv.gang)
+        state = g.get("state") if isinstance(g, Mapping) else None
+        if state is None or state in TERMINAL or int(g.get("incarnation", 1)) != iv.incarnation:
+            out.append(Violation(5, f"{iv.key} still running at settle time for a "
+                                    f"{state or 'missing'} gang", (_iv(h, iv),), t))
+    return checked, out
+
+
+# ---------------------------------------------------------------------------
+# 6. no effect from a superseded epoch
+
+
+def check_epochs(h: History) -> Check:
+    """etcd side (exact, by revision): every reservation write carries the
+    epoch of the leader key that existed at that revision. Agent side: every
+    member start carries an epoch that led its AZ, and started no later than
+    ``token_window_s`` after that leadership was *seen* ending (the agent
+    confirms the epoch in etcd just before starting; the window covers the
+    spawn). The sighting is never early, so a flagged start was truly late."""
+    out: list[Violation] = []
+    terms = leader_terms(h.etcd)
+    checked = 0
+    for e in h.etcd:
+        if e.kind != "put" or not e.key.startswith("reservations/") or not isinstance(e.value, Mapping):
+            continue
+        checked += 1
+        az = e.key[len("reservations/"):].split("/", 1)[0]
+        epoch = int(e.value.get("epoch", 0) or 0)
+        term = leader_at_rev(terms.get(az, ()), e.rev)
+        if term is None or term.epoch != epoch:
+            cur = f"epoch {term.epoch} ({term.coordinator})" if term else "no leader"
+            out.append(Violation(6, f"reservation {e.key} written at rev {e.rev} by epoch {epoch} while {az} had {cur}",
+                                 (f"value: {dict(e.value)}",), e.mono))
+    w = h.params.token_window_s
+    for ev in h.agents:
+        if ev.event != "member_started":
+            continue
+        checked += 1
+        az_terms = terms.get(ev.az, [])
+        term = next((t for t in az_terms if t.epoch == ev.epoch), None)
+        if term is None:
+            out.append(Violation(6, f"{ev.key} started on {ev.node} under epoch {ev.epoch}, which never led {ev.az}",
+                                 (f"started {_t(h, ev.mono)}", f"{ev.az} epochs: {[t.epoch for t in az_terms]}"), ev.mono))
+        elif ev.mono - w > term.end:
+            nxt = next((t for t in az_terms if t.start_rev > term.start_rev), None)
+            out.append(Violation(6, f"{ev.key} started on {ev.node} under epoch {ev.epoch} "
+                                    f"{ev.mono - term.end:.2f}s after that leadership ended",
+                                 (f"started {_t(h, ev.mono)}", f"epoch {term.epoch} ({term.coordinator}) seen ending "
+                                                              f"{_t(h, term.end)} (rev {term.end_rev})",
+                                  f"next: {f'epoch {nxt.epoch} ({nxt.coordinator})' if nxt else 'none'}"), ev.mono))
+    return checked, out
+
+
+# ---------------------------------------------------------------------------
+# 7. leader and admission resume after healing
+
+
+def _first_leader_after(terms: Sequence[LeaderTerm], t: float) -> float | None:
+    """The earliest time >= t at which the AZ had a leader (per the sightings)."""
+    best: float | None = None
+    for term in terms:
+        if term.end < t:
+            continue
+        at = max(t, term.start)
+        best = at if best is None else min(best, at)
+    return best
+
+
+def check_recovery(h: History) -> tuple[int, list[Violation], dict[str, Any]]:
+    """Within ``recovery_bound_s`` of the last heal every AZ has a leader and a
+    gang submitted after healing (the probe) is seen RUNNING (or already
+    SUCCEEDED). Also: every AZ has a leader in the final state, and no gang
+    is still PENDING more than the bound past its own admission timeout (its
+    leader should have admitted or failed it: it has forgotten it)."""
+    out: list[Violation] = []
+    p = h.params
+    bound = p.recovery_bound_s
+    probes = [o for o in h.outcomes if o.probe and o.op == "submit"]
+    heal = p.healed_at
+    if heal is None:
+        heal = min((o.first_start for o in probes), default=p.started_at)
+    terms = leader_terms(h.etcd)
+    gobs = gang_observations(h.etcd)
+    measured: dict[str, Any] = {"bound_s": bound, "leader_after_heal_s": {}, "admission_after_heal_s": {}}
+    checked = 0
+    for az in p.azs:
+        checked += 1
+        at = _first_leader_after(terms.get(az, []), heal)
+        if at is None or at > heal + bound:
+            out.append(Violation(7, f"{az} had no leader within {bound:.0f}s of the last heal",
+                                 tuple(f"epoch {t.epoch} ({t.coordinator}) {_t(h, t.start)}..{_t(h, t.end)}"
+                                       for t in terms.get(az, [])[-4:]), heal))
+        else:
+            measured["leader_after_heal_s"][az] = round(at - heal, 3)
+        if h.final is not None and az not in h.final.leaders:
+            out.append(Violation(7, f"{az} has no leader in the final state", ()))
+        mine = [o for o in probes if o.az == az]
+        acked = [o for o in mine if o.acked]
+        if not acked:
+            out.append(Violation(7, f"the post-heal probe gang of {az} was never acknowledged",
+                                 tuple(f"{o.name}: {o.code} after {o.attempts} attempt(s)" for o in mine) or
+                                 ("no probe was submitted",), heal))
+            continue
+        gid = acked[0].gang_id
+        seen = [o for o in gobs.get(gid, []) if o.state in ("RUNNING", "SUCCEEDED")]
+        if not seen or seen[0].mono > heal + bound:
+            states = [f"{o.state} {_t(h, o.mono)}" for o in gobs.get(gid, [])]
+            out.append(Violation(7, f"admission in {az} did not resume within {bound:.0f}s of the last heal: "
+                                    f"probe {gid} {'reached RUNNING only ' + _t(h, seen[0].mono) if seen else 'never ran'}",
+                                 tuple(states) or ("no write of the probe gang seen",), heal))
+        else:
+            measured["admission_after_heal_s"][az] = round(seen[0].mono - heal, 3)
+    if h.final is not None and h.final.wall:
+        for gid, g in sorted(h.final.gangs.items()):
+            if not isinstance(g, Mapping) or g.get("state") != "PENDING":
+                continue
+            checked += 1
+            policy = (g.get("spec") or {}).get("policy") or {}
+            timeout = float(policy.get("admission_timeout_s", 600.0))
+            overdue = h.final.wall - (float(g.get("submitted_at", 0.0)) + timeout)
+            if overdue > bound:
+                out.append(Violation(7, f"gang {gid} still PENDING {overdue:.0f}s past its admission timeout "
+                                        f"({timeout:g}s): its owner {g.get('owner_az')} is not admitting it",
+                                     (f"reason: {g.get('reason', '')}",)))
+    return checked, out, measured
+
+
+# ---------------------------------------------------------------------------
+
+
+def check(h: History) -> Verdict:
+    """Every invariant, with what each examined and found."""
+    ivs = member_intervals(h.agents)
+    results = []
+    for number, (checked, violations) in (
+        (1, check_all_or_nothing(h, ivs)),
+        (2, check_no_double_booking(h, ivs)),
+        (3, check_one_incarnation(h, ivs)),
+        (4, check_acked_not_lost(h)),
+        (5, check_nothing_stranded(h, ivs)),
+        (6, check_epochs(h)),
+    ):
+        results.append(InvariantResult(number, INVARIANTS[number], checked, tuple(violations)))
+    checked7, v7, measured = check_recovery(h)
+    results.append(InvariantResult(7, INVARIANTS[7], checked7, tuple(v7)))
+    measured["members"] = len(ivs)
+    measured["incarnations"] = len({(iv.gang, iv.incarnation) for iv in ivs})
+    measured["anomalies"] = anomalies(h, ivs)
+    return Verdict(tuple(results), measured)
+
+
+def anomalies(h: History, ivs: Sequence[MemberInterval]) -> list[str]:
+    """Not invariant violations, but worth a look: a gang that ended FAILED
+    although every member of its last incarnation exited 0 (the coordinator
+    lost track of a success, e.g. a leader that forgot finished members)."""
+    out: list[str] = []
+    if h.final is None:
+        return out
+    members = _by_member(ivs)
+    for gid, g in sorted(h.final.gangs.items()):
+        if not isinstance(g, Mapping) or g.get("state") != "FAILED":
+            continue
+        inc, world = int(g.get("incarnation", 1)), _world(g)
+        runs = [members.get((gid, inc, r), []) for r in range(world)]
+        if world and all(runs) and all(run[-1].exit_code == 0 for run in runs):
+            out.append(f"gang {gid} ended FAILED ({g.get('reason', '')}) although all {world} member(s) of "
+                       f"incarnation {inc} exited 0")
+    return out

@@ -1,0 +1,314 @@
+"""The chaos workload: seeded single-AZ gang submissions, cancels, every call recorded.
+
+Runs inside the ``client`` host (the root namespace cannot reach the cluster)::
+
+    python -m chaos.workload --targets '{"a": ["10.213.7.5:7070", ...], ...}' \
+        --seed 7 --duration 20 --rate 1.0 --out workload.jsonl
+    python -m chaos.workload --probe --targets ... --seed 7 --out probe.jsonl
+
+The plan (:func:`plan`) is a pure function of the seed: which AZ, how many
+members (1-2) of how many GPUs (1/2/4/8), how long they run (1-4 s), which
+gangs are cancelled and when, and a few cross-AZ submissions that must be
+refused (UNIMPLEMENTED: cross-AZ gangs wait for the two-phase work). Every
+gang is owned by the AZ whose coordinators receive it.
+
+Each submission carries an idempotency key and is retried, with the same key,
+across that AZ's coordinators on UNAVAILABLE, DEADLINE_EXCEEDED or ABORTED
+(the coordinator's "raced; retry with the same key") until acknowledged or
+``--retry-budget`` seconds have passed. A timed-out attempt may still have
+created the gang; the retry then returns the same gang (``created=false``),
+never a second one. That is what invariant 4 checks.
+
+Output, one JSON line per event (monotonic stamps, comparable with every
+other history source on the machine)::
+
+    {"kind": "call", "op": "submit"|"submit_cross_az"|"cancel", "key", "name",
+     "az", "target", "attempt", "start", "end", "code": "OK"|<status>,
+     "gang_id", "created", "state", "detail", "probe"}
+    {"kind": "outcome", "op", "key", "name", "az", "acked", "gang_id",
+     "first_start", "end", "code", "attempts", "probe"}
+
+``--probe`` submits one small high-priority gang per AZ (used right after
+the last heal: invariant 7, "admission resumes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+GPU_CHOICES = (1, 2, 4, 8)
+RETRY_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"})
+PROBE_PRIORITY = 1000
+
+
+@dataclass(frozen=True)
+class PlannedSubmit:
+    """One gang the workload will submit (and maybe cancel)."""
+
+    n: int
+    at: float  # seconds after the start
+    az: str
+    name: str
+    key: str
+    members: int
+    gpus: int
+    duration_s: float
+    cancel_after: float | None = None  # seconds after the ack
+    cross_az: bool = False
+    priority: int = 0
+    admission_timeout_s: float = 30.0
+    max_restarts: int = 0
+    start_timeout_s: float = 30.0
+
+    def spec(self) -> dict[str, Any]:
+        """The gang spec (DESIGN §4) as plain data."""
+        return {
+            "name": self.name,
+            "members": self.members,
+            "priority": self.priority,
+            "resources": {"gpus": self.gpus},
+            "topology": {"allow_cross_az": self.cross_az},
+            # No command: the launcher runs its built-in sleeper for duration_s.
+            "run": {"duration_s": self.duration_s},
+            "policy": {"admission_timeout_s": self.admission_timeout_s, "max_restarts": self.max_restarts,
+                       "start_timeout_s": self.start_timeout_s},
+        }
+
+
+def plan(
+    seed: int,
+    duration: float,
+    rate: float,
+    azs: Sequence[str],
+    *,
+    cancel_fraction: float = 0.2,
+    cross_az_fraction: float = 0.04,
+    steady_s: float = 0.0,
+    prefix: str = "w",
+) -> list[PlannedSubmit]:
+    """The whole workload, reproducible from ``seed`` (pure).
+
+    Arrivals are a Poisson process of ``rate`` gangs/s over ``duration``
+    seconds, spread uniformly over ``azs``; a third of them may restart once
+    (``max_restarts``), so a failed incarnation is followed by a new one. With
+    ``steady_s`` each AZ also gets, first thing, one 2 x 4-GPU gang that runs
+    ``steady_s`` seconds with 2 restarts: a long-running gang is what a fault
+    in the middle of the run hits.
+    """
+    rng = random.Random(f"workload/{seed}")
+    out: list[PlannedSubmit] = []
+    t = rng.expovariate(rate)
+    n = 0
+    while t < duration:
+        az = azs[rng.randrange(len(azs))]
+        members = rng.choice((1, 1, 2))
+        gpus = rng.choice(GPU_CHOICES)
+        run_s = round(rng.uniform(1.0, 4.0), 2)
+        cancel = round(rng.uniform(0.1, 3.0), 2) if rng.random() < cancel_fraction else None
+        cross = rng.random() < cross_az_fraction
+        restarts = rng.choice((0, 0, 1))
+        name = f"{prefix}{seed}-{n:04d}"
+        out.append(PlannedSubmit(n, round(t, 3), az, name, f"{name}-k", members, gpus, run_s,
+                                 None if cross else cancel, cross, max_restarts=restarts))
+        n += 1
+        t += rng.expovariate(rate)
+    if steady_s > 0:
+        for az in azs:
+            name = f"{prefix}{seed}-steady-{az}"
+            out.append(PlannedSubmit(n, 0.0, az, name, f"{name}-k", 2, 4, steady_s, max_restarts=2))
+            n += 1
+    return out
+
+
+def probe_plan(seed: int, azs: Sequence[str], tag: str = "") -> list[PlannedSubmit]:
+    """One 1-GPU gang per AZ, ahead of any queue (invariant 7's probe)."""
+    out = []
+    for i, az in enumerate(azs):
+        name = f"probe{tag}{seed}-{az}"
+        out.append(PlannedSubmit(i, 0.0, az, name, f"{name}-k", 1, 1, 1.0, priority=PROBE_PRIORITY,
+                                 admission_timeout_s=300.0))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Driver (I/O): real gRPC from inside the client namespace
+
+
+class Recorder:
+    def __init__(self, out: TextIO, probe: bool) -> None:
+        self.out = out
+        self.probe = probe
+
+    def write(self, **line: Any) -> None:
+        line["probe"] = self.probe
+        self.out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        self.out.flush()
+
+
+class Workload:
+    def __init__(
+        self,
+        targets: Mapping[str, Sequence[str]],
+        rec: Recorder,
+        *,
+        attempt_timeout: float = 3.0,
+        retry_budget: float = 30.0,
+        retry_pause: float = 0.3,
+    ) -> None:
+        import grpc
+
+        from phalanx.v1 import gang_pb2_grpc
+
+        self._grpc = grpc
+        self.targets = {az: list(a) for az, a in targets.items()}
+        self.rec = rec
+        self.attempt_timeout = attempt_timeout
+        self.retry_budget = retry_budget
+        self.retry_pause = retry_pause
+        # Short reconnect backoff: after a healed partition the client should
+        # find the coordinator again within a second, not after grpc's default
+        # exponential backoff (up to 120 s), which would look like an outage.
+        opts = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.min_reconnect_backoff_ms", 200)]
+        self.channels = {a: grpc.aio.insecure_channel(a, options=opts) for addrs in self.targets.values() for a in addrs}
+        self.stubs = {a: gang_pb2_grpc.GangServiceStub(ch) for a, ch in self.channels.items()}
+
+    async def close(self) -> None:
+        for ch in self.channels.values():
+            await ch.close()
+
+    async def _retrying(self, op: str, p: PlannedSubmit, key: str, call: Any) -> tuple[bool, str, Any, int, float]:
+        """Run ``call(stub)`` across the AZ's coordinators until OK or a final error."""
+        grpc = self._grpc
+        addrs = self.targets[p.az]
+        first = time.monotonic()
+        attempt = 0
+        while True:
+            addr = addrs[(p.n + attempt) % len(addrs)]
+            attempt += 1
+            t0 = time.monotonic()
+            try:
+                resp = await call(self.stubs[addr])
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code().name
+                self.rec.write(kind="call", op=op, key=key, name=p.name, az=p.az, target=addr, attempt=attempt,
+                               start=t0, end=time.monotonic(), code=code, detail=(exc.details() or "")[:300])
+                if code in RETRY_CODES and time.monotonic() - first < self.retry_budget:
+                    await asyncio.sleep(self.retry_pause)
+                    continue
+                return False, code, exc, attempt, first
+            return True, "OK", (resp, addr, t0), attempt, first
+
+    async def submit(self, p: PlannedSubmit) -> str:
+        """Submit until acknowledged (or given up); returns the gang id or ""."""
+        from phalanx.spec import parse_spec
+        from phalanx.v1 import gang_pb2
+        from phalanx import wire
+
+        req = gang_pb2.SubmitGangRequest(spec=wire.spec_to_pb(parse_spec(p.spec())), idempotency_key=p.key)
+        op = "submit_cross_az" if p.cross_az else "submit"
+        ok, code, res, attempts, first = await self._retrying(
+            op, p, p.key, lambda stub: stub.SubmitGang(req, timeout=self.attempt_timeout))
+        gang_id = ""
+        if ok:
+            resp, addr, t0 = res
+            gang_id = resp.gang.id
+            self.rec.write(kind="call", op=op, key=p.key, name=p.name, az=p.az, target=addr, attempt=attempts,
+                           start=t0, end=time.monotonic(), code="OK", gang_id=gang_id, created=resp.created,
+                           state=resp.gang.state)
+        self.rec.write(kind="outcome", op=op, key=p.key, name=p.name, az=p.az, acked=ok, gang_id=gang_id,
+                       first_start=first, end=time.monotonic(), code=code, attempts=attempts)
+        return gang_id
+
+    async def cancel(self, p: PlannedSubmit, gang_id: str) -> None:
+        from phalanx.v1 import gang_pb2
+
+        req = gang_pb2.CancelGangRequest(id=gang_id, reason="chaos workload cancel")
+        ok, code, res, attempts, first = await self._retrying(
+            "cancel", p, gang_id, lambda stub: stub.CancelGang(req, timeout=self.attempt_timeout))
+        if ok:
+            resp, addr, t0 = res
+            self.rec.write(kind="call", op="cancel", key=gang_id, name=p.name, az=p.az, target=addr,
+                           attempt=attempts, start=t0, end=time.monotonic(), code="OK", gang_id=gang_id,
+                           state=resp.state)
+        self.rec.write(kind="outcome", op="cancel", key=gang_id, name=p.name, az=p.az, acked=ok, gang_id=gang_id,
+                       first_start=first, end=time.monotonic(), code=code, attempts=attempts)
+
+    async def one(self, p: PlannedSubmit, t0: float) -> None:
+        await asyncio.sleep(max(0.0, t0 + p.at - time.monotonic()))
+        gang_id = await self.submit(p)
+        if gang_id and p.cancel_after is not None:
+            await asyncio.sleep(p.cancel_after)
+            await self.cancel(p, gang_id)
+
+    async def run(self, planned: Sequence[PlannedSubmit], stop: asyncio.Event) -> None:
+        t0 = time.monotonic()
+        tasks = [asyncio.create_task(self.one(p, t0)) for p in planned]
+        done = asyncio.gather(*tasks, return_exceptions=True)
+        halt = asyncio.create_task(stop.wait())
+        await asyncio.wait({done, halt}, return_when=asyncio.FIRST_COMPLETED)
+        for t in tasks:
+            t.cancel()
+        halt.cancel()
+        await asyncio.gather(done, halt, return_exceptions=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m chaos.workload", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--targets", required=True, help='JSON: {"az": ["ip:port", ...], ...}')
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=float, default=20.0)
+    p.add_argument("--rate", type=float, default=1.0, help="gangs per second, all AZs together")
+    p.add_argument("--cancel-fraction", type=float, default=0.2)
+    p.add_argument("--cross-az-fraction", type=float, default=0.04)
+    p.add_argument("--steady", type=float, default=0.0, help="seconds: one long 2x4-GPU gang per AZ at the start")
+    p.add_argument("--attempt-timeout", type=float, default=3.0)
+    p.add_argument("--retry-budget", type=float, default=30.0)
+    p.add_argument("--probe", action="store_true", help="one high-priority gang per AZ (post-heal probe)")
+    p.add_argument("--tag", default="", help="probe/trigger: distinguishes several of one run")
+    p.add_argument("--trigger", default="", metavar="AZ",
+                   help="submit one high-priority 1-GPU gang to AZ (a fault's trigger; not a probe)")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    targets = json.loads(a.targets)
+    azs = sorted(targets)
+    if a.trigger:
+        planned = [dataclasses.replace(p, name=p.name.replace("probe", "trigger"), key=p.key.replace("probe", "trigger"))
+                   for p in probe_plan(a.seed, [a.trigger], a.tag)]
+    elif a.probe:
+        planned = probe_plan(a.seed, azs, a.tag)
+    else:
+        planned = plan(a.seed, a.duration, a.rate, azs, cancel_fraction=a.cancel_fraction,
+                       cross_az_fraction=a.cross_az_fraction, steady_s=a.steady)
+
+    async def amain() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        with open(a.out, "a", buffering=1) as out:
+            w = Workload(targets, Recorder(out, a.probe), attempt_timeout=a.attempt_timeout,
+                         retry_budget=a.retry_budget)
+            try:
+                print(f"PHALANX_WORKLOAD_STARTED planned={len(planned)}", flush=True)
+                await w.run(planned, stop)
+            finally:
+                await w.close()
+
+    asyncio.run(amain())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,434 @@
+"""The chaos checker on small hand-made histories: for each invariant, one
+history that holds it and at least one that breaks it (the checker must say
+so, with evidence). Pure: no cluster, no clock."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos import checker
+from chaos.history import (
+    INF,
+    AgentEvent,
+    ClientCall,
+    ClientOutcome,
+    EtcdEvent,
+    FinalState,
+    History,
+    RunParams,
+    leader_terms,
+    load,
+    member_intervals,
+    recovery_bound,
+)
+
+T0 = 1000.0
+TIMINGS = {"lease_ttl_s": 2, "fence_after_s": 4.0, "replace_margin_s": 1.0}
+
+
+# ---------------------------------------------------------------------------
+# Builders
+
+
+def started(key: str, t: float, gpus: tuple[int, ...] = (0, 1), node: str = "a-n000", epoch: int = 5,
+            az: str = "a") -> AgentEvent:
+    return AgentEvent("member_started", node, az, T0 + t, epoch=epoch, key=key, gpus=gpus)
+
+
+def exited(key: str, t: float, node: str = "a-n000", code: int = 0, phase: str = "SUCCEEDED",
+           epoch: int = 5, az: str = "a") -> AgentEvent:
+    return AgentEvent("member_exited", node, az, T0 + t, epoch=epoch, key=key, code=code, phase=phase)
+
+
+def leader(az: str, epoch: int, t: float, who: str = "coord-a1") -> EtcdEvent:
+    return EtcdEvent("put", f"leader/{az}", epoch, T0 + t, create_rev=epoch, value={"id": who, "address": "x"})
+
+
+def leader_gone(az: str, rev: int, t: float) -> EtcdEvent:
+    return EtcdEvent("delete", f"leader/{az}", rev, T0 + t)
+
+
+def gang(gid: str, rev: int, t: float, state: str, members: int = 1, inc: int = 1, az: str = "a",
+         key: str = "") -> EtcdEvent:
+    return EtcdEvent("put", f"gangs/{gid}", rev, T0 + t, value=gang_value(gid, state, members, inc, az, key))
+
+
+def gang_value(gid: str, state: str, members: int = 1, inc: int = 1, az: str = "a", key: str = "") -> dict[str, Any]:
+    return {"id": gid, "state": state, "owner_az": az, "incarnation": inc, "idempotency_key": key or f"{gid}-k",
+            "spec": {"name": gid, "members": members, "topology": {"allow_cross_az": False}}, "reason": ""}
+
+
+def reservation(gid: str, rev: int, t: float, epoch: int = 5, inc: int = 1, status: str = "COMMITTED",
+                az: str = "a", nodes: dict[str, list[int]] | None = None) -> EtcdEvent:
+    return EtcdEvent("put", f"reservations/{az}/{gid}", rev, T0 + t,
+                     value={"az": az, "gang": gid, "incarnation": inc, "status": status, "epoch": epoch,
+                            "nodes": {n: {"gpus": g, "nics": []} for n, g in (nodes or {}).items()}})
+
+
+def released(gid: str, rev: int, t: float, az: str = "a") -> EtcdEvent:
+    return EtcdEvent("delete", f"reservations/{az}/{gid}", rev, T0 + t)
+
+
+def ack(gid: str, t: float, az: str = "a", probe: bool = False, key: str = "") -> tuple[ClientCall, ClientOutcome]:
+    key = key or f"{gid}-k"
+    return (ClientCall("submit", key, gid, az, "10.0.0.1:7070", 1, T0 + t - 0.1, T0 + t, "OK", gang_id=gid,
+                       probe=probe),
+            ClientOutcome("submit", key, gid, az, True, gid, T0 + t - 0.1, T0 + t, "OK", 1, probe=probe))
+
+
+def final(gangs: dict[str, dict[str, Any]], reservations: dict[str, dict[str, Any]] | None = None,
+          leaders: tuple[str, ...] = ("a",)) -> FinalState:
+    kvs: dict[str, Any] = {f"gangs/{g}": v for g, v in gangs.items()}
+    kvs.update({f"reservations/{k}": v for k, v in (reservations or {}).items()})
+    kvs.update({f"leader/{az}": {"id": "coord-a1"} for az in leaders})
+    return FinalState(revision=999, mono=T0 + 60, kvs=kvs)
+
+
+def healthy(**changes: Any) -> History:
+    """One AZ, one leader (epoch 5), one 1-member gang that runs and succeeds,
+    a probe gang after the heal at +20s. Every invariant holds."""
+    etcd = [
+        leader("a", 5, 0.0),
+        gang("g1", 10, 1.0, "PENDING"),
+        gang("g1", 11, 1.2, "RESERVED"), reservation("g1", 11, 1.2),
+        gang("g1", 12, 1.3, "STARTING"),
+        gang("g1", 13, 2.1, "RUNNING"),
+        gang("g1", 14, 4.2, "SUCCEEDED"), released("g1", 15, 4.2),
+        gang("p-a", 20, 21.0, "PENDING"), gang("p-a", 21, 21.2, "RESERVED"), reservation("p-a", 21, 21.2),
+        gang("p-a", 22, 21.5, "RUNNING"), gang("p-a", 23, 23.0, "SUCCEEDED"), released("p-a", 24, 23.0),
+    ]
+    agents = [started("g1#1/r0", 2.0), exited("g1#1/r0", 4.0),
+              started("p-a#1/r0", 21.4, gpus=(7,)), exited("p-a#1/r0", 22.9)]
+    c1, o1 = ack("g1", 1.0)
+    c2, o2 = ack("p-a", 21.0, probe=True)
+    h = History(
+        params=RunParams(azs=("a",), started_at=T0, settle_at=T0 + 60, healed_at=T0 + 20, timings=TIMINGS,
+                         recovery_bound_s=recovery_bound(TIMINGS)),
+        agents=tuple(agents), etcd=tuple(etcd), calls=(c1, c2), outcomes=(o1, o2),
+        final=final({"g1": gang_value("g1", "SUCCEEDED"), "p-a": gang_value("p-a", "SUCCEEDED")}),
+    )
+    return dataclasses.replace(h, **changes)
+
+
+def violations(h: History, invariant: int) -> list[checker.Violation]:
+    v = checker.check(h)
+    others = [x for x in v.violations if x.invariant != invariant]
+    assert others == [], f"unexpected violations of other invariants: {[x.render() for x in others]}"
+    return list(v.result(invariant).violations)
+
+
+def add(h: History, *, etcd: tuple[EtcdEvent, ...] = (), agents: tuple[AgentEvent, ...] = (), **kw: Any) -> History:
+    return dataclasses.replace(h, etcd=tuple(sorted(h.etcd + etcd, key=lambda e: e.rev)),
+                               agents=tuple(sorted(h.agents + agents, key=lambda e: e.mono)), **kw)
+
+
+# ---------------------------------------------------------------------------
+# The baseline
+
+
+def test_a_healthy_history_passes_every_invariant() -> None:
+    v = checker.check(healthy())
+    assert v.ok, [x.render() for x in v.violations]
+    assert all(r.checked > 0 for r in v.results if r.number != 5)
+    assert v.measurements["admission_after_heal_s"] == {"a": 1.5}
+
+
+# ---------------------------------------------------------------------------
+# 1. all-or-nothing
+
+
+def _two_member_gang(second_start: float | None, settle_live_both: bool = False) -> History:
+    etcd = (gang("g2", 30, 5.0, "RESERVED", members=2), reservation("g2", 30, 5.0),
+            gang("g2", 31, 6.0, "RUNNING", members=2))
+    agents = [started("g2#1/r0", 5.5, gpus=(2,))]
+    if second_start is not None:
+        agents.append(started("g2#1/r1", second_start, gpus=(3,), node="a-n001"))
+    h = add(healthy(), etcd=etcd, agents=tuple(agents))
+    fin = dict(h.final.gangs)  # type: ignore[union-attr]
+    fin["g2"] = gang_value("g2", "RUNNING", members=2)
+    res = {"a/g2": {"status": "COMMITTED", "incarnation": 1, "epoch": 5}}
+    return dataclasses.replace(h, final=final(fin, res))
+
+
+def test_all_or_nothing_holds_when_every_rank_started_before_running() -> None:
+    assert violations(_two_member_gang(5.8), 1) == []
+
+
+def test_all_or_nothing_flags_running_written_before_a_rank_started() -> None:
+    found = violations(_two_member_gang(7.0), 1)
+    assert any("written RUNNING" in v.what and "[1]" in v.what for v in found)
+
+
+def test_all_or_nothing_flags_a_half_running_gang_at_settle_time() -> None:
+    h = _two_member_gang(5.8)
+    h = add(h, agents=(exited("g2#1/r1", 9.0, node="a-n001", code=-9, phase="STOPPED"),))
+    found = violations(h, 1)
+    assert any("1 of 2 members running at settle time" in v.what for v in found)
+    assert any("RUNNING in the final state but ranks [1]" in v.what for v in found)
+
+
+# ---------------------------------------------------------------------------
+# 2. no GPU held twice
+
+
+def test_no_double_booking_allows_back_to_back_members_on_one_gpu() -> None:
+    h = add(healthy(), etcd=(reservation("g3", 40, 4.3), gang("g3", 41, 4.6, "RUNNING"),
+                             gang("g3", 42, 8.0, "SUCCEEDED"), released("g3", 43, 8.0)),
+            agents=(started("g3#1/r0", 4.5, gpus=(0,)), exited("g3#1/r0", 7.9)))
+    h = dataclasses.replace(h, final=final({**h.final.gangs, "g3": gang_value("g3", "SUCCEEDED")}))  # type: ignore[union-attr]
+    assert violations(h, 2) == []
+
+
+def test_no_double_booking_flags_two_members_on_one_gpu_at_once() -> None:
+    h = add(healthy(), etcd=(reservation("g3", 40, 2.5), gang("g3", 41, 3.1, "RUNNING"),
+                             gang("g3", 42, 8.0, "SUCCEEDED"), released("g3", 43, 8.0)),
+            agents=(started("g3#1/r0", 3.0, gpus=(1, 2)), exited("g3#1/r0", 7.9)))
+    h = dataclasses.replace(h, final=final({**h.final.gangs, "g3": gang_value("g3", "SUCCEEDED")}))  # type: ignore[union-attr]
+    found = violations(h, 2)
+    assert len(found) == 1 and "GPU 1 of a-n000 held by g1#1/r0 and g3#1/r0" in found[0].what
+    assert len(found[0].evidence) == 2
+
+
+def test_no_double_booking_flags_a_member_that_outlives_its_released_reservation() -> None:
+    # What a missing self-fence looks like: the coordinator gave up on the node
+    # and released the devices, the member kept running for seconds.
+    h = healthy()
+    agents = tuple(e for e in h.agents if e.key != "g1#1/r0" or e.event != "member_exited")
+    h = dataclasses.replace(h, agents=agents + (exited("g1#1/r0", 9.0, code=-15, phase="STOPPED"),))
+    found = violations(h, 2)
+    assert len(found) == 1 and "after its reservation was released" in found[0].what
+    assert "4.80s" in found[0].what
+
+
+def test_no_double_booking_flags_a_member_started_after_its_release() -> None:
+    h = add(healthy(), agents=(started("g1#1/r0", 8.0, gpus=(4,), node="a-n001"),
+                               exited("g1#1/r0", 8.5, node="a-n001")))
+    found = violations(h, 2)
+    assert any("started on a-n001 after its reservation was released" in v.what for v in found)
+
+
+def test_no_double_booking_flags_two_reservations_of_one_gpu_in_etcd() -> None:
+    # e.g. a reservation txn that timed out but committed, forgotten by the
+    # leader's ledger, whose GPUs were then reserved again.
+    h = add(healthy(), etcd=(reservation("g7", 40, 5.0, nodes={"a-n000": [2, 3]}),
+                             reservation("g8", 41, 6.0, nodes={"a-n000": [3, 4]}),
+                             released("g7", 42, 7.0), released("g8", 43, 7.0)))
+    found = violations(h, 2)
+    assert len(found) == 1 and "reservations of g8 and g7 on the same GPUs" in found[0].what
+    assert "a: a-n000 gpu 3 held by g7 and g8" in found[0].evidence
+
+
+def test_no_double_booking_allows_reusing_gpus_after_a_release_in_etcd() -> None:
+    h = add(healthy(), etcd=(reservation("g7", 40, 5.0, nodes={"a-n000": [2, 3]}), released("g7", 41, 6.0),
+                             reservation("g8", 42, 6.5, nodes={"a-n000": [3, 4]}), released("g8", 43, 7.0)))
+    assert violations(h, 2) == []
+
+
+# ---------------------------------------------------------------------------
+# 3. one incarnation at a time
+
+
+def test_one_incarnation_flags_two_incarnations_running_at_once() -> None:
+    h = add(healthy(), etcd=(reservation("g1", 16, 3.0, inc=2), released("g1", 17, 6.0)),
+            agents=(started("g1#2/r0", 3.5, gpus=(5,), node="a-n001"), exited("g1#2/r0", 5.5, node="a-n001")))
+    found = violations(h, 3)
+    assert len(found) == 1 and "incarnations 1 and 2 running at once" in found[0].what
+
+
+def test_one_incarnation_flags_one_member_running_twice() -> None:
+    h = add(healthy(), agents=(started("g1#1/r0", 3.0, gpus=(5,), node="a-n001"),
+                               exited("g1#1/r0", 3.9, node="a-n001")))
+    assert any("g1#1/r0 running twice" in v.what for v in violations(h, 3))
+
+
+def test_one_incarnation_allows_a_restart_after_the_old_one_is_gone() -> None:
+    h = add(healthy(), etcd=(reservation("g1", 16, 4.5, inc=2), released("g1", 17, 6.0)),
+            agents=(started("g1#2/r0", 4.6, gpus=(5,)), exited("g1#2/r0", 5.5)))
+    assert violations(h, 3) == []
+
+
+# ---------------------------------------------------------------------------
+# 4. no acknowledged submission lost
+
+
+def test_acked_not_lost_flags_an_acknowledged_gang_missing_from_etcd() -> None:
+    c, o = ack("g9", 3.0)
+    h = dataclasses.replace(healthy(), calls=healthy().calls + (c,), outcomes=healthy().outcomes + (o,))
+    found = violations(h, 4)
+    assert len(found) == 1 and "acknowledged gang g9" in found[0].what
+
+
+def test_acked_not_lost_flags_one_key_acknowledged_as_two_gangs() -> None:
+    c, o = ack("g1-dup", 3.0, key="g1-k")
+    h = healthy()
+    fin = final({**h.final.gangs, "g1-dup": gang_value("g1-dup", "FAILED", key="g1-k")})  # type: ignore[union-attr]
+    h = dataclasses.replace(h, calls=h.calls + (c,), outcomes=h.outcomes + (o,), final=fin)
+    found = violations(h, 4)
+    assert any("acknowledged as 2 different gangs" in v.what for v in found)
+    assert any("has 2 gangs in etcd" in v.what for v in found)
+
+
+def test_acked_not_lost_flags_an_accepted_cross_az_submission() -> None:
+    o = ClientOutcome("submit_cross_az", "x-k", "x", "a", True, "x-1", T0, T0 + 1, "OK", 1)
+    h = dataclasses.replace(healthy(), outcomes=healthy().outcomes + (o,))
+    assert any("cross-AZ submission x was accepted" in v.what for v in violations(h, 4))
+
+
+def test_acked_not_lost_accepts_an_unimplemented_cross_az_refusal() -> None:
+    o = ClientOutcome("submit_cross_az", "x-k", "x", "a", False, "", T0, T0 + 1, "UNIMPLEMENTED", 1)
+    assert violations(dataclasses.replace(healthy(), outcomes=healthy().outcomes + (o,)), 4) == []
+
+
+# ---------------------------------------------------------------------------
+# 5. nothing stranded
+
+
+def test_nothing_stranded_flags_a_reservation_left_for_a_failed_gang() -> None:
+    h = healthy()
+    fin = final(dict(h.final.gangs), {"a/g1": {"status": "COMMITTED", "incarnation": 1}})  # type: ignore[union-attr]
+    found = violations(dataclasses.replace(h, final=fin), 5)
+    assert len(found) == 1 and "reservation a/g1 (COMMITTED) left for a SUCCEEDED gang" in found[0].what
+
+
+def test_nothing_stranded_counts_a_releasing_reservation_after_settle() -> None:
+    h = _two_member_gang(5.8)
+    fin = final(dict(h.final.gangs), {"a/g2": {"status": "RELEASING", "incarnation": 1}})  # type: ignore[union-attr]
+    assert any("(RELEASING) left for a RUNNING gang" in v.what for v in violations(dataclasses.replace(h, final=fin), 5))
+
+
+def test_nothing_stranded_flags_a_member_running_for_a_finished_gang() -> None:
+    h = healthy()
+    agents = tuple(e for e in h.agents if not (e.key == "p-a#1/r0" and e.event == "member_exited"))
+    h = dataclasses.replace(h, agents=agents)
+    found = checker.check(h).result(5).violations
+    assert any("p-a#1/r0 still running at settle time for a SUCCEEDED gang" in v.what for v in found)
+
+
+# ---------------------------------------------------------------------------
+# 6. no effect from a superseded epoch
+
+
+def test_epochs_flag_a_reservation_written_under_a_superseded_epoch() -> None:
+    h = add(healthy(), etcd=(leader_gone("a", 25, 24.0), leader("a", 26, 24.5, "coord-a2"),
+                             reservation("g5", 27, 25.0, epoch=5), released("g5", 28, 25.5)))
+    found = violations(h, 6)
+    assert len(found) == 1
+    assert "written at rev 27 by epoch 5 while a had epoch 26 (coord-a2)" in found[0].what
+
+
+def test_epochs_flag_a_member_started_long_after_its_epoch_ended() -> None:
+    h = add(healthy(), etcd=(leader_gone("a", 25, 24.0), leader("a", 26, 24.5, "coord-a2"),
+                             reservation("g6", 27, 24.6, epoch=26), gang("g6", 28, 29.1, "RUNNING"),
+                             gang("g6", 29, 31.0, "FAILED"), released("g6", 30, 31.0)),
+            agents=(started("g6#1/r0", 29.0, gpus=(6,), epoch=5), exited("g6#1/r0", 30.0)))
+    h = dataclasses.replace(h, final=final({**h.final.gangs, "g6": gang_value("g6", "FAILED")}))  # type: ignore[union-attr]
+    found = violations(h, 6)
+    assert len(found) == 1 and "under epoch 5 5.00s after that leadership ended" in found[0].what
+
+
+def test_epochs_allow_a_start_inside_the_token_window() -> None:
+    # The agent read the leader key (epoch 5) just before the leadership ended;
+    # its start is recorded after: inside the documented window, no violation.
+    h = add(healthy(), etcd=(leader_gone("a", 25, 24.0), leader("a", 26, 24.5, "coord-a2"),
+                             reservation("g6", 19, 19.0, epoch=5), gang("g6", 27, 24.6, "RUNNING"),
+                             gang("g6", 29, 31.0, "SUCCEEDED"), released("g6", 30, 31.0)),
+            agents=(started("g6#1/r0", 24.5, gpus=(6,), epoch=5), exited("g6#1/r0", 30.0)))
+    h = dataclasses.replace(h, final=final({**h.final.gangs, "g6": gang_value("g6", "SUCCEEDED")}))  # type: ignore[union-attr]
+    assert violations(h, 6) == []
+
+
+def test_epochs_flag_a_member_started_under_an_epoch_that_never_led() -> None:
+    h = add(healthy(), agents=(started("g1#1/r0", 2.0, gpus=(6,), epoch=77, node="a-n001"),
+                               exited("g1#1/r0", 3.0, node="a-n001")))
+    found = checker.check(h).result(6).violations
+    assert any("under epoch 77, which never led a" in v.what for v in found)
+
+
+# ---------------------------------------------------------------------------
+# 7. leader and admission resume after healing
+
+
+def test_recovery_flags_admission_that_resumes_too_late() -> None:
+    h = healthy()
+    etcd = tuple(e for e in h.etcd if not (e.key == "gangs/p-a" and e.value["state"] in ("RUNNING", "SUCCEEDED")))
+    etcd += (gang("p-a", 22, 20.0 + h.params.recovery_bound_s + 5, "RUNNING"),)
+    found = violations(dataclasses.replace(h, etcd=tuple(sorted(etcd, key=lambda e: e.rev))), 7)
+    assert len(found) == 1 and "admission in a did not resume" in found[0].what
+
+
+def test_recovery_flags_an_az_without_a_leader_after_healing() -> None:
+    h = add(healthy(), etcd=(leader_gone("a", 19, 10.0),))
+    h = dataclasses.replace(h, final=final(dict(h.final.gangs), leaders=()))  # type: ignore[union-attr]
+    found = checker.check(h).result(7).violations
+    assert any("a had no leader within" in v.what for v in found)
+    assert any("no leader in the final state" in v.what for v in found)
+
+
+def test_recovery_flags_a_probe_that_was_never_acknowledged() -> None:
+    o = ClientOutcome("submit", "p-a-k", "p-a", "a", False, "", T0 + 21, T0 + 50, "UNAVAILABLE", 40, probe=True)
+    h = dataclasses.replace(healthy(), outcomes=(healthy().outcomes[0], o))
+    assert any("never acknowledged" in v.what for v in checker.check(h).result(7).violations)
+
+
+def test_recovery_flags_a_gang_pending_long_past_its_admission_timeout() -> None:
+    stuck = gang_value("g9", "PENDING")
+    stuck.update(submitted_at=5000.0, spec={**stuck["spec"], "policy": {"admission_timeout_s": 30}})
+    h = healthy()
+    fin = dataclasses.replace(final({**h.final.gangs, "g9": stuck}), wall=5000.0 + 30 + 25)  # type: ignore[union-attr]
+    found = violations(dataclasses.replace(h, final=fin), 7)
+    assert len(found) == 1 and "g9 still PENDING 25s past its admission timeout" in found[0].what
+    ok = dataclasses.replace(final({**h.final.gangs, "g9": stuck}), wall=5000.0 + 30 + 5)  # type: ignore[union-attr]
+    assert violations(dataclasses.replace(h, final=ok), 7) == []
+
+
+def test_recovery_bound_is_stated_from_the_timings() -> None:
+    assert recovery_bound(TIMINGS) == 3 * 2 + 4.0 + 10.0
+    assert recovery_bound(TIMINGS, slack_s=0) == 10.0
+
+
+# ---------------------------------------------------------------------------
+# Derived views and loading
+
+
+def test_member_intervals_pair_starts_and_exits_per_node() -> None:
+    ivs = member_intervals([started("g#1/r0", 1.0), started("g#1/r1", 1.0, node="n2"),
+                            exited("g#1/r0", 3.0), exited("unknown", 4.0)])
+    assert [(i.key, i.node, i.end) for i in ivs] == [("g#1/r0", "a-n000", T0 + 3.0), ("g#1/r1", "n2", INF)]
+
+
+def test_leader_terms_follow_the_key_by_revision() -> None:
+    terms = leader_terms([leader("a", 5, 0.0), leader_gone("a", 9, 3.0), leader("a", 12, 4.0, "coord-a2")])
+    assert [(t.epoch, t.coordinator, t.end_rev) for t in terms["a"]] == [(5, "coord-a1", 9), (12, "coord-a2", None)]
+
+
+def test_load_reads_a_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "run.json").write_text(json.dumps({"azs": ["a"], "started_at": T0, "settle_at": T0 + 9,
+                                                   "healed_at": None, "timings": TIMINGS}))
+    (tmp_path / "events.jsonl").write_text(
+        json.dumps({"src": "fault", "mono": T0 + 1, "name": "f", "action": "inject"}) + "\n"
+        + json.dumps({"src": "note", "mono": T0 + 1, "name": "f", "detail": "target x"}) + "\n")
+    (tmp_path / "agents-a.jsonl").write_text(
+        json.dumps({"event": "member_started", "node": "a-n000", "az": "a", "mono": T0 + 2, "wall": 1,
+                    "key": "g#1/r0", "epoch": 5, "gpus": [0]}) + "\n{torn line")
+    (tmp_path / "etcd.jsonl").write_text(json.dumps({"src": "etcd", "kind": "put", "key": "leader/a", "rev": 5,
+                                                     "create_rev": 5, "value": {"id": "c"}, "mono": T0}) + "\n")
+    (tmp_path / "workload.jsonl").write_text(json.dumps(
+        {"kind": "outcome", "op": "submit", "key": "k", "name": "g", "az": "a", "acked": True, "gang_id": "g",
+         "first_start": T0, "end": T0 + 1, "code": "OK", "attempts": 1, "probe": False}) + "\n")
+    (tmp_path / "final.json").write_text(json.dumps({"revision": 9, "mono": T0 + 9, "kvs": [
+        {"key": "gangs/g", "value": {"state": "SUCCEEDED"}, "create_rev": 6, "mod_rev": 8, "lease": 0}]}))
+    h = load(tmp_path)
+    assert [f.action for f in h.faults] == ["inject", "note"]
+    assert len(h.agents) == 1 and h.agents[0].gpus == (0,)
+    assert h.outcomes[0].acked and h.final is not None and "g" in h.final.gangs
+    assert leader_terms(h.etcd)["a"][0].coordinator == "c"
+
+
+@pytest.mark.parametrize("n", list(checker.INVARIANTS))
+def test_every_invariant_is_reported_once(n: int) -> None:
+    assert [r.number for r in checker.check(healthy()).results].count(n) == 1

@@ -1,0 +1,62 @@
+"""Chaos reports from hand-made histories: the text summary says what was
+checked and found; the HTML timeline is one self-contained page."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+from chaos import checker, report
+from chaos.history import FaultRecord
+from tests.unit.test_chaos_checker import T0, exited, healthy
+
+
+def _with_fault():
+    h = healthy()
+    return dataclasses.replace(h, faults=(FaultRecord(T0 + 10, "partition-az-a", "inject"),
+                                          FaultRecord(T0 + 10, "partition-az-a", "note", "target x"),
+                                          FaultRecord(T0 + 20, "partition-az-a", "heal")))
+
+
+def test_summary_lists_faults_leaders_outcomes_and_each_invariant() -> None:
+    h = _with_fault()
+    text = report.summary(h, checker.check(h), wall_s=12.0)
+    assert "+10.00s ..   +20.00s  partition-az-a  (target x)" in text
+    assert "a: coord-a1 e5" in text
+    assert "Gangs by final state: SUCCEEDED 2" in text
+    assert text.count("[PASS]") == 7 and "VERDICT: no violation" in text
+
+
+def test_summary_shows_each_violation_with_its_evidence() -> None:
+    h = healthy()
+    h = dataclasses.replace(h, agents=tuple(e for e in h.agents if not (e.key == "g1#1/r0" and e.event == "member_exited"))
+                            + (exited("g1#1/r0", 9.0, code=-15, phase="STOPPED"),))
+    text = report.summary(h, checker.check(h))
+    assert "[FAIL] 2. no GPU held by two live members" in text
+    assert re.search(r"\[2\] g1#1/r0 still held GPUs \[0, 1\] of a-n000 4\.80s after its reservation", text)
+    assert "reservation a/g1 released at rev 15" in text
+
+
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):  # noqa: ANN001
+        self.tags.append(tag)
+        self.refs += [v for k, v in attrs if k in ("src", "href") and v]
+
+
+def test_timeline_is_self_contained_inline_svg(tmp_path: Path) -> None:
+    h = _with_fault()
+    v = checker.check(h)
+    report.write(tmp_path, h, v)
+    page = (tmp_path / "timeline.html").read_text()
+    p = _Refs()
+    p.feed(page)
+    assert "svg" in p.tags and p.refs == [] and "<script" not in page
+    assert "partition-az-a" in page and "g1" in page and "coord-a1 e5" in page
+    assert (tmp_path / "report.txt").read_text().startswith("Phalanx chaos run")

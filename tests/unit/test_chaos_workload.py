@@ -1,0 +1,63 @@
+"""The chaos workload plan and scenario catalogue: pure, reproducible from a seed."""
+
+from __future__ import annotations
+
+from chaos.scenarios import MATRIX, SCENARIOS, schedule_seed
+from chaos.workload import GPU_CHOICES, PROBE_PRIORITY, plan, probe_plan
+from phalanx import wire
+from phalanx.spec import parse_spec
+
+AZS = ("a", "b", "c")
+
+
+def test_the_same_seed_gives_the_same_workload() -> None:
+    assert plan(7, 30, 1.0, AZS) == plan(7, 30, 1.0, AZS)
+    assert plan(7, 30, 1.0, AZS) != plan(8, 30, 1.0, AZS)
+
+
+def test_every_planned_gang_is_small_valid_and_single_az_unless_marked() -> None:
+    planned = plan(3, 200, 2.0, AZS, steady_s=20)
+    assert len(planned) > 100
+    for p in planned:
+        spec = parse_spec(p.spec())
+        wire.spec_to_pb(spec)  # what the workload sends
+        assert p.az in AZS and p.key and p.name == spec.name
+        assert 1 <= spec.members <= 2 and spec.resources.gpus in GPU_CHOICES
+        assert spec.topology.allow_cross_az == p.cross_az
+        assert not spec.run.command  # the launcher's built-in sleeper
+        if "steady" not in p.name:
+            assert 1.0 <= spec.run.duration_s <= 4.0
+    assert len({p.name for p in planned}) == len(planned)
+    assert len({p.key for p in planned}) == len(planned)
+    assert any(p.cross_az for p in planned) and any(p.cancel_after for p in planned)
+    assert not any(p.cross_az and p.cancel_after for p in planned)
+    assert {p.az for p in planned if "steady" in p.name} == set(AZS)
+
+
+def test_the_probe_is_one_high_priority_gang_per_az() -> None:
+    probes = probe_plan(1, AZS)
+    assert [p.az for p in probes] == list(AZS)
+    assert all(p.priority == PROBE_PRIORITY and p.members == 1 and p.gpus == 1 for p in probes)
+
+
+def test_the_matrix_holds_every_scenario_but_the_planted_bug() -> None:
+    assert "fencing-disabled" in SCENARIOS and "fencing-disabled" not in MATRIX
+    assert SCENARIOS["fencing-disabled"].expect_violations
+    assert SCENARIOS["fencing-disabled"].agent_failpoints == "agent.no_fencing=on"
+    assert set(MATRIX) >= {"partition-az", "leader-etcd-cut", "agents-cut", "one-way", "leader-pause",
+                           "coordinator-crash", "etcd-member-restart", "etcd-quorum-loss", "agent-restart"}
+
+
+def test_schedule_seeds_differ_per_scenario_and_repeat_per_seed() -> None:
+    assert schedule_seed("leader-pause", 1) == schedule_seed("leader-pause", 1)
+    assert schedule_seed("leader-pause", 1) != schedule_seed("partition-az", 1)
+
+
+def test_run_main_returns_a_status_instead_of_exiting(capsys) -> None:  # noqa: ANN001
+    from chaos.run import main
+
+    assert main(["--list"]) == 0
+    assert "fencing-disabled" in capsys.readouterr().out
+    assert main([]) == 2  # nothing chosen: usage error, no SystemExit
+    assert main(["--scenario", "no-such-scenario"]) == 2
+    assert "unknown scenario" in capsys.readouterr().err
