@@ -26,7 +26,7 @@ from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment,
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, absent
 from phalanx import failpoints
-from phalanx.errors import AlreadyExists, Conflict, FailedPrecondition, NotFound, NotLeader
+from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
 from phalanx.spec import GangSpec
 from phalanx.topology import NodeTopology
@@ -115,7 +115,13 @@ class AzLeader:
                     if self.failure is not None:
                         raise self.failure
                     self.wake.clear()
-                    await self.cycle()
+                    try:
+                        await self.cycle()
+                    except StoreUnavailable as exc:
+                        # A transient etcd error is not a lost leadership: the
+                        # lease session decides that (docs/timing.md). Every
+                        # write was fenced, so retrying next cycle is safe.
+                        log.info("cycle in %s: %s", self.az, exc)
             finally:
                 lost.cancel()
         finally:
@@ -396,7 +402,18 @@ class AzLeader:
                 new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall())
                 key = self.keys.reservation(self.az, g.id)
                 await failpoints.hit("leader.before_reserve")
-                written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)])
+                try:
+                    written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)])
+                except StoreUnavailable:
+                    # Outcome unknown: the txn may have committed although
+                    # its reply was lost. Keep the devices held and learn the
+                    # outcome from etcd (we are its only writer), never guess.
+                    learned = await self._learn_reserve_outcome(g, r)
+                    if learned is None:
+                        if self.reservations.get(g.id) is r:
+                            self._drop_reservation(g.id)
+                        return  # still PENDING: the next cycle places it again
+                    written = learned
                 await failpoints.hit("leader.after_reserve")
         except BaseException:
             if self.reservations.get(g.id) is r:
@@ -407,6 +424,31 @@ class AzLeader:
         self.pending_reason.pop(g.id, None)
         self._dispatch(written)
         self._spawn(self._mark_starting(written), f"starting-{g.id}")
+
+    async def _learn_reserve_outcome(self, g: GangRecord, r: Reservation) -> GangRecord | None:
+        """After a reservation txn with an unknown outcome: read the gang and
+        reservation keys (one consistent txn) until etcd answers. Returns the
+        written gang record if the txn applied, None if it did not. While etcd
+        does not answer, the devices stay held; if our lease runs out first,
+        check_valid() ends this leadership and the successor rebuilds from
+        etcd, which is always consistent."""
+        gkey, rkey = self.keys.gang(g.id), self.keys.reservation(self.az, g.id)
+        while True:
+            self.check_valid()
+            try:
+                res = await self.store.txn([], [Get(gkey), Get(rkey)])
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+        gkvs, rkvs = res.results
+        if gkvs:
+            cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
+            self.gangs[g.id] = cur
+        if rkvs and int(rkvs[0].json().get("incarnation", -1)) == r.incarnation and gkvs and cur.state != GangState.PENDING:
+            log.info("reservation of %s applied although its reply was lost", g.id)
+            return cur
+        log.info("reservation of %s did not apply (reply lost); devices released", g.id)
+        return None
 
     async def _mark_starting(self, g: GangRecord) -> None:
         cur = self.gangs.get(g.id)

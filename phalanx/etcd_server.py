@@ -85,6 +85,9 @@ class EtcdServer:
             "--initial-cluster-state", self.cluster_state,
             "--initial-cluster-token", self.cluster_token,
             # Small and fast for tests and laptops; still durable (fsync on).
+            # A partitioned member that rejoins must not force an election
+            # (which restarts every lease TTL and churns all AZ leaders).
+            "--pre-vote",
             "--heartbeat-interval", "100",
             "--election-timeout", "1000",
             "--quota-backend-bytes", str(2 * 1024**3),
