@@ -24,7 +24,8 @@ from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan
 from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
-from coordinator.store import Compare, Delete, Fence, Get, Put, Store, absent
+from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
+from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
 from phalanx.errors import AlreadyExists, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
@@ -64,6 +65,7 @@ class AzLeader:
         *,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        peer_channel: Callable[[str], Any] | None = None,
     ):
         self.store = store
         self.keys = store.keys
@@ -96,13 +98,18 @@ class AzLeader:
         self._last_persist = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
+        from coordinator.twophase_driver import TwoPhaseDriver
+
+        self.twophase = TwoPhaseDriver(self, peer_channel)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
         """Lead until the lease is lost or a fenced write fails."""
         try:
             await self.rebuild()
+            await self.twophase.recover()
             self.rebuilt.set()
+            self._spawn(self.twophase.watch(), "twophase-watch")
             log.info("leader of %s (epoch %d): %d gangs, %d reservations, %d nodes", self.az, self.epoch, len(self.gangs), len(self.reservations), len(self.nodes))
             lost = asyncio.create_task(self.session.lost.wait())
             try:
@@ -162,6 +169,8 @@ class AzLeader:
         now = self.mono()
         for kv in res_kvs:
             r = Reservation.from_dict(kv.json(), kv.mod_revision)
+            if r.two_phase:
+                continue  # the two-phase participant's (TwoPhaseDriver.recover)
             self.reservations[r.gang] = r
         self.ledger = DeviceLedger.from_reservations(self.reservations)
         for kv in gang_kvs:
@@ -344,8 +353,13 @@ class AzLeader:
             if live is None or not live.ready or name not in self.conns:
                 continue
             topo = rec.topology
-            used_g = self.ledger.used_gpus(name)
-            used_n = self.ledger.used_nics(name)
+            used_g = set(self.ledger.used_gpus(name))
+            used_n = set(self.ledger.used_nics(name))
+            # One ledger: cross-AZ holds (PREPARED or COMMITTED) are taken too.
+            for hold in self.twophase.participant.holds.values():
+                gpus, nics = hold.nodes.get(name, ((), ()))
+                used_g.update(gpus)
+                used_n.update(nics)
             views.append(NodeView(
                 topology=topo,
                 free_gpus=frozenset(topo.gpu_indices) - used_g,
@@ -359,7 +373,13 @@ class AzLeader:
         await self._check_liveness()
         await self._check_start_barrier()
         await self._persist_heartbeats()
-        pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight]
+        self.twophase.tick()
+        try:
+            await self.twophase.adopt_orphans()
+        except StoreUnavailable as exc:
+            log.info("owner-AZ loss check: %s", exc)
+        pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight
+                   and not is_two_phase(g)]
         if not pending:
             return
         decisions = plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az, index=self.index)
@@ -475,6 +495,9 @@ class AzLeader:
         reported: dict[tuple[str, int], set[int]] = {}
         for m in members:
             key_ = (m.gang, m.incarnation)
+            if self.twophase.owns_members(m.gang, m.incarnation):
+                await self.twophase.on_member(node, m)
+                continue
             g = self.gangs.get(m.gang)
             committed = self.reservations.get(m.gang)
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
@@ -536,6 +559,10 @@ class AzLeader:
 
     async def on_member(self, conn: AgentConn, m: Any) -> None:
         conn.last_seen = self.mono()
+        if m.gang in self.twophase.participant.holds:
+            # Cross-AZ gang: this AZ publishes its members' status for the owner.
+            await self.twophase.on_member(conn.node, m)
+            return
         g = self.gangs.get(m.gang)
         if g is None or g.incarnation != m.incarnation:
             return
@@ -565,6 +592,8 @@ class AzLeader:
                     await self._requeue(g)
                 elif g.id in self.reservations:
                     await self._release(g)
+                elif is_two_phase(g):
+                    self.gangs.pop(g.id, None)  # participants release their own holds
             except Conflict as exc:
                 log.info("gang %s: %s", gang_id, exc)
             finally:

@@ -205,20 +205,26 @@ class LocalCluster:
             if g is None:
                 problems.append(f"reservation {az}/{gang} for an unknown gang")
                 continue
-            if not g.state.holds_devices and r.status != "RELEASING":
+            if not g.state.holds_devices and r.status != "RELEASING" and not (
+                    r.two_phase and g.state == GangState.RESERVING and r.incarnation == g.incarnation):
                 problems.append(f"reservation {az}/{gang} ({r.status}) for a {g.state.name} gang")
         for g in gangs.values():
             if g.state.holds_devices:
-                r = res.get((g.owner_az, g.id))
-                if r is None:
-                    problems.append(f"{g.id} is {g.state.name} without a reservation")
-                    continue
-                want: dict[str, set[int]] = {}
+                # Every AZ of the placement (one for single-AZ gangs) holds
+                # exactly its part, COMMITTED.
+                want_by_az: dict[str, dict[str, set[int]]] = {}
                 for m in g.placement:
-                    want.setdefault(m.node, set()).update(m.gpus)
-                have = {n: set(d.gpus) for n, d in r.nodes.items()}
-                if want != have:
-                    problems.append(f"{g.id}: placement {want} != reservation {have}")
+                    want_by_az.setdefault(m.az, {}).setdefault(m.node, set()).update(m.gpus)
+                for az, want in sorted(want_by_az.items()):
+                    r = res.get((az, g.id))
+                    if r is None:
+                        problems.append(f"{g.id} is {g.state.name} without a reservation in {az}")
+                        continue
+                    if r.status != "COMMITTED" or r.incarnation != g.incarnation:
+                        problems.append(f"{g.id} is {g.state.name} but {az} holds {r.status}#{r.incarnation}")
+                    have = {n: set(d.gpus) for n, d in r.nodes.items()}
+                    if want != have:
+                        problems.append(f"{g.id}: placement {want} != reservation {have} in {az}")
                 if len(g.placement) != g.spec.members:
                     problems.append(f"{g.id}: {len(g.placement)} of {g.spec.members} members placed")
         return problems

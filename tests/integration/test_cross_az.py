@@ -1,0 +1,134 @@
+"""Cross-AZ gangs through two-phase reservations (issue 3), on a real etcd,
+real coordinator processes (3 AZs x 2 replicas) and simulated agents."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from coordinator.core.records import Reservation
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import peer_pb2, peer_pb2_grpc
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+
+pytestmark = pytest.mark.integration
+AZS = ("az-a", "az-b", "az-c")
+
+
+async def three_azs(c: LocalCluster, nodes_per_az: int = 1, coordinators: int = 2,
+                    env: dict[str, dict[str, str]] | None = None) -> None:
+    for az in AZS:
+        for i in range(coordinators):
+            cid = f"{az[-1]}{i}"
+            c.start_coordinator(az, cid, extra_env=(env or {}).get(cid))
+    for az in AZS:
+        await c.wait_leader(az)
+        c.start_agents(az, [dgx_node(f"{az[-1]}n{i}", az) for i in range(nodes_per_az)])
+    for az in AZS:
+        await c.wait_nodes_ready(az, nodes_per_az)
+
+
+def cross(name: str, members: int = 3, gpus: int = 8, duration: float = 1.0, **kw) -> pb.GangSpec:
+    return tiny(name, members=members, gpus=gpus, duration=duration,
+                topology=pb.TopologyConstraint(allow_cross_az=True), **kw)
+
+
+async def settled_invariants(c: LocalCluster, timeout: float = 30.0) -> list[str]:
+    """Poll until etcd's accounting is exact (or give the last problems)."""
+    deadline = time.monotonic() + timeout
+    problems: list[str] = []
+    while time.monotonic() < deadline:
+        problems = await c.check_etcd_invariants()
+        if not problems:
+            return []
+        await asyncio.sleep(0.2)
+    return problems
+
+
+async def no_reservations_left(c: LocalCluster, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    res = {}
+    while time.monotonic() < deadline:
+        res = await c.etcd_reservations()
+        if not res:
+            return {}
+        await asyncio.sleep(0.2)
+    return res
+
+
+async def test_gang_spanning_three_azs_runs_in_all_three_and_succeeds(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c)
+    gang = await c.submit(cross("span3", duration=2.0))
+    running = await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING} | TERMINAL, timeout=60)
+    assert running.state == pb.GANG_STATE_RUNNING, running.reason
+    assert sorted(m.az for m in running.placement) == list(AZS)
+    assert sorted(m.rank for m in running.placement) == [0, 1, 2]
+    res = await c.etcd_reservations()
+    assert {az for az, g in res if g == gang.id} == set(AZS)
+    assert all(r.status == "COMMITTED" and r.two_phase for r in res.values())
+    assert await c.check_etcd_invariants() == []
+    # Every member started in its own AZ, with the whole gang's rank layout.
+    starts = [(g.az, msg) for g in c.agent_groups for kind, msg in g.history if kind == "start"]
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+    _ = starts
+
+
+async def test_hostile_peer_calls_are_refused_without_state_change(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    gang = await c.submit(cross("span-h", duration=30.0))
+    await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    before = await c.etcd_reservations()
+    lb = await c.leader("az-b")
+    la = await c.leader("az-a")
+    ch = grpc.aio.insecure_channel(lb.address)
+    peer = peer_pb2_grpc.CoordinatorPeerStub(ch)
+    owner = (await c.etcd_gangs())[gang.id].owner_az
+    owner_info = await c.leader(owner)
+    good = peer_pb2.PeerIdentity(az=owner, epoch=owner_info.epoch, coordinator_id=owner_info.coordinator_id)
+    stale = peer_pb2.PeerIdentity(az=la.az, epoch=la.epoch - 1, coordinator_id="impostor")
+    nodes = [peer_pb2.NodeDevices(node="bn0", gpus=list(range(8)))]
+    g = (await c.etcd_gangs())[gang.id]
+    cases = [
+        ("Prepare", peer_pb2.PrepareRequest(caller=stale, gang=gang.id, incarnation=g.incarnation, nodes=nodes),
+         grpc.StatusCode.PERMISSION_DENIED),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang=gang.id, incarnation=g.incarnation + 5, nodes=nodes),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang=gang.id, incarnation=max(1, g.incarnation - 1), nodes=nodes),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang="no-such-gang", incarnation=1, nodes=nodes),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Commit", peer_pb2.DecisionRequest(caller=good, gang="never-prepared", incarnation=1),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Abort", peer_pb2.DecisionRequest(caller=good, gang=gang.id, incarnation=g.incarnation),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Commit", peer_pb2.DecisionRequest(caller=stale, gang=gang.id, incarnation=g.incarnation),
+         grpc.StatusCode.PERMISSION_DENIED),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang="", incarnation=0),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for method, req, code in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await getattr(peer, method)(req, timeout=5)
+        assert err.value.code() == code, (method, req, err.value.details())
+        assert err.value.details()
+    assert await c.etcd_reservations() == before
+    kvs, _ = await c.store.get_prefix(c.store.keys.decisions())
+    assert {kv.key.rsplit("/", 2)[-2] for kv in kvs} <= {gang.id}
+    got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+    assert got.state == pb.GANG_STATE_RUNNING
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="test over"))
+    assert await no_reservations_left(c) == {}
+    await ch.close()
+
+
+def _reservation_gpus(res: dict[tuple[str, str], Reservation]) -> list[tuple[str, str, int]]:
+    return [(az, n, gpu) for (az, _), r in res.items() for n, d in r.nodes.items() for gpu in d.gpus]
