@@ -132,3 +132,34 @@ async def test_hostile_peer_calls_are_refused_without_state_change(local_cluster
 
 def _reservation_gpus(res: dict[tuple[str, str], Reservation]) -> list[tuple[str, str, int]]:
     return [(az, n, gpu) for (az, _), r in res.items() for n, d in r.nodes.items() for gpu in d.gpus]
+
+
+@pytest.mark.parametrize("victim,point", [
+    ("a0", "owner.after_prepare"),
+    ("a0", "owner.after_decide"),
+    ("b0", "participant.after_prepared"),
+], ids=["owner killed after prepare", "owner killed after decide", "participant killed after PREPARED"])
+async def test_sigkill_mid_protocol_ends_all_or_nothing_with_exact_accounting(
+        local_cluster: LocalCluster, victim: str, point: str) -> None:
+    c = local_cluster
+    await three_azs(c, env={victim: {"PHALANX_FAILPOINTS": f"{point}=crash"}})
+    # The failpoint is armed on the first replica of its AZ, which leads it.
+    for az in AZS:
+        lead = await c.leader(az)
+        assert lead.coordinator_id == f"{az[-1]}0", f"{az} is led by {lead.coordinator_id}"
+    gang = await c.submit(cross("span-crash", duration=1.0), address=c.coordinators["a0"].address)
+    proc = c.coordinators[victim].proc
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert proc.poll() is not None, f"{victim} did not hit {point}"
+    done = await c.wait_state(gang.id, TERMINAL, timeout=90)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert sorted(m.az for m in done.placement) == list(AZS)
+    # Fully committed (it ran in all three AZs), then fully released.
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+    kvs, _ = await c.store.get_prefix(c.store.keys.decisions(gang.id))
+    outcomes = {int(kv.key.rsplit("/", 1)[-1]): kv.json()["outcome"] for kv in kvs}
+    assert outcomes.get(done.incarnation) == "COMMIT"
+    assert all(o == "ABORT" for inc, o in outcomes.items() if inc != done.incarnation), outcomes
