@@ -496,6 +496,8 @@ class AzLeader:
         for m in members:
             key_ = (m.gang, m.incarnation)
             if self.twophase.owns_members(m.gang, m.incarnation):
+                # Cross-AZ gang committed here: kept, and published for its owner.
+                reported.setdefault(key_, set()).add(m.rank)
                 await self.twophase.on_member(node, m)
                 continue
             g = self.gangs.get(m.gang)
