@@ -580,7 +580,9 @@ class TwoPhaseDriver:
         records of ready nodes minus every reservation there): possibly
         stale, which participants' ledgers catch."""
         self.round_trips += 1
-        snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True)])
+        snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True),
+                                         Get(self.keys.leaders(), prefix=True)])
+        led = {kv.key[len(self.keys.leaders()):] for kv in snap.results[2]}
         used: dict[tuple[str, str], set[int]] = {}
         used_n: dict[tuple[str, str], set[str]] = {}
         for kv in snap.results[1]:
@@ -592,8 +594,8 @@ class TwoPhaseDriver:
         for kv in snap.results[0]:
             rec = NodeRecord.from_dict(kv.json())
             topo = rec.topology
-            if topo.az == self.az or not rec.ready:
-                continue
+            if topo.az == self.az or not rec.ready or topo.az not in led:
+                continue  # (an AZ without a leader cannot vote: not offered)
             views.append(NodeView(
                 topology=topo,
                 free_gpus=frozenset(topo.gpu_indices) - used.get((topo.az, topo.node), set()),
@@ -714,6 +716,9 @@ class TwoPhaseDriver:
                                          Get(k.gangs(), prefix=True), Get(k.member_summaries(), prefix=True)])
         self.revision = snap.revision
         gangs = {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[2])}
+        for g in gangs.values():
+            if not g.state.terminal and g.owner_az != self.az:
+                self.leader_seen.setdefault(g.owner_az, -1.0)  # watched for owner-AZ loss
         decisions = []
         for kv in snap.results[1]:
             parts = kv.key.rsplit("/", 2)

@@ -244,3 +244,31 @@ async def test_new_leaders_of_owner_and_participant_recover_a_running_gang_from_
     assert await settled_invariants(c) == []
     starts = [d for g in c.agent_groups for ev, d in g.history if ev == "member_started" and gang.id in d["key"]]
     assert len(starts) == 3, starts
+
+
+async def test_pending_gangs_of_a_leaderless_az_are_adopted_by_another_az(local_cluster: LocalCluster) -> None:
+    """az-a's only coordinator dies while it owns a PENDING cross-AZ gang
+    (too big for the cluster). After owner_adopt_after_s without a leader in
+    az-a, another AZ's leader adopts it (fenced, guarded by the record's
+    mod_revision) and admits it once capacity appears, without az-a."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    gang = await c.submit(cross("orphan", members=4, duration=1.0), address=c.coordinators["a0"].address)
+    await asyncio.sleep(1.0)
+    assert (await c.etcd_gangs())[gang.id].state.name == "PENDING"
+    c.coordinators["a0"].signal(9)
+    deadline = time.monotonic() + c.timings.owner_adopt_after_s + c.timings.lease_ttl_s + 20
+    owner = "az-a"
+    while time.monotonic() < deadline:
+        owner = (await c.etcd_gangs())[gang.id].owner_az
+        if owner != "az-a":
+            break
+        await asyncio.sleep(0.2)
+    assert owner in ("az-b", "az-c")
+    assert "adopted by" in (await c.etcd_gangs())[gang.id].reason
+    c.start_agents("az-b", [dgx_node(f"bn{i}", "az-b") for i in (1, 2)])
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert "az-a" not in {m.az for m in done.placement}
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
