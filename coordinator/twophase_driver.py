@@ -791,6 +791,16 @@ class TwoPhaseDriver:
                     continue
                 self.start_owner(g)
                 continue
+            waited = self.l.wall() - g.submitted_at
+            if (o.phase in (OwnerPhase.UNPLACED, OwnerPhase.BACKOFF) and g.id not in self.l._inflight
+                    and waited > g.spec.policy.admission_timeout_s and g.state in (GangState.PENDING, GangState.RESERVING)):
+                # Nothing is held for it (unplaced, or its last attempt ABORTed).
+                self.l._inflight.add(g.id)
+                why = f"not admitted within admission_timeout_s={g.spec.policy.admission_timeout_s:g}s"
+                if o.last_reason:
+                    why += f"; last: {o.last_reason}"
+                self._spawn(self.l._fail_admission(g, why), f"timeout-{g.id}")
+                continue
             if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
                 self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
             elif (g.state.terminal or g.state == GangState.RESTARTING) and o.phase is OwnerPhase.RESERVED:

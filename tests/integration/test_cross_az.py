@@ -272,3 +272,15 @@ async def test_pending_gangs_of_a_leaderless_az_are_adopted_by_another_az(local_
     assert "az-a" not in {m.az for m in done.placement}
     assert await no_reservations_left(c) == {}
     assert await settled_invariants(c) == []
+
+
+async def test_cross_az_gang_that_never_fits_fails_at_its_admission_timeout(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    spec = cross("toobig", members=4)
+    spec.policy.admission_timeout_s = 2.0
+    gang = await c.submit(spec)
+    done = await c.wait_state(gang.id, TERMINAL, timeout=30)
+    assert done.state == pb.GANG_STATE_FAILED
+    assert "admission_timeout_s=2" in done.reason, done.reason
+    assert await c.etcd_reservations() == {}
