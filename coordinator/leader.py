@@ -523,7 +523,7 @@ class AzLeader:
             missing = {m.rank for m in mine} - have
             if not missing:
                 continue
-            if g.state in (GangState.RESERVED, GangState.STARTING):
+            if g.state in (GangState.RESERVED, GangState.STARTING) and not is_two_phase(g):
                 self._dispatch(g, only_node=node, skip_ranks=have)
             elif g.state == GangState.RUNNING:
                 for rank in missing:
@@ -533,6 +533,7 @@ class AzLeader:
                 # RELEASING: the agent does not run them any more.
                 for rank in missing:
                     self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(MemberPhase.STOPPED, 0, "gone", node)
+        await self.twophase.on_register(node, reported)
         for key_ in reported:
             await self._evaluate(key_[0])
         for g in list(self.gangs.values()):

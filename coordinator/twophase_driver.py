@@ -628,6 +628,23 @@ class TwoPhaseDriver:
         log.info("two-phase %s: dispatching %s#%d to %s", self.az, g.id, g.incarnation, sorted(e.nodes))
         self.l._dispatch(g)
 
+    async def on_register(self, node: str, reported: dict[tuple[str, int], set[int]]) -> None:
+        """An agent (re)connected: members of committed cross-AZ holds on its
+        node that it does not run and that never finished are (re)sent; the
+        dispatch may have gone out while it was away (e.g. right after a
+        leader change)."""
+        for gang, hold in list(self.participant.holds.items()):
+            if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
+                continue
+            g = await self._gang(gang)
+            if g is None or g.incarnation != hold.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
+                continue
+            done = {r for r, rep in self.local_reports.get((gang, hold.incarnation), {}).items() if not rep.phase.live}
+            have = reported.get((gang, hold.incarnation), set()) | done
+            mine = {m.rank for m in g.placement if m.node == node}
+            if mine - have:
+                self.l._dispatch(g, only_node=node, skip_ranks=have)
+
     async def _fresh_gang(self, gang: str) -> GangRecord | None:
         kv = await self._read(self.keys.gang(gang))
         if kv is None:
