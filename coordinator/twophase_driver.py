@@ -155,9 +155,16 @@ class TwoPhaseDriver:
         self._last_retry = 0.0
         self._last_leader_poll = 0.0
         self.revision = 0
-        self.round_trips = 0  # etcd requests made by this driver (bench)
+        self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
 
     # ------------------------------------------------------------ helpers
+    def _rt(self, gang: str, n: int = 1) -> None:
+        self.etcd_requests[gang] = self.etcd_requests.get(gang, 0) + n
+
+    def _report_requests(self, gang: str, inc: int, role: str) -> None:
+        n = self.etcd_requests.pop(gang, 0)
+        log.info("two-phase etcd-requests gang=%s inc=%d az=%s role=%s n=%d", gang, inc, self.az, role, n)
+
     def now(self) -> float:
         return self.l.mono()
 
@@ -245,20 +252,20 @@ class TwoPhaseDriver:
                 log.error("two-phase: unhandled effect %r", e)
 
     # ------------------------------------------------------- store effects
-    async def _read(self, key: str) -> Any:
+    async def _read(self, key: str, gang: str = "") -> Any:
         for i in range(5):
             try:
-                self.round_trips += 1
+                self._rt(gang)
                 return await self.store.get(key)
             except StoreUnavailable:
                 await asyncio.sleep(0.2 * (i + 1))
         raise NotLeader(f"{self.az}: cannot read {key}; stepping down")
 
-    async def _fenced(self, compares: list, ops: list, failure: list = ()) -> Any:
+    async def _fenced(self, compares: list, ops: list, failure: list = (), gang: str = "") -> Any:
         """A fenced txn; None when its outcome is unknown (timeout)."""
         self.l.check_valid()
         try:
-            self.round_trips += 1
+            self._rt(gang)
             return await self.store.fenced_txn(self.l.fence, compares, ops, list(failure))
         except StoreUnavailable:
             return None
@@ -273,14 +280,14 @@ class TwoPhaseDriver:
     async def _write_hold(self, e: WriteHold) -> None:
         key = self.keys.reservation(self.az, e.gang)
         rec = self._record(e, "COMMITTED" if e.commit else "PREPARED")
-        res = await self._fenced([absent(key)], [Put(key, rec.to_dict())], [Get(key)])
+        res = await self._fenced([absent(key)], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
         ok = False
         why = ""
         if res is not None and res.succeeded:
             ok = True
         else:
             if res is None:  # outcome unknown: read it back
-                kv = await self._read(key)
+                kv = await self._read(key, e.gang)
             else:
                 kv = res.results[0][0] if res.results[0] else None
             if kv is None:
@@ -291,7 +298,7 @@ class TwoPhaseDriver:
                 if inc == e.incarnation:
                     ok = True
                 elif inc < e.incarnation:
-                    res2 = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, rec.to_dict())])
+                    res2 = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, rec.to_dict())], gang=e.gang)
                     ok = bool(res2 is not None and res2.succeeded)
                     why = "" if ok else "record changed concurrently"
                 else:
@@ -305,7 +312,7 @@ class TwoPhaseDriver:
 
     async def _mark_committed(self, e: MarkCommitted) -> None:
         key = self.keys.reservation(self.az, e.gang)
-        kv = await self._read(key)
+        kv = await self._read(key, e.gang)
         if kv is None or int(kv.json().get("incarnation", 0)) != e.incarnation:
             self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                     reason="record is not this incarnation"))
@@ -316,7 +323,7 @@ class TwoPhaseDriver:
             return
         cur["status"] = "COMMITTED"
         cur["epoch"] = self.l.epoch
-        res = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, cur)])
+        res = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, cur)], gang=e.gang)
         if res is not None and res.succeeded:
             self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
         else:
@@ -346,7 +353,7 @@ class TwoPhaseDriver:
     async def _create_decision(self, e: CreateDecision) -> None:
         key = self.keys.decision(e.gang, e.incarnation)
         try:
-            self.round_trips += 1
+            self._rt(e.gang)
             won, kv = await self.store.create_if_absent(key, {"outcome": e.outcome.value, "by": self.az, "reason": e.reason})
         except StoreUnavailable as exc:
             kv = await self._read(key)
@@ -382,7 +389,7 @@ class TwoPhaseDriver:
         new = g.evolve(state=GangState.RESERVING, incarnation=e.incarnation, placement=placement, span=p.span,
                        reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.l.wall())
         try:
-            self.round_trips += 1
+            self._rt(e.gang)
             await self.l._write_gang(new, g)
         except (Conflict, StoreUnavailable) as exc:
             self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
@@ -403,13 +410,15 @@ class TwoPhaseDriver:
             return
         finally:
             self.l._inflight.discard(g.id)
+        self._rt(e.gang)
+        self._report_requests(e.gang, e.incarnation, "owner")
         self.l.pending_reason.pop(e.gang, None)
         self._spawn(self.l._mark_starting(written), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
-    async def _peer_stub(self, az: str) -> tuple[Any, Any]:
+    async def _peer_stub(self, az: str, gang: str = "") -> tuple[Any, Any]:
         info = await observe(self.store, az)
-        self.round_trips += 1
+        self._rt(gang)
         if info is None or self.peer_channel is None:
             return None, None
         return peer_pb2_grpc.CoordinatorPeerStub(self.peer_channel(info.address)), info
@@ -437,7 +446,7 @@ class TwoPhaseDriver:
                 return await asyncio.wait_for(self.local_prepare(ev), self.cfg.vote_timeout_s)
             except asyncio.TimeoutError:
                 return None
-        stub, _ = await self._peer_stub(p.to_az)
+        stub, _ = await self._peer_stub(p.to_az, p.gang)
         if stub is None:
             return None
         req = peer_pb2.PrepareRequest(
@@ -459,7 +468,7 @@ class TwoPhaseDriver:
             cls = CommitReceived if isinstance(e, SendCommit) else AbortReceived
             self.feed_participant(cls(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, from_az=self.az))
             return
-        stub, _ = await self._peer_stub(e.to_az)
+        stub, _ = await self._peer_stub(e.to_az, e.gang)
         if stub is None:
             return
         req = peer_pb2.DecisionRequest(caller=self.identity(), gang=e.gang, incarnation=e.incarnation)
@@ -501,6 +510,7 @@ class TwoPhaseDriver:
         slice), then vote. ``PeerRefused`` on bad input: no state change."""
         caller = req.caller
         res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
+        self._rt(req.gang)
         self._check_caller(caller, res.results[0])
         if not res.results[1]:
             raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown gang {req.gang!r}")
@@ -527,6 +537,7 @@ class TwoPhaseDriver:
         caller = req.caller
         dkey = self.keys.decision(req.gang, req.incarnation)
         res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
+        self._rt(req.gang)
         self._check_caller(caller, res.results[0])
         want = Outcome.COMMIT if commit else Outcome.ABORT
         if not res.results[1]:
@@ -562,6 +573,7 @@ class TwoPhaseDriver:
             return
         try:
             nodes = await self.global_view()
+            self._rt(e.gang)
         except StoreUnavailable as exc:
             self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                     reason=f"cannot read the global view: {exc}"))
@@ -579,7 +591,6 @@ class TwoPhaseDriver:
         """This AZ from the leader's live view; other AZs from etcd (node
         records of ready nodes minus every reservation there): possibly
         stale, which participants' ledgers catch."""
-        self.round_trips += 1
         snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True),
                                          Get(self.keys.leaders(), prefix=True)])
         led = {kv.key[len(self.keys.leaders()):] for kv in snap.results[2]}
@@ -608,7 +619,7 @@ class TwoPhaseDriver:
     async def _gang(self, gang: str) -> GangRecord | None:
         g = self.l.gangs.get(gang) or self.gang_cache.get(gang)
         if g is None:
-            kv = await self._read(self.keys.gang(gang))
+            kv = await self._read(self.keys.gang(gang), gang)
             if kv is None:
                 return None
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
@@ -617,6 +628,7 @@ class TwoPhaseDriver:
 
     async def _dispatch(self, e: DispatchGang) -> None:
         g = await self._gang(e.gang)
+        self._report_requests(e.gang, e.incarnation, "participant")
         if g is None or g.incarnation != e.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
             g2 = await self._fresh_gang(e.gang)
             if g2 is None or g2.incarnation != e.incarnation:
@@ -728,7 +740,6 @@ class TwoPhaseDriver:
     async def recover(self) -> None:
         """Rebuild the participant (and owners) from etcd alone."""
         k = self.keys
-        self.round_trips += 1
         snap = await self.store.txn([], [Get(k.reservations(self.az), prefix=True), Get(k.decisions(), prefix=True),
                                          Get(k.gangs(), prefix=True), Get(k.member_summaries(), prefix=True)])
         self.revision = snap.revision
