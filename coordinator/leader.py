@@ -197,7 +197,9 @@ class AzLeader:
             kvs = res.results[0]
             if kvs:
                 cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
-                if not cur.state.terminal or cur.id in self.reservations:
+                if cur.owner_az != self.az:
+                    self.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
+                elif not cur.state.terminal or cur.id in self.reservations:
                     self.gangs[cur.id] = cur
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
@@ -448,6 +450,8 @@ class AzLeader:
         rank0 = g.placement[0]
         by_node: dict[str, list[MemberAssignment]] = {}
         for m in g.placement:
+            if m.az != self.az:
+                continue  # a cross-AZ gang's other members are dispatched by their own AZ's leader
             by_node.setdefault(m.node, []).append(m)
         # A port per gang (deterministic from its id), for MASTER_PORT.
         port = 20000 + (int.from_bytes(g.id.encode()[-4:], "big") % 20000)
@@ -516,7 +520,7 @@ class AzLeader:
             self.members.setdefault(key_, {})[m.rank] = report
         # Reservations on this node whose members the agent does not report.
         for g in list(self.gangs.values()):
-            mine = [m for m in g.placement if m.node == node]
+            mine = [m for m in g.placement if m.node == node and m.az == self.az]
             if not mine:
                 continue
             have = reported.get((g.id, g.incarnation), set())
@@ -703,10 +707,10 @@ class AzLeader:
                 # Past the node's fence deadline its agent has stopped every
                 # member: fail gangs that had members there and free devices.
                 for g in list(self.gangs.values()):
-                    if any(m.node == node for m in g.placement):
+                    if any(m.node == node and m.az == self.az for m in g.placement):
                         reports = self.members.setdefault((g.id, g.incarnation), {})
                         for m in g.placement:
-                            if m.node == node:
+                            if m.node == node and m.az == self.az:
                                 reports[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)", node)
                         await self._evaluate(g.id)
 

@@ -829,10 +829,11 @@ class TwoPhaseDriver:
                     why += f"; last: {o.last_reason}"
                 self._spawn(self.l._fail_admission(g, why), f"timeout-{g.id}")
                 continue
+            if o.phase is OwnerPhase.RESERVED and (g.state.terminal or g.state == GangState.RESTARTING
+                                                   or g.incarnation > o.incarnation):
+                self.feed_owner(g.id, GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation))
             if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
                 self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
-            elif (g.state.terminal or g.state == GangState.RESTARTING) and o.phase is OwnerPhase.RESERVED:
-                self.feed_owner(g.id, GangFinished(stimulus_id=f"owner-over:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
         if now - self._last_retry > 1.0:
             self._last_retry = now
             for gang, o in list(self.owners.items()):
@@ -878,8 +879,16 @@ class TwoPhaseDriver:
             gang = key[len(k.gangs()):]
             if ev.kind == "delete":
                 return
+            mine = self.l.gangs.get(gang)
+            if mine is None and gang not in self.participant.holds and gang not in self.gang_cache:
+                return  # (parse only the gangs this leader cares about)
+            g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
+            if mine is not None and g.owner_az != self.az and mine.owner_az == self.az:
+                # Adopted by another AZ (owner-AZ loss): stop owning it here.
+                log.warning("gang %s is now owned by %s", gang, g.owner_az)
+                self.l.gangs.pop(gang, None)
+                self.owners.pop(gang, None)
             if gang in self.participant.holds or gang in self.gang_cache:
-                g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
                 self.gang_cache[gang] = g
                 self._maybe_finish(g)
         elif key.startswith(k.member_summaries()) and ev.kind == "put":

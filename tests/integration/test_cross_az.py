@@ -284,3 +284,39 @@ async def test_cross_az_gang_that_never_fits_fails_at_its_admission_timeout(loca
     assert done.state == pb.GANG_STATE_FAILED
     assert "admission_timeout_s=2" in done.reason, done.reason
     assert await c.etcd_reservations() == {}
+
+
+async def test_one_ledger_single_az_and_cross_az_gangs_never_share_devices(local_cluster: LocalCluster) -> None:
+    """az-a has one 8-GPU node. A running cross-AZ gang holds it, so a
+    single-AZ gang of az-a waits; then the reverse: a running single-AZ gang
+    holds it, so the cross-AZ gang waits. No GPU is ever in two reservations."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    a = c.coordinators["a0"].address
+
+    async def check_while(gang_ids: list[str]) -> None:
+        while True:
+            assert await c.check_etcd_invariants() == []
+            states = [(await c.stub().GetGang(gpb.GetGangRequest(id=g), timeout=5)).state for g in gang_ids]
+            if all(s in TERMINAL for s in states):
+                return
+            await asyncio.sleep(0.1)
+
+    x = await c.submit(cross("x-first", duration=2.0), address=a)
+    await c.wait_state(x.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    s = await c.submit(tiny("s-second", members=1, gpus=8, duration=0.5), address=a)
+    await asyncio.sleep(0.5)
+    assert (await c.stub().GetGang(gpb.GetGangRequest(id=s.id))).state == pb.GANG_STATE_PENDING
+    await asyncio.wait_for(check_while([x.id, s.id]), 60)
+    for g in (x, s):
+        assert (await c.stub().GetGang(gpb.GetGangRequest(id=g.id))).state == pb.GANG_STATE_SUCCEEDED
+
+    s2 = await c.submit(tiny("s-first", members=1, gpus=8, duration=2.0), address=a)
+    await c.wait_state(s2.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    x2 = await c.submit(cross("x-second", duration=0.5), address=a)
+    await asyncio.sleep(0.5)
+    assert (await c.stub().GetGang(gpb.GetGangRequest(id=x2.id))).state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING)
+    await asyncio.wait_for(check_while([s2.id, x2.id]), 60)
+    for g in (s2, x2):
+        assert (await c.stub().GetGang(gpb.GetGangRequest(id=g.id))).state == pb.GANG_STATE_SUCCEEDED
+    assert await no_reservations_left(c) == {}
