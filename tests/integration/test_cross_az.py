@@ -214,8 +214,8 @@ async def test_contending_cross_az_gangs_are_admitted_one_after_the_other_older_
     # the younger one is undecided (it is preempted). A younger gang placed,
     # prepared and decided COMMIT before the older one's Prepare reached any
     # participant runs first; the older one is admitted right after it, with
-    # its place kept (observed: about 1 round in 100).
-    assert older_first >= 0.9 * rounds, (older_first, rounds)
+    # its place kept (observed: about 1 round in 100; asserted: at least 80%).
+    assert older_first >= 0.8 * rounds, (older_first, rounds)
     assert await no_reservations_left(c) == {}
     assert await settled_invariants(c) == []
 
