@@ -29,8 +29,8 @@ so no device can be granted twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -152,6 +152,8 @@ class TwoPhaseDriver:
         self.revoked_at: dict[tuple[str, int], float] = {}
         self.finished_fed: set[tuple[str, int]] = set()
         self.leader_seen: dict[str, float] = {}
+        self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
+        self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
         self._last_retry = 0.0
         self._last_leader_poll = 0.0
         self.revision = 0
@@ -285,6 +287,7 @@ class TwoPhaseDriver:
         why = ""
         if res is not None and res.succeeded:
             ok = True
+            self._hold_rev[(e.gang, e.incarnation)] = res.revision
         else:
             if res is None:  # outcome unknown: read it back
                 kv = await self._read(key, e.gang)
@@ -301,6 +304,8 @@ class TwoPhaseDriver:
                     res2 = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, rec.to_dict())], gang=e.gang)
                     ok = bool(res2 is not None and res2.succeeded)
                     why = "" if ok else "record changed concurrently"
+                    if ok:
+                        self._hold_rev[(e.gang, e.incarnation)] = res2.revision
                 else:
                     why = f"a newer incarnation {inc} is recorded"
         if ok:
@@ -312,6 +317,19 @@ class TwoPhaseDriver:
 
     async def _mark_committed(self, e: MarkCommitted) -> None:
         key = self.keys.reservation(self.az, e.gang)
+        rev = self._hold_rev.pop((e.gang, e.incarnation), None)
+        if rev is not None:
+            # Our own PREPARED write, unchanged since: commit it without a read.
+            rec = Reservation(self.az, e.gang, e.incarnation, "COMMITTED",
+                              {n: RecDevices(tuple(g), tuple(c)) for n, (g, c) in e.nodes.items()}, self.l.epoch)
+            hold = self.participant.holds.get(e.gang)
+            if hold is not None and hold.incarnation == e.incarnation:
+                rec = dataclasses.replace(rec, two_phase=True, owner_az=hold.owner_az, priority=hold.priority,
+                                          submitted_at=hold.submitted_at)
+                res = await self._fenced([Compare_mod(key, rev)], [Put(key, rec.to_dict())], gang=e.gang)
+                if res is not None and res.succeeded:
+                    self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+                    return
         kv = await self._read(key, e.gang)
         if kv is None or int(kv.json().get("incarnation", 0)) != e.incarnation:
             self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
@@ -341,6 +359,7 @@ class TwoPhaseDriver:
         ops.append(Delete(msum))
         res = await self._fenced([Compare_mod(key, kv.mod_revision)], ops)
         if res is not None and res.succeeded:
+            self._hold_rev.pop((e.gang, e.incarnation), None)
             self.local_reports.pop((e.gang, e.incarnation), None)
             self.revoked_at.pop((e.gang, e.incarnation), None)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
@@ -416,12 +435,32 @@ class TwoPhaseDriver:
         self._spawn(self.l._mark_starting(written), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
-    async def _peer_stub(self, az: str, gang: str = "") -> tuple[Any, Any]:
-        info = await observe(self.store, az)
-        self._rt(gang)
-        if info is None or self.peer_channel is None:
-            return None, None
-        return peer_pb2_grpc.CoordinatorPeerStub(self.peer_channel(info.address)), info
+    async def _peer_call(self, az: str, gang: str, method: str, req: Any) -> Any:
+        """One CoordinatorPeer call to the leader of ``az``. Its address is
+        cached from ``leader/<az>``; a failed call drops it, and a call that
+        finds the cached address dead (UNAVAILABLE) is retried once at a
+        freshly read one. Returns None when the AZ has no leader."""
+        if self.peer_channel is None:
+            return None
+        for attempt in (0, 1):
+            info = self._leaders.get(az)
+            cached = info is not None
+            if info is None:
+                info = await observe(self.store, az)
+                self._rt(gang)
+                if info is None:
+                    return None
+                self._leaders[az] = info
+            stub = peer_pb2_grpc.CoordinatorPeerStub(self.peer_channel(info.address))
+            try:
+                return await getattr(stub, method)(req, timeout=self.cfg.vote_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
+                    self._leaders.pop(az, None)
+                if cached and attempt == 0 and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    continue
+                raise
+        return None
 
     def identity(self) -> Any:
         return peer_pb2.PeerIdentity(az=self.az, epoch=self.l.epoch, coordinator_id=self.l.info.coordinator_id)
@@ -446,21 +485,20 @@ class TwoPhaseDriver:
                 return await asyncio.wait_for(self.local_prepare(ev), self.cfg.vote_timeout_s)
             except asyncio.TimeoutError:
                 return None
-        stub, _ = await self._peer_stub(p.to_az, p.gang)
-        if stub is None:
-            return None
         req = peer_pb2.PrepareRequest(
             caller=self.identity(), gang=p.gang, incarnation=p.incarnation, priority=p.priority,
             submitted_at=p.submitted_at,
             nodes=[peer_pb2.NodeDevices(node=n, gpus=list(g), nics=list(c)) for n, (g, c) in p.nodes.items()],
         )
         try:
-            resp = await stub.Prepare(req, timeout=self.cfg.vote_timeout_s)
+            resp = await self._peer_call(p.to_az, p.gang, "Prepare", req)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
                 return False, f"{p.to_az} refused: {exc.details()}"
             log.info("prepare %s#%d -> %s: %s", p.gang, p.incarnation, p.to_az, exc.code().name)
             return None
+        if resp is None:
+            return None  # no leader there: the vote timer decides
         return resp.vote == peer_pb2.VOTE_YES, resp.reason
 
     async def _send_decision(self, e: SendCommit | SendAbort) -> None:
@@ -468,15 +506,9 @@ class TwoPhaseDriver:
             cls = CommitReceived if isinstance(e, SendCommit) else AbortReceived
             self.feed_participant(cls(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, from_az=self.az))
             return
-        stub, _ = await self._peer_stub(e.to_az, e.gang)
-        if stub is None:
-            return
         req = peer_pb2.DecisionRequest(caller=self.identity(), gang=e.gang, incarnation=e.incarnation)
         try:
-            if isinstance(e, SendCommit):
-                await stub.Commit(req, timeout=self.cfg.vote_timeout_s)
-            else:
-                await stub.Abort(req, timeout=self.cfg.vote_timeout_s)
+            await self._peer_call(e.to_az, e.gang, "Commit" if isinstance(e, SendCommit) else "Abort", req)
         except grpc.aio.AioRpcError as exc:
             log.info("%s %s#%d -> %s: %s %s", type(e).__name__, e.gang, e.incarnation, e.to_az, exc.code().name, exc.details())
 
