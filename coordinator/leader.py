@@ -706,6 +706,7 @@ class AzLeader:
             if silent > self.t.replace_after_s and not live.ready:
                 # Past the node's fence deadline its agent has stopped every
                 # member: fail gangs that had members there and free devices.
+                await self.twophase.on_node_lost(node, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)")
                 for g in list(self.gangs.values()):
                     if any(m.node == node and m.az == self.az for m in g.placement):
                         reports = self.members.setdefault((g.id, g.incarnation), {})

@@ -525,6 +525,12 @@ class TwoPhaseDriver:
         other = self.single_az_conflict(ev.nodes)
         if other:
             return False, f"devices committed to single-AZ gang {other} in {self.az}"
+        if ev.key not in {(h.gang, h.incarnation) for h in self.participant.holds.values()}:
+            down = sorted(n for n in ev.nodes if not (self.l.liveness.get(n) and self.l.liveness[n].ready and n in self.l.conns))
+            if down:
+                # The owner's view of this AZ is stale: never vote YES for a
+                # node whose agent is not connected here.
+                return False, f"node(s) {', '.join(down)} not ready in {self.az}"
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._vote_waiters.setdefault(ev.key, []).append(fut)
         self.feed_participant(ev)
@@ -715,6 +721,25 @@ class TwoPhaseDriver:
         g = self.gang_cache.get(m.gang) or self.l.gangs.get(m.gang)
         if g is not None:
             self._maybe_finish(g)
+
+    async def on_node_lost(self, node: str, reason: str) -> None:
+        """A node of this AZ is past its fence deadline: its members of
+        committed cross-AZ holds are gone; tell their owners."""
+        for gang, hold in list(self.participant.holds.items()):
+            if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
+                continue
+            g = await self._gang(gang)
+            if g is None or g.incarnation != hold.incarnation:
+                continue
+            reps = self.local_reports.setdefault((gang, hold.incarnation), {})
+            changed = False
+            for m in g.placement:
+                if m.az == self.az and m.node == node and (reps.get(m.rank) is None or reps[m.rank].phase.live):
+                    reps[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, reason, node)
+                    changed = True
+            if changed:
+                await self._publish_members(gang, hold.incarnation)
+                self._maybe_finish(g)
 
     async def _publish_members(self, gang: str, inc: int) -> None:
         reps = self.local_reports.get((gang, inc), {})

@@ -320,3 +320,39 @@ async def test_one_ledger_single_az_and_cross_az_gangs_never_share_devices(local
     for g in (s2, x2):
         assert (await c.stub().GetGang(gpb.GetGangRequest(id=g.id))).state == pb.GANG_STATE_SUCCEEDED
     assert await no_reservations_left(c) == {}
+
+
+async def test_lost_node_restarts_the_whole_cross_az_gang_which_runs_again_when_capacity_returns(local_cluster: LocalCluster) -> None:
+    """az-b's only node goes away while a 3-AZ gang runs: the whole gang is
+    torn down in every AZ and restarts as incarnation 2, which waits (a
+    participant never votes YES for a node whose agent is not connected)
+    until az-b has a node again, then runs to success."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    spec = cross("span-rs", duration=6.0)
+    spec.policy.max_restarts = 2
+    gang = await c.submit(spec)
+    await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    b = [g for g in c.agent_groups if g.az == "az-b"][0]
+    b.stop.set()
+    await asyncio.wait_for(b.task, 15)
+    deadline = time.monotonic() + 40
+    cur = None
+    while time.monotonic() < deadline:
+        cur = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+        if cur.incarnation >= 2 and cur.state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING):
+            break
+        await asyncio.sleep(0.2)
+    assert cur is not None and cur.incarnation >= 2 and cur.restarts == 1, cur
+    await asyncio.sleep(2.0)
+    cur = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+    assert cur.state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING), cur.state
+    assert await settled_invariants(c) == []
+    c.start_agents("az-b", [dgx_node("bn0", "az-b")])
+    running = await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING} | TERMINAL, timeout=60)
+    assert running.state == pb.GANG_STATE_RUNNING, running.reason
+    assert sorted(m.az for m in running.placement) == list(AZS)
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
