@@ -155,6 +155,7 @@ class TwoPhaseDriver:
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
         self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
         self._last_retry = 0.0
+        self._last_eval = 0.0
         self._last_leader_poll = 0.0
         self.revision = 0
         self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
@@ -891,6 +892,14 @@ class TwoPhaseDriver:
                 self.feed_owner(g.id, GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation))
             if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
                 self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
+        if now - self._last_eval > 0.5:
+            # Member summaries may arrive while a write of the gang is in
+            # flight (then _evaluate skips them): re-evaluate owned cross-AZ
+            # gangs periodically; it writes only on a transition.
+            self._last_eval = now
+            for g in list(self.l.gangs.values()):
+                if is_two_phase(g) and g.id not in self.l._inflight and g.state not in (GangState.PENDING, GangState.RESERVING):
+                    self._spawn(self.l._evaluate(g.id), f"evaluate-{g.id}")
         if now - self._last_retry > 1.0:
             self._last_retry = now
             for gang, o in list(self.owners.items()):
