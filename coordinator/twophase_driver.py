@@ -156,6 +156,8 @@ class TwoPhaseDriver:
         self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
         self._last_retry = 0.0
         self._last_eval = 0.0
+        self._published: dict[tuple[str, int], dict] = {}  # last member summary written per (gang, inc)
+        self._publishing: set[tuple[str, int]] = set()
         self._last_leader_poll = 0.0
         self.revision = 0
         self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
@@ -361,6 +363,7 @@ class TwoPhaseDriver:
         res = await self._fenced([Compare_mod(key, kv.mod_revision)], ops)
         if res is not None and res.succeeded:
             self._hold_rev.pop((e.gang, e.incarnation), None)
+            self._published.pop((e.gang, e.incarnation), None)
             self.local_reports.pop((e.gang, e.incarnation), None)
             self.revoked_at.pop((e.gang, e.incarnation), None)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
@@ -718,7 +721,7 @@ class TwoPhaseDriver:
         if reps.get(m.rank) == rep:
             return
         reps[m.rank] = rep
-        await self._publish_members(m.gang, m.incarnation)
+        self._spawn(self._publish_members(m.gang, m.incarnation), f"members-{m.gang}")
         g = self.gang_cache.get(m.gang) or self.l.gangs.get(m.gang)
         if g is not None:
             self._maybe_finish(g)
@@ -726,6 +729,7 @@ class TwoPhaseDriver:
     async def on_node_lost(self, node: str, reason: str) -> None:
         """A node of this AZ is past its fence deadline: its members of
         committed cross-AZ holds are gone; tell their owners."""
+        log.debug("two-phase %s: node %s lost: %s", self.az, node, reason)
         for gang, hold in list(self.participant.holds.items()):
             if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
                 continue
@@ -739,20 +743,40 @@ class TwoPhaseDriver:
                     reps[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, reason, node)
                     changed = True
             if changed:
-                await self._publish_members(gang, hold.incarnation)
+                log.info("two-phase %s: members of %s#%d on %s are gone: %s", self.az, gang, hold.incarnation, node, reason)
                 self._maybe_finish(g)
+            await self._publish_members(gang, hold.incarnation)
+
+    def _summary(self, gang: str, inc: int) -> dict:
+        reps = self.local_reports.get((gang, inc), {})
+        return {"incarnation": inc, "az": self.az, "members": {
+            str(r): {"phase": int(p.phase), "exit_code": p.exit_code, "reason": p.reason, "node": p.node}
+            for r, p in sorted(reps.items())}}
 
     async def _publish_members(self, gang: str, inc: int) -> None:
-        reps = self.local_reports.get((gang, inc), {})
-        body = {"incarnation": inc, "az": self.az, "members": {
-            str(r): {"phase": int(p.phase), "exit_code": p.exit_code, "reason": p.reason, "node": p.node} for r, p in reps.items()}}
+        """Write this AZ's summary of (gang, inc) unless already written.
+        Runs as a leader task (``on_member`` spawns it): an agent stream that
+        closes right after its last report must not cancel the write. The
+        leader's tick re-publishes any summary whose write did not land."""
+        key_ = (gang, inc)
         # Only while our hold of this incarnation exists (no summary outlives it).
         hold = self.participant.holds.get(gang)
-        if hold is None or hold.incarnation != inc:
+        if hold is None or hold.incarnation != inc or key_ in self._publishing:
             return
-        res = await self._fenced([], [Put(self.keys.member_summary(gang, self.az), body)])
+        body = self._summary(gang, inc)
+        if self._published.get(key_) == body:
+            return
+        self._publishing.add(key_)
+        try:
+            res = await self._fenced([], [Put(self.keys.member_summary(gang, self.az), body)])
+        finally:
+            self._publishing.discard(key_)
         if res is None:
             log.info("member summary of %s in %s: write timed out", gang, self.az)
+            return
+        self._published[key_] = body
+        if self._summary(gang, inc) != body:
+            self._spawn(self._publish_members(gang, inc), f"members-{gang}")  # changed meanwhile
 
     def on_member_summary(self, gang: str, body: dict) -> None:
         """Owner side: a participant's summary arrived on the watch."""
@@ -790,6 +814,18 @@ class TwoPhaseDriver:
         live = [r for r in local_ranks if reps.get(r) is None or reps[r].phase.live]
         waited = now - self.revoked_at[key_]
         if live and waited < self.l.t.replace_after_s:
+            return
+        if live and g.incarnation == inc:
+            # Past the fence deadline: whatever did not report is gone (its
+            # agent has stopped it); say so, so that the owner stops waiting.
+            reps = self.local_reports.setdefault(key_, {})
+            node_of = {m.rank: m.node for m in g.placement}
+            for r in live:
+                reps[r] = progress.MemberReport(MemberPhase.STOPPED, -1, "no report before the fence deadline", node_of.get(r, ""))
+        if reps and self._published.get(key_) != self._summary(g.id, inc):
+            # The owner must see how our members ended before the hold (and
+            # with it the summary key) goes: publish first, finish on a later tick.
+            self._spawn(self._publish_members(g.id, inc), f"members-{g.id}")
             return
         self.finished_fed.add(key_)
         self.feed_participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc))
@@ -835,6 +871,7 @@ class TwoPhaseDriver:
                 self.local_reports[(gang, int(body["incarnation"]))] = {
                     int(r): progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
                     for r, d in body.get("members", {}).items()}
+                self._published[(gang, int(body["incarnation"]))] = self._summary(gang, int(body["incarnation"]))
             else:
                 self.on_member_summary(kv.key.rsplit("/", 2)[-2], body)
         # RESTARTING / terminal gangs whose holds we still keep.
@@ -907,6 +944,11 @@ class TwoPhaseDriver:
                     self.feed_owner(gang, RetryRequested(stimulus_id=f"retry:{gang}", gang=gang))
         for g in list(self.gang_cache.values()):
             self._maybe_finish(g)
+        for (gang, inc) in list(self.local_reports):
+            if self._published.get((gang, inc)) != self._summary(gang, inc) and (gang, inc) not in self._publishing:
+                hold = self.participant.holds.get(gang)
+                if hold is not None and hold.incarnation == inc:
+                    self._spawn(self._publish_members(gang, inc), f"members-{gang}")
 
     async def watch(self) -> None:
         """One watch on the cluster root from the recovery revision."""
