@@ -937,6 +937,12 @@ class TwoPhaseDriver:
             for g in list(self.l.gangs.values()):
                 if is_two_phase(g) and g.id not in self.l._inflight and g.state not in (GangState.PENDING, GangState.RESERVING):
                     self._spawn(self.l._evaluate(g.id), f"evaluate-{g.id}")
+        for gang, o in list(self.owners.items()):
+            if gang not in self.l.gangs and o.phase.settled:
+                # Ended (or adopted elsewhere) and nothing in flight: forget it.
+                del self.owners[gang]
+                self.l.pending_reason.pop(gang, None)
+                self.placements = {k: v for k, v in self.placements.items() if k[0] != gang}
         if now - self._last_retry > 1.0:
             self._last_retry = now
             for gang, o in list(self.owners.items()):

@@ -356,3 +356,21 @@ async def test_lost_node_restarts_the_whole_cross_az_gang_which_runs_again_when_
     assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
     assert await no_reservations_left(c) == {}
     assert await settled_invariants(c) == []
+
+
+async def test_cancel_a_waiting_cross_az_gang_leaves_nothing_behind(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    gang = await c.submit(cross("waiting", members=4))
+    await asyncio.sleep(1.5)
+    got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+    assert got.state == pb.GANG_STATE_PENDING
+    ex = await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="changed my mind"))
+    assert ex.state == pb.GANG_STATE_CANCELLED
+    # The name is free again and a fitting cross-AZ gang is admitted at once.
+    again = await c.submit(cross("waiting", members=3, duration=0.5))
+    done = await c.wait_state(again.id, TERMINAL, timeout=30)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert (await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))).state == pb.GANG_STATE_CANCELLED
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
