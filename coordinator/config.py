@@ -46,6 +46,12 @@ class Timings:
     campaign_retry_s: float = 0.5
     # Two-phase prepare hold timeout before in-doubt resolution (issue 3).
     prepare_timeout_s: float = 10.0
+    # Two-phase owner: how long to wait for every participant's vote before
+    # deciding ABORT (must be below prepare_timeout_s).
+    vote_timeout_s: float = 5.0
+    # An AZ without any leader for this long has its PENDING gangs adopted
+    # by another AZ's leader (owner-AZ loss).
+    owner_adopt_after_s: float = 30.0
     # Whole-gang restart backoff: base * 2^restarts, capped.
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 60.0
@@ -99,6 +105,10 @@ class Timings:
              "(stop_grace_s < fence_after_s + replace_margin_s - lease_ttl_s)")
         rule(self.prepare_timeout_s >= 2 * self.etcd_timeout_s,
              "prepare_timeout_s must be at least two etcd round trips")
+        rule(self.vote_timeout_s < self.prepare_timeout_s,
+             "vote_timeout_s must be below prepare_timeout_s (the owner normally decides before participants give up)")
+        rule(self.owner_adopt_after_s > self.lease_ttl_s + self.campaign_retry_s,
+             "owner_adopt_after_s must exceed lease_ttl_s + campaign_retry_s (a standby gets the chance to take over first)")
         if errors:
             raise ConfigError("invalid timings: " + "; ".join(errors))
         return self
@@ -118,7 +128,9 @@ class Timings:
             replace_margin_s=1.0,
             stop_grace_s=1.0,
             campaign_retry_s=0.2,
-            prepare_timeout_s=3.0,
+            prepare_timeout_s=4.0,
+            vote_timeout_s=2.5,
+            owner_adopt_after_s=5.0,
             restart_backoff_s=0.2,
             restart_backoff_max_s=2.0,
         ).validate()

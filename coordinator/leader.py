@@ -24,7 +24,8 @@ from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan
 from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
-from coordinator.store import Compare, Delete, Fence, Get, Put, Store, absent
+from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
+from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
 from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
@@ -64,6 +65,7 @@ class AzLeader:
         *,
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
+        peer_channel: Callable[[str], Any] | None = None,
     ):
         self.store = store
         self.keys = store.keys
@@ -96,13 +98,18 @@ class AzLeader:
         self._last_persist = 0.0
         self._tasks: set[asyncio.Task] = set()
         self.failure: BaseException | None = None
+        from coordinator.twophase_driver import TwoPhaseDriver
+
+        self.twophase = TwoPhaseDriver(self, peer_channel)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
         """Lead until the lease is lost or a fenced write fails."""
         try:
             await self.rebuild()
+            await self.twophase.recover()
             self.rebuilt.set()
+            self._spawn(self.twophase.watch(), "twophase-watch")
             log.info("leader of %s (epoch %d): %d gangs, %d reservations, %d nodes", self.az, self.epoch, len(self.gangs), len(self.reservations), len(self.nodes))
             lost = asyncio.create_task(self.session.lost.wait())
             try:
@@ -168,6 +175,8 @@ class AzLeader:
         now = self.mono()
         for kv in res_kvs:
             r = Reservation.from_dict(kv.json(), kv.mod_revision)
+            if r.two_phase:
+                continue  # the two-phase participant's (TwoPhaseDriver.recover)
             self.reservations[r.gang] = r
         self.ledger = DeviceLedger.from_reservations(self.reservations)
         for kv in gang_kvs:
@@ -194,7 +203,9 @@ class AzLeader:
             kvs = res.results[0]
             if kvs:
                 cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
-                if not cur.state.terminal or cur.id in self.reservations:
+                if cur.owner_az != self.az:
+                    self.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
+                elif not cur.state.terminal or cur.id in self.reservations:
                     self.gangs[cur.id] = cur
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
@@ -350,8 +361,13 @@ class AzLeader:
             if live is None or not live.ready or name not in self.conns:
                 continue
             topo = rec.topology
-            used_g = self.ledger.used_gpus(name)
-            used_n = self.ledger.used_nics(name)
+            used_g = set(self.ledger.used_gpus(name))
+            used_n = set(self.ledger.used_nics(name))
+            # One ledger: cross-AZ holds (PREPARED or COMMITTED) are taken too.
+            for hold in self.twophase.participant.holds.values():
+                gpus, nics = hold.nodes.get(name, ((), ()))
+                used_g.update(gpus)
+                used_n.update(nics)
             views.append(NodeView(
                 topology=topo,
                 free_gpus=frozenset(topo.gpu_indices) - used_g,
@@ -365,7 +381,13 @@ class AzLeader:
         await self._check_liveness()
         await self._check_start_barrier()
         await self._persist_heartbeats()
-        pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight]
+        self.twophase.tick()
+        try:
+            await self.twophase.adopt_orphans()
+        except StoreUnavailable as exc:
+            log.info("owner-AZ loss check: %s", exc)
+        pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight
+                   and not is_two_phase(g)]
         if not pending:
             return
         decisions = plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az, index=self.index)
@@ -470,6 +492,8 @@ class AzLeader:
         rank0 = g.placement[0]
         by_node: dict[str, list[MemberAssignment]] = {}
         for m in g.placement:
+            if m.az != self.az:
+                continue  # a cross-AZ gang's other members are dispatched by their own AZ's leader
             by_node.setdefault(m.node, []).append(m)
         # A port per gang (deterministic from its id), for MASTER_PORT.
         port = 20000 + (int.from_bytes(g.id.encode()[-4:], "big") % 20000)
@@ -517,6 +541,11 @@ class AzLeader:
         reported: dict[tuple[str, int], set[int]] = {}
         for m in members:
             key_ = (m.gang, m.incarnation)
+            if self.twophase.owns_members(m.gang, m.incarnation):
+                # Cross-AZ gang committed here: kept, and published for its owner.
+                reported.setdefault(key_, set()).add(m.rank)
+                await self.twophase.on_member(node, m)
+                continue
             g = self.gangs.get(m.gang)
             committed = self.reservations.get(m.gang)
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
@@ -533,14 +562,14 @@ class AzLeader:
             self.members.setdefault(key_, {})[m.rank] = report
         # Reservations on this node whose members the agent does not report.
         for g in list(self.gangs.values()):
-            mine = [m for m in g.placement if m.node == node]
+            mine = [m for m in g.placement if m.node == node and m.az == self.az]
             if not mine:
                 continue
             have = reported.get((g.id, g.incarnation), set())
             missing = {m.rank for m in mine} - have
             if not missing:
                 continue
-            if g.state in (GangState.RESERVED, GangState.STARTING):
+            if g.state in (GangState.RESERVED, GangState.STARTING) and not is_two_phase(g):
                 self._dispatch(g, only_node=node, skip_ranks=have)
             elif g.state == GangState.RUNNING:
                 for rank in missing:
@@ -550,6 +579,7 @@ class AzLeader:
                 # RELEASING: the agent does not run them any more.
                 for rank in missing:
                     self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(MemberPhase.STOPPED, 0, "gone", node)
+        await self.twophase.on_register(node, reported)
         for key_ in reported:
             await self._evaluate(key_[0])
         for g in list(self.gangs.values()):
@@ -578,6 +608,10 @@ class AzLeader:
 
     async def on_member(self, conn: AgentConn, m: Any) -> None:
         conn.last_seen = self.mono()
+        if m.gang in self.twophase.participant.holds:
+            # Cross-AZ gang: this AZ publishes its members' status for the owner.
+            await self.twophase.on_member(conn.node, m)
+            return
         g = self.gangs.get(m.gang)
         if g is None or g.incarnation != m.incarnation:
             return
@@ -607,6 +641,8 @@ class AzLeader:
                     await self._requeue(g)
                 elif g.id in self.reservations:
                     await self._release(g)
+                elif is_two_phase(g):
+                    self.gangs.pop(g.id, None)  # participants release their own holds
             except Conflict as exc:
                 log.info("gang %s: %s", gang_id, exc)
             finally:
@@ -712,11 +748,12 @@ class AzLeader:
             if silent > self.t.replace_after_s and not live.ready:
                 # Past the node's fence deadline its agent has stopped every
                 # member: fail gangs that had members there and free devices.
+                await self.twophase.on_node_lost(node, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)")
                 for g in list(self.gangs.values()):
-                    if any(m.node == node for m in g.placement):
+                    if any(m.node == node and m.az == self.az for m in g.placement):
                         reports = self.members.setdefault((g.id, g.incarnation), {})
                         for m in g.placement:
-                            if m.node == node:
+                            if m.node == node and m.az == self.az:
                                 reports[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)", node)
                         await self._evaluate(g.id)
 

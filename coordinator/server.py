@@ -24,6 +24,7 @@ from coordinator.election import Election, LeaseLost, LeaseSession
 from coordinator.leader import AzLeader
 from coordinator.service import GangServicer
 from coordinator.store import Store, StoreUnavailable, jitter
+from coordinator.twophase_driver import PeerRefused
 from phalanx.errors import NotLeader
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
@@ -31,17 +32,57 @@ log = logging.getLogger(__name__)
 
 
 class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
-    """Cross-AZ two-phase reservations arrive with issue 3; until then every
-    call is refused with UNIMPLEMENTED (and changes nothing)."""
+    """Cross-AZ two-phase reservations (docs/two-phase.md, "Driver"): the
+    participant side of Prepare / Commit / Abort. Every call is checked
+    against etcd first (the caller's epoch is the create_revision of
+    ``leader/<caller az>``; a Prepare names the attempt recorded in
+    ``gangs/<gang>``; a Commit/Abort matches ``decisions/<gang>/<inc>``);
+    a refused call changes nothing."""
+
+    def __init__(self, coordinator: "Coordinator"):
+        self.c = coordinator
+
+    async def _driver(self, context: grpc.aio.ServicerContext) -> Any:
+        leader = self.c.leader
+        if leader is None or leader.stopped.is_set():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
+        try:
+            await leader._until_rebuilt()
+        except NotLeader as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return leader.twophase
+
+    async def _call(self, context: grpc.aio.ServicerContext, coro_fn: Any) -> Any:
+        try:
+            return await coro_fn()
+        except PeerRefused as exc:
+            await context.abort(exc.code, str(exc))
+        except NotLeader as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        except StoreUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {exc}")
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time")
 
     async def Prepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cross-AZ two-phase reservations are not yet supported")
+        driver = await self._driver(context)
+        if not request.gang or request.incarnation <= 0 or not request.nodes:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gang, incarnation > 0 and nodes are required")
+        yes, reason = await self._call(context, lambda: driver.handle_prepare_rpc(request))
+        return peer_pb2.PrepareResponse(vote=peer_pb2.VOTE_YES if yes else peer_pb2.VOTE_NO, reason=reason)
+
+    async def _decision(self, request: Any, context: grpc.aio.ServicerContext, commit: bool) -> Any:
+        driver = await self._driver(context)
+        if not request.gang or request.incarnation <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gang and incarnation > 0 are required")
+        applied, state = await self._call(context, lambda: driver.handle_decision_rpc(request, commit))
+        return peer_pb2.DecisionResponse(applied=applied, state=state)
 
     async def Commit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cross-AZ two-phase reservations are not yet supported")
+        return await self._decision(request, context, True)
 
     async def Abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "cross-AZ two-phase reservations are not yet supported")
+        return await self._decision(request, context, False)
 
 
 class Coordinator:
@@ -73,7 +114,7 @@ class Coordinator:
         server = grpc.aio.server(options=opts)
         gang_pb2_grpc.add_GangServiceServicer_to_server(GangServicer(self), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
-        peer_pb2_grpc.add_CoordinatorPeerServicer_to_server(PeerServicer(), server)
+        peer_pb2_grpc.add_CoordinatorPeerServicer_to_server(PeerServicer(self), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [
             gang_pb2.DESCRIPTOR.services_by_name["GangService"].full_name,
@@ -125,7 +166,7 @@ class Coordinator:
                 leader_info = campaign.result()
                 self.leader_changes += 1
                 log.info("%s leads %s with epoch %d", self.config.coordinator_id, self.config.az, leader_info.epoch)
-                leader = AzLeader(self.store, self.config, leader_info, session)
+                leader = AzLeader(self.store, self.config, leader_info, session, peer_channel=self.peer_channel)
                 self.leader = leader
                 lead = asyncio.create_task(leader.run())
                 stop = asyncio.create_task(self._stopping.wait())

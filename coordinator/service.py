@@ -97,11 +97,6 @@ class GangServicer(ggrpc.GangServiceServicer):
         key = request.idempotency_key
         if len(key) > 128 or "/" in key:
             raise InvalidArgument("idempotency_key: at most 128 characters and no '/'")
-        if spec.topology.may_span_azs:
-            raise Unimplemented(
-                "topology.allow_cross_az: gangs that may span AZs (allow_cross_az or required: region) "
-                "are not yet supported; two-phase cross-AZ reservations are coming"
-            )
         leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request)
         if forwarded is not None:
             return forwarded

@@ -89,6 +89,14 @@ class Keys:
     def decisions(self, gang_id: str = "") -> str:
         return f"{self.root}decisions/{gang_id}/" if gang_id else f"{self.root}decisions/"
 
+    def member_summary(self, gang_id: str, az: str) -> str:
+        """Per-AZ member status of a cross-AZ gang, written by that AZ's
+        leader (the participant), watched by the owner."""
+        return f"{self.root}members/{gang_id}/{az}"
+
+    def member_summaries(self, gang_id: str = "") -> str:
+        return f"{self.root}members/{gang_id}/" if gang_id else f"{self.root}members/"
+
     def idempotency(self, key: str) -> str:
         return f"{self.root}idempotency/{key}"
 

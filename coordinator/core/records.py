@@ -108,10 +108,18 @@ class Reservation:
     az: str
     gang: str
     incarnation: int
-    status: str  # "PREPARED" | "COMMITTED"
+    status: str  # "PREPARED" | "COMMITTED" | "RELEASING"
     nodes: Mapping[str, NodeDevices]
     epoch: int  # epoch of the leader that wrote it
     mod_revision: int = 0
+    # Two-phase (cross-AZ) holds also carry the gang's owner AZ and its place
+    # in the conflict order, so a new leader can rebuild its participant
+    # ledger from etcd alone. Absent in single-AZ records (and in records
+    # written before issue 3): ``two_phase`` False.
+    two_phase: bool = False
+    owner_az: str = ""
+    priority: int = 0
+    submitted_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +129,8 @@ class Reservation:
             "status": self.status,
             "nodes": {n: {"gpus": list(d.gpus), "nics": list(d.nics)} for n, d in sorted(self.nodes.items())},
             "epoch": self.epoch,
+            **({"two_phase": True, "owner_az": self.owner_az, "priority": self.priority,
+                "submitted_at": self.submitted_at} if self.two_phase else {}),
         }
 
     @classmethod
@@ -133,6 +143,10 @@ class Reservation:
             nodes={n: NodeDevices(tuple(v.get("gpus", ())), tuple(v.get("nics", ()))) for n, v in d["nodes"].items()},
             epoch=int(d.get("epoch", 0)),
             mod_revision=mod_revision,
+            two_phase=bool(d.get("two_phase", False)),
+            owner_az=d.get("owner_az", ""),
+            priority=int(d.get("priority", 0)),
+            submitted_at=float(d.get("submitted_at", 0.0)),
         )
 
 

@@ -187,38 +187,67 @@ class LocalCluster:
     async def check_etcd_invariants(self) -> list[str]:
         """No GPU reserved twice; every reserved gang's record and reservation
         agree in full (never partial); no reservation for a gang that is
-        neither holding devices nor releasing them."""
-        # One txn = one consistent snapshot of both prefixes.
-        snap = await self.store.txn([], [Get(self.store.keys.gangs(), prefix=True), Get(self.store.keys.reservations(), prefix=True)])
+        neither holding devices nor releasing them.
+
+        Two-phase (cross-AZ) records are judged with their decision key: a
+        PREPARED record is a hold while its attempt is undecided (gang
+        RESERVING at that incarnation) and counts as COMMITTED once the key
+        says COMMIT (the record follows); records of ABORTed or finished
+        attempts are garbage awaiting deletion, not holds (as in
+        coordinator/core/twophase_invariants.py)."""
+        # One txn = one consistent snapshot of the prefixes.
+        k = self.store.keys
+        snap = await self.store.txn([], [Get(k.gangs(), prefix=True), Get(k.reservations(), prefix=True), Get(k.decisions(), prefix=True)])
         gangs = {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[0])}
         res = {(r.az, r.gang): r for r in (Reservation.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[1])}
+        decided = {}
+        for kv in snap.results[2]:
+            gang, inc = kv.key.rsplit("/", 2)[-2:]
+            decided[(gang, int(inc))] = kv.json()["outcome"]
         problems = []
         seen: dict[tuple[str, str, int], str] = {}
+
+        def garbage(r: Reservation) -> bool:
+            if not r.two_phase:
+                return False
+            g = gangs.get(r.gang)
+            return (decided.get((r.gang, r.incarnation)) == "ABORT" or g is None or g.incarnation > r.incarnation
+                    or (g.incarnation == r.incarnation and (g.state.terminal or g.state == GangState.RESTARTING)))
+
         for (az, gang), r in res.items():
+            if garbage(r):
+                continue
             for node, dev in r.nodes.items():
                 for gpu in dev.gpus:
-                    k = (az, node, gpu)
-                    if k in seen:
-                        problems.append(f"GPU {k} reserved by {seen[k]} and {gang}")
-                    seen[k] = gang
+                    k_ = (az, node, gpu)
+                    if k_ in seen:
+                        problems.append(f"GPU {k_} reserved by {seen[k_]} and {gang}")
+                    seen[k_] = gang
             g = gangs.get(gang)
             if g is None:
                 problems.append(f"reservation {az}/{gang} for an unknown gang")
                 continue
-            if not g.state.holds_devices and r.status != "RELEASING":
+            if not g.state.holds_devices and r.status != "RELEASING" and not (
+                    r.two_phase and g.state == GangState.RESERVING and r.incarnation == g.incarnation):
                 problems.append(f"reservation {az}/{gang} ({r.status}) for a {g.state.name} gang")
         for g in gangs.values():
             if g.state.holds_devices:
-                r = res.get((g.owner_az, g.id))
-                if r is None:
-                    problems.append(f"{g.id} is {g.state.name} without a reservation")
-                    continue
-                want: dict[str, set[int]] = {}
+                # Every AZ of the placement (one for single-AZ gangs) holds
+                # exactly its part, COMMITTED.
+                want_by_az: dict[str, dict[str, set[int]]] = {}
                 for m in g.placement:
-                    want.setdefault(m.node, set()).update(m.gpus)
-                have = {n: set(d.gpus) for n, d in r.nodes.items()}
-                if want != have:
-                    problems.append(f"{g.id}: placement {want} != reservation {have}")
+                    want_by_az.setdefault(m.az, {}).setdefault(m.node, set()).update(m.gpus)
+                for az, want in sorted(want_by_az.items()):
+                    r = res.get((az, g.id))
+                    if r is None:
+                        problems.append(f"{g.id} is {g.state.name} without a reservation in {az}")
+                        continue
+                    committed = r.status == "COMMITTED" or (r.two_phase and decided.get((g.id, r.incarnation)) == "COMMIT")
+                    if not committed or r.incarnation != g.incarnation:
+                        problems.append(f"{g.id} is {g.state.name} but {az} holds {r.status}#{r.incarnation}")
+                    have = {n: set(d.gpus) for n, d in r.nodes.items()}
+                    if want != have:
+                        problems.append(f"{g.id}: placement {want} != reservation {have} in {az}")
                 if len(g.placement) != g.spec.members:
                     problems.append(f"{g.id}: {len(g.placement)} of {g.spec.members} members placed")
         return problems

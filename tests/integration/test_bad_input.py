@@ -94,19 +94,21 @@ async def test_unknown_ids_cancel_of_finished_oversized_and_cross_az(local_clust
         await stub.SubmitGang(gpb.SubmitGangRequest(spec=huge))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    cross = tiny("wide")
-    cross.topology.allow_cross_az = True
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await stub.SubmitGang(gpb.SubmitGangRequest(spec=cross))
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "topology.allow_cross_az" in err.value.details()
-
-    # Peer calls are refused until the two-phase protocol lands: no change.
+    # A peer call from nobody (no caller identity, no slice) is refused: no change.
     peer = pgrpc.CoordinatorPeerStub(c._channels[c.coordinators["a0"].address])
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await peer.Prepare(ppb.PrepareRequest(gang=g.id, incarnation=1))
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await peer.Commit(ppb.DecisionRequest(gang=g.id, incarnation=1))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert await gang_keys(c) == before
+
+    # Cross-AZ gangs are accepted since issue 3 (two-phase reservations).
+    cross = tiny("wide")
+    cross.topology.allow_cross_az = True
+    resp = await stub.SubmitGang(gpb.SubmitGangRequest(spec=cross))
+    assert resp.created and resp.gang.state == pb.GANG_STATE_PENDING
 
 
 async def test_live_name_is_unique(local_cluster: LocalCluster) -> None:

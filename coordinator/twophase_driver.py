@@ -1,0 +1,1060 @@
+"""The driver of two-phase (cross-AZ) reservations (docs/two-phase.md).
+
+One ``TwoPhaseDriver`` per ``AzLeader``. It owns the AZ's ``ParticipantState``
+and one ``OwnerState`` per cross-AZ gang this leader owns, performs their
+effects and feeds the results back as events:
+
+- store effects are fenced etcd txns (``Store.fenced_txn``); ``CreateDecision``
+  is ``Store.create_if_absent`` (anyone may create a decision key: the first
+  writer wins);
+- ``SendPrepare`` / ``SendCommit`` / ``SendAbort`` are CoordinatorPeer RPCs to
+  the leader found in ``leader/<az>``, with deadlines; the owner's own AZ is
+  handled in-process;
+- ``ScheduleTimeout`` is ``loop.call_later``;
+- one watch on the cluster root feeds ``DecisionObserved`` (``decisions/``),
+  gang ends (``gangs/``: participants release their holds without the
+  owner), member summaries (``members/``: the owner's run-time view) and
+  leader keys (``leader/``: owner-AZ loss).
+
+One ledger per AZ: the leader's single-AZ ``DeviceLedger`` and the
+participant's holds are checked against each other. Placement of single-AZ
+gangs subtracts every participant hold (PREPARED and COMMITTED); a Prepare
+whose slice touches a device of a single-AZ reservation is answered NO by the
+driver before it reaches the core ("devices committed to single-AZ gang X") —
+exactly what the core answers for a ``local`` COMMITTED hold, which is never
+preempted. Both checks and both claims happen synchronously on one event loop,
+so no device can be granted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from coordinator.core import progress
+from coordinator.core.placement import NodeView, Placement, PlacementRequest, place
+from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation
+from coordinator.core.twophase import (
+    AbortReceived,
+    AttemptWriteFailed,
+    AttemptWritten,
+    CommitReceived,
+    CommitWriteFailed,
+    CommitWritten,
+    CreateDecision,
+    DecisionCreated,
+    DecisionCreateFailed,
+    DecisionObserved,
+    DecisionRecord,
+    DispatchGang,
+    Effect,
+    Event,
+    GangFinished,
+    GangSubmitted,
+    HoldReleased,
+    HoldReleaseFailed,
+    HoldState,
+    HoldWriteFailed,
+    HoldWritten,
+    MarkCommitted,
+    MarkGangFailed,
+    MarkGangPending,
+    MarkGangReserved,
+    Outcome,
+    OwnerPhase,
+    OwnerRecovered,
+    OwnerState,
+    ParticipantRecovered,
+    ParticipantState,
+    PlacementFailed,
+    PlacementMade,
+    PrepareReceived,
+    ReleaseHold,
+    RequestPlacement,
+    ReservationRecord,
+    RetryRequested,
+    ScheduleTimeout,
+    SendAbort,
+    SendCommit,
+    SendDecisionAck,
+    SendFinish,
+    SendPrepare,
+    SendVote,
+    TwoPhaseConfig,
+    VoteReceived,
+    WriteAttempt,
+    WriteHold,
+)
+from coordinator.election import observe
+from coordinator.store import Compacted, Delete, Get, Put, StoreUnavailable, absent
+from phalanx import failpoints
+from phalanx.errors import Conflict, NotLeader
+from phalanx.model import GangState, MemberPhase
+from phalanx.v1 import peer_pb2, peer_pb2_grpc
+
+if TYPE_CHECKING:
+    from coordinator.leader import AzLeader
+
+log = logging.getLogger(__name__)
+
+
+def is_two_phase(g: GangRecord) -> bool:
+    """Gangs that may span AZs are admitted through two-phase reservations
+    (even when their plan lands in one AZ); all others take the single-AZ
+    fast path (one fenced txn)."""
+    return g.spec.topology.may_span_azs
+
+
+class PeerRefused(Exception):
+    """A peer call refused for a reason the caller must see (-> gRPC status)."""
+
+    def __init__(self, code: grpc.StatusCode, text: str):
+        super().__init__(text)
+        self.code = code
+
+
+def _slice_of(r: Reservation) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
+    return {n: (tuple(d.gpus), tuple(d.nics)) for n, d in r.nodes.items()}
+
+
+def _plan_of(g: GangRecord) -> dict[str, dict[str, tuple[list[int], list[str]]]]:
+    plan: dict[str, dict[str, tuple[list[int], list[str]]]] = {}
+    for m in g.placement:
+        gpus, nics = plan.setdefault(m.az, {}).setdefault(m.node, ([], []))
+        gpus.extend(m.gpus)
+        nics.extend(m.nics)
+    return plan
+
+
+class TwoPhaseDriver:
+    def __init__(self, leader: "AzLeader", peer_channel: Any = None):
+        self.l = leader
+        self.az = leader.az
+        self.store = leader.store
+        self.keys = leader.keys
+        t = leader.t
+        self.cfg = TwoPhaseConfig(
+            vote_timeout_s=t.vote_timeout_s, prepare_timeout_s=t.prepare_timeout_s,
+            retry_backoff_s=0.3, retry_backoff_max_s=4.0, store_retry_s=0.5,
+        )
+        self.peer_channel = peer_channel
+        self.participant = ParticipantState(self.az, self.cfg)
+        self.owners: dict[str, OwnerState] = {}
+        self.placements: dict[tuple[str, int], Placement] = {}
+        self._vote_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self._ack_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self.gang_cache: dict[str, GangRecord] = {}  # gangs with a hold here (any owner)
+        self.local_reports: dict[tuple[str, int], dict[int, progress.MemberReport]] = {}
+        self.revoked_at: dict[tuple[str, int], float] = {}
+        self.finished_fed: set[tuple[str, int]] = set()
+        self.leader_seen: dict[str, float] = {}
+        self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
+        self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
+        self._last_retry = 0.0
+        self._last_eval = 0.0
+        self._published: dict[tuple[str, int], dict] = {}  # last member summary written per (gang, inc)
+        self._publishing: set[tuple[str, int]] = set()
+        self._last_leader_poll = 0.0
+        self.revision = 0
+        self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
+
+    # ------------------------------------------------------------ helpers
+    def _rt(self, gang: str, n: int = 1) -> None:
+        self.etcd_requests[gang] = self.etcd_requests.get(gang, 0) + n
+
+    def _report_requests(self, gang: str, inc: int, role: str) -> None:
+        n = self.etcd_requests.pop(gang, 0)
+        log.info("two-phase etcd-requests gang=%s inc=%d az=%s role=%s n=%d", gang, inc, self.az, role, n)
+
+    def now(self) -> float:
+        return self.l.mono()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        self.l._spawn(coro, name)
+
+    def feed_participant(self, ev: Event) -> None:
+        if self.l.stopped.is_set():
+            return
+        effects = self.participant.handle(ev, self.now())
+        self.perform(effects, None)
+
+    def feed_owner(self, gang: str, ev: Event) -> None:
+        if self.l.stopped.is_set():
+            return
+        o = self.owners.get(gang)
+        if o is None:
+            return
+        effects = o.handle(ev, self.now())
+        self.perform(effects, gang)
+
+    def perform(self, effects: list[Effect], owner: str | None) -> None:
+        prepares = [e for e in effects if isinstance(e, SendPrepare)]
+        if prepares:
+            self._spawn(self._send_prepares(prepares), f"prepare-{prepares[0].gang}")
+        for e in effects:
+            match e:
+                case SendPrepare():
+                    pass
+                case ScheduleTimeout():
+                    self._schedule(e, owner)
+                case SendVote():
+                    for fut in self._vote_waiters.pop((e.gang, e.incarnation), []):
+                        if not fut.done():
+                            fut.set_result((e.yes, e.reason))
+                case SendDecisionAck():
+                    for fut in self._ack_waiters.pop((e.gang, e.incarnation), []):
+                        if not fut.done():
+                            fut.set_result((e.applied, e.state))
+                case SendFinish():
+                    pass  # participants learn the end from the gangs/ watch
+                case DispatchGang():
+                    self._spawn(self._dispatch(e), f"dispatch-{e.gang}")
+                case MarkGangPending():
+                    self.l.pending_reason[e.gang] = e.reason
+                case _:
+                    self._spawn(self._do(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
+
+    def _schedule(self, e: ScheduleTimeout, owner: str | None) -> None:
+        delay = max(0.0, e.at - self.now())
+
+        def fire() -> None:
+            if self.l.stopped.is_set():
+                return
+            if owner is None:
+                self.feed_participant(e.event)
+            else:
+                self.feed_owner(owner, e.event)
+
+        asyncio.get_running_loop().call_later(delay, fire)
+
+    async def _do(self, e: Effect) -> None:
+        match e:
+            case WriteHold():
+                await self._write_hold(e)
+            case MarkCommitted():
+                await self._mark_committed(e)
+            case ReleaseHold():
+                await self._release_hold(e)
+            case CreateDecision():
+                await self._create_decision(e)
+            case WriteAttempt():
+                await self._write_attempt(e)
+            case SendCommit() | SendAbort():
+                await self._send_decision(e)
+            case RequestPlacement():
+                await self._place(e)
+            case MarkGangReserved():
+                await self._mark_reserved(e)
+            case MarkGangFailed():
+                g = self.l.gangs.get(e.gang)
+                if g is not None and not g.state.terminal:
+                    await self.l._finish(g, GangState.FAILED, e.reason)
+            case _:
+                log.error("two-phase: unhandled effect %r", e)
+
+    # ------------------------------------------------------- store effects
+    async def _read(self, key: str, gang: str = "") -> Any:
+        for i in range(5):
+            try:
+                self._rt(gang)
+                return await self.store.get(key)
+            except StoreUnavailable:
+                await asyncio.sleep(0.2 * (i + 1))
+        raise NotLeader(f"{self.az}: cannot read {key}; stepping down")
+
+    async def _fenced(self, compares: list, ops: list, failure: list = (), gang: str = "") -> Any:
+        """A fenced txn; None when its outcome is unknown (timeout)."""
+        self.l.check_valid()
+        try:
+            self._rt(gang)
+            return await self.store.fenced_txn(self.l.fence, compares, ops, list(failure))
+        except StoreUnavailable:
+            return None
+
+    def _record(self, e: WriteHold, status: str) -> Reservation:
+        return Reservation(
+            self.az, e.gang, e.incarnation, status,
+            {n: RecDevices(tuple(g), tuple(c)) for n, (g, c) in e.nodes.items()}, self.l.epoch,
+            two_phase=True, owner_az=e.owner_az, priority=e.priority, submitted_at=e.submitted_at,
+        )
+
+    async def _write_hold(self, e: WriteHold) -> None:
+        key = self.keys.reservation(self.az, e.gang)
+        rec = self._record(e, "COMMITTED" if e.commit else "PREPARED")
+        res = await self._fenced([absent(key)], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
+        ok = False
+        why = ""
+        if res is not None and res.succeeded:
+            ok = True
+            self._hold_rev[(e.gang, e.incarnation)] = res.revision
+        else:
+            if res is None:  # outcome unknown: read it back
+                kv = await self._read(key, e.gang)
+            else:
+                kv = res.results[0][0] if res.results[0] else None
+            if kv is None:
+                why = "write timed out" if res is None else "raced with another write"
+            else:
+                cur = kv.json()
+                inc = int(cur.get("incarnation", 0))
+                if inc == e.incarnation:
+                    ok = True
+                elif inc < e.incarnation:
+                    res2 = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, rec.to_dict())], gang=e.gang)
+                    ok = bool(res2 is not None and res2.succeeded)
+                    why = "" if ok else "record changed concurrently"
+                    if ok:
+                        self._hold_rev[(e.gang, e.incarnation)] = res2.revision
+                else:
+                    why = f"a newer incarnation {inc} is recorded"
+        if ok:
+            await failpoints.hit("participant.after_prepared")
+            self.feed_participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+        else:
+            self.feed_participant(HoldWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                  reason=why or "not written"))
+
+    async def _mark_committed(self, e: MarkCommitted) -> None:
+        key = self.keys.reservation(self.az, e.gang)
+        rev = self._hold_rev.pop((e.gang, e.incarnation), None)
+        if rev is not None:
+            # Our own PREPARED write, unchanged since: commit it without a read.
+            rec = Reservation(self.az, e.gang, e.incarnation, "COMMITTED",
+                              {n: RecDevices(tuple(g), tuple(c)) for n, (g, c) in e.nodes.items()}, self.l.epoch)
+            hold = self.participant.holds.get(e.gang)
+            if hold is not None and hold.incarnation == e.incarnation:
+                rec = dataclasses.replace(rec, two_phase=True, owner_az=hold.owner_az, priority=hold.priority,
+                                          submitted_at=hold.submitted_at)
+                res = await self._fenced([Compare_mod(key, rev)], [Put(key, rec.to_dict())], gang=e.gang)
+                if res is not None and res.succeeded:
+                    self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+                    return
+        kv = await self._read(key, e.gang)
+        if kv is None or int(kv.json().get("incarnation", 0)) != e.incarnation:
+            self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason="record is not this incarnation"))
+            return
+        cur = kv.json()
+        if cur.get("status") == "COMMITTED":
+            self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+            return
+        cur["status"] = "COMMITTED"
+        cur["epoch"] = self.l.epoch
+        res = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, cur)], gang=e.gang)
+        if res is not None and res.succeeded:
+            self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+        else:
+            self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason="record changed or write timed out"))
+
+    async def _release_hold(self, e: ReleaseHold) -> None:
+        key = self.keys.reservation(self.az, e.gang)
+        kv = await self._read(key)
+        if kv is None or int(kv.json().get("incarnation", 0)) != e.incarnation:
+            self.feed_participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+            return
+        ops: list = [Delete(key)]
+        msum = self.keys.member_summary(e.gang, self.az)
+        ops.append(Delete(msum))
+        res = await self._fenced([Compare_mod(key, kv.mod_revision)], ops)
+        if res is not None and res.succeeded:
+            self._hold_rev.pop((e.gang, e.incarnation), None)
+            self._published.pop((e.gang, e.incarnation), None)
+            self.local_reports.pop((e.gang, e.incarnation), None)
+            self.revoked_at.pop((e.gang, e.incarnation), None)
+            log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
+            self.feed_participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+        else:
+            self.feed_participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason="record changed or delete timed out"))
+        self.l.wake.set()
+
+    async def _create_decision(self, e: CreateDecision) -> None:
+        key = self.keys.decision(e.gang, e.incarnation)
+        try:
+            self._rt(e.gang)
+            won, kv = await self.store.create_if_absent(key, {"outcome": e.outcome.value, "by": self.az, "reason": e.reason})
+        except StoreUnavailable as exc:
+            kv = await self._read(key)
+            if kv is None:
+                ev = DecisionCreateFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, reason=str(exc))
+                self._to_both(e.gang, ev)
+                return
+            won = False  # unknown whether ours; what the key holds is what counts
+        outcome = Outcome(kv.json()["outcome"])
+        if won:
+            log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
+            if e.gang in self.owners:
+                await failpoints.hit("owner.after_decide")
+        self._to_both(e.gang, DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                              won=won, outcome=outcome))
+
+    def _to_both(self, gang: str, ev: Event) -> None:
+        self.feed_participant(ev)
+        self.feed_owner(gang, ev)
+
+    async def _write_attempt(self, e: WriteAttempt) -> None:
+        g = self.l.gangs.get(e.gang)
+        p = self.placements.get((e.gang, e.incarnation))
+        if g is None or p is None or g.state.terminal:
+            self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                       reason="gang or plan gone"))
+            return
+        if g.incarnation > e.incarnation:
+            self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                       reason=f"gang already at incarnation {g.incarnation}"))
+            return
+        placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
+        new = g.evolve(state=GangState.RESERVING, incarnation=e.incarnation, placement=placement, span=p.span,
+                       reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.l.wall())
+        try:
+            self._rt(e.gang)
+            await self.l._write_gang(new, g)
+        except (Conflict, StoreUnavailable) as exc:
+            self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                       reason=str(exc)))
+            return
+        self.feed_owner(e.gang, AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+
+    async def _mark_reserved(self, e: MarkGangReserved) -> None:
+        g = self.l.gangs.get(e.gang)
+        if g is None or g.incarnation != e.incarnation or g.state != GangState.RESERVING:
+            return
+        self.l._inflight.add(g.id)
+        try:
+            written = await self.l._write_gang(g.evolve(state=GangState.RESERVED, reason="committed in every AZ of its plan",
+                                                        updated_at=self.l.wall()), g)
+        except Conflict as exc:
+            log.info("gang %s: %s", e.gang, exc)
+            return
+        finally:
+            self.l._inflight.discard(g.id)
+        self._rt(e.gang)
+        self._report_requests(e.gang, e.incarnation, "owner")
+        self.l.pending_reason.pop(e.gang, None)
+        self._spawn(self.l._mark_starting(written), f"starting-{e.gang}")
+
+    # -------------------------------------------------------------- peers
+    async def _peer_call(self, az: str, gang: str, method: str, req: Any) -> Any:
+        """One CoordinatorPeer call to the leader of ``az``. Its address is
+        cached from ``leader/<az>``; a failed call drops it, and a call that
+        finds the cached address dead (UNAVAILABLE) is retried once at a
+        freshly read one. Returns None when the AZ has no leader."""
+        if self.peer_channel is None:
+            return None
+        for attempt in (0, 1):
+            info = self._leaders.get(az)
+            cached = info is not None
+            if info is None:
+                info = await observe(self.store, az)
+                self._rt(gang)
+                if info is None:
+                    return None
+                self._leaders[az] = info
+            stub = peer_pb2_grpc.CoordinatorPeerStub(self.peer_channel(info.address))
+            try:
+                return await getattr(stub, method)(req, timeout=self.cfg.vote_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
+                    self._leaders.pop(az, None)
+                if cached and attempt == 0 and exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    continue
+                raise
+        return None
+
+    def identity(self) -> Any:
+        return peer_pb2.PeerIdentity(az=self.az, epoch=self.l.epoch, coordinator_id=self.l.info.coordinator_id)
+
+    async def _send_prepares(self, prepares: list[SendPrepare]) -> None:
+        results = await asyncio.gather(*(self._prepare_one(p) for p in prepares), return_exceptions=True)
+        await failpoints.hit("owner.after_prepare")
+        for p, r in zip(prepares, results):
+            if isinstance(r, BaseException) or r is None:
+                if isinstance(r, (NotLeader,)):
+                    raise r
+                continue
+            yes, reason = r
+            self.feed_owner(p.gang, VoteReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation,
+                                                 from_az=p.to_az, yes=yes, reason=reason))
+
+    async def _prepare_one(self, p: SendPrepare) -> tuple[bool, str] | None:
+        if p.to_az == self.az:
+            ev = PrepareReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation, owner_az=p.owner_az,
+                                 priority=p.priority, submitted_at=p.submitted_at, nodes=p.nodes)
+            try:
+                return await asyncio.wait_for(self.local_prepare(ev), self.cfg.vote_timeout_s)
+            except asyncio.TimeoutError:
+                return None
+        req = peer_pb2.PrepareRequest(
+            caller=self.identity(), gang=p.gang, incarnation=p.incarnation, priority=p.priority,
+            submitted_at=p.submitted_at,
+            nodes=[peer_pb2.NodeDevices(node=n, gpus=list(g), nics=list(c)) for n, (g, c) in p.nodes.items()],
+        )
+        try:
+            resp = await self._peer_call(p.to_az, p.gang, "Prepare", req)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED):
+                return False, f"{p.to_az} refused: {exc.details()}"
+            log.info("prepare %s#%d -> %s: %s", p.gang, p.incarnation, p.to_az, exc.code().name)
+            return None
+        if resp is None:
+            return None  # no leader there: the vote timer decides
+        return resp.vote == peer_pb2.VOTE_YES, resp.reason
+
+    async def _send_decision(self, e: SendCommit | SendAbort) -> None:
+        if e.to_az == self.az:
+            cls = CommitReceived if isinstance(e, SendCommit) else AbortReceived
+            self.feed_participant(cls(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, from_az=self.az))
+            return
+        req = peer_pb2.DecisionRequest(caller=self.identity(), gang=e.gang, incarnation=e.incarnation)
+        try:
+            await self._peer_call(e.to_az, e.gang, "Commit" if isinstance(e, SendCommit) else "Abort", req)
+        except grpc.aio.AioRpcError as exc:
+            log.info("%s %s#%d -> %s: %s %s", type(e).__name__, e.gang, e.incarnation, e.to_az, exc.code().name, exc.details())
+
+    # ------------------------------------------------ participant entry points
+    def single_az_conflict(self, nodes: Any) -> str:
+        for node, (gpus, nics) in nodes.items():
+            for gang, dev in self.l.ledger.held.get(node, {}).items():
+                if set(gpus) & set(dev.gpus) or set(nics) & set(dev.nics):
+                    return gang
+        return ""
+
+    async def local_prepare(self, ev: PrepareReceived) -> tuple[bool, str]:
+        """Feed a Prepare (from an RPC or our own owner) and wait for the vote."""
+        other = self.single_az_conflict(ev.nodes)
+        if other:
+            return False, f"devices committed to single-AZ gang {other} in {self.az}"
+        if ev.key not in {(h.gang, h.incarnation) for h in self.participant.holds.values()}:
+            down = sorted(n for n in ev.nodes if not (self.l.liveness.get(n) and self.l.liveness[n].ready and n in self.l.conns))
+            if down:
+                # The owner's view of this AZ is stale: never vote YES for a
+                # node whose agent is not connected here.
+                return False, f"node(s) {', '.join(down)} not ready in {self.az}"
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._vote_waiters.setdefault(ev.key, []).append(fut)
+        self.feed_participant(ev)
+        return await fut
+
+    async def local_decision(self, ev: CommitReceived | AbortReceived) -> tuple[bool, str]:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._ack_waiters.setdefault(ev.key, []).append(fut)
+        self.feed_participant(ev)
+        return await asyncio.wait_for(fut, 5.0)
+
+    async def handle_prepare_rpc(self, req: Any) -> tuple[bool, str]:
+        """Validate a peer's Prepare against etcd (caller is the current
+        leader of its AZ; the gang's record names this attempt with this
+        slice), then vote. ``PeerRefused`` on bad input: no state change."""
+        caller = req.caller
+        res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
+        self._rt(req.gang)
+        self._check_caller(caller, res.results[0])
+        if not res.results[1]:
+            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown gang {req.gang!r}")
+        g = GangRecord.from_dict(res.results[1][0].json())
+        if g.owner_az != caller.az:
+            raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED, f"gang {g.id} is owned by {g.owner_az}, not {caller.az}")
+        if g.incarnation != req.incarnation or g.state != GangState.RESERVING:
+            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"stale or unknown incarnation {req.incarnation} of {g.id}: its record is at "
+                              f"incarnation {g.incarnation} ({g.state.name})")
+        nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
+        mine = {n: (tuple(g_), tuple(c)) for n, (g_, c) in _plan_of(g).get(self.az, {}).items()}
+        from coordinator.core.twophase_model import normalize_slice
+        if normalize_slice(nodes) != normalize_slice(mine):
+            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"the slice for {self.az} does not match the recorded plan of {g.id}#{g.incarnation}")
+        self.gang_cache[g.id] = g
+        ev = PrepareReceived(stimulus_id=f"rpc-prepare:{caller.az}:{req.gang}:{req.incarnation}", gang=req.gang,
+                             incarnation=req.incarnation, owner_az=caller.az, priority=g.spec.priority,
+                             submitted_at=g.submitted_at, nodes=nodes)
+        return await self.local_prepare(ev)
+
+    async def handle_decision_rpc(self, req: Any, commit: bool) -> tuple[bool, str]:
+        caller = req.caller
+        dkey = self.keys.decision(req.gang, req.incarnation)
+        res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
+        self._rt(req.gang)
+        self._check_caller(caller, res.results[0])
+        want = Outcome.COMMIT if commit else Outcome.ABORT
+        if not res.results[1]:
+            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"no decision recorded for {req.gang}#{req.incarnation}; refusing {want.value}")
+        have = Outcome(res.results[1][0].json()["outcome"])
+        if have is not want:
+            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"decision of {req.gang}#{req.incarnation} is {have.value}, not {want.value}")
+        hold = self.participant.holds.get(req.gang)
+        if hold is None or hold.incarnation != req.incarnation:
+            # Not held here: learn the decision (it is durable), refuse the call.
+            self.feed_participant(DecisionObserved(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}",
+                                                   gang=req.gang, incarnation=req.incarnation, outcome=have))
+            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"{req.gang}#{req.incarnation} was never prepared in {self.az} (NOT_PREPARED)")
+        cls = CommitReceived if commit else AbortReceived
+        return await self.local_decision(cls(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}", gang=req.gang,
+                                             incarnation=req.incarnation, from_az=caller.az))
+
+    def _check_caller(self, caller: Any, leader_kvs: Any) -> None:
+        if not caller.az or not leader_kvs or leader_kvs[0].create_revision != caller.epoch:
+            raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED,
+                              f"caller {caller.coordinator_id or '?'} (AZ {caller.az or '?'}, epoch {caller.epoch}) "
+                              "is not the current leader of its AZ")
+
+    # --------------------------------------------------------- placement
+    async def _place(self, e: RequestPlacement) -> None:
+        g = self.l.gangs.get(e.gang)
+        if g is None or g.state.terminal:
+            self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason="gang gone"))
+            return
+        try:
+            nodes = await self.global_view()
+            self._rt(e.gang)
+        except StoreUnavailable as exc:
+            self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason=f"cannot read the global view: {exc}"))
+            return
+        result = place(PlacementRequest.from_spec(g.id, g.spec), nodes)
+        if isinstance(result, Placement):
+            self.placements[(e.gang, e.incarnation)] = result
+            self.feed_owner(e.gang, PlacementMade(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                  plan=result.by_az()))
+        else:
+            self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason=result.reason))
+
+    async def global_view(self) -> list[NodeView]:
+        """This AZ from the leader's live view; other AZs from etcd (node
+        records of ready nodes minus every reservation there): possibly
+        stale, which participants' ledgers catch."""
+        snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True),
+                                         Get(self.keys.leaders(), prefix=True)])
+        led = {kv.key[len(self.keys.leaders()):] for kv in snap.results[2]}
+        used: dict[tuple[str, str], set[int]] = {}
+        used_n: dict[tuple[str, str], set[str]] = {}
+        for kv in snap.results[1]:
+            r = Reservation.from_dict(kv.json())
+            for n, d in r.nodes.items():
+                used.setdefault((r.az, n), set()).update(d.gpus)
+                used_n.setdefault((r.az, n), set()).update(d.nics)
+        views = list(self.l.placeable_nodes())
+        for kv in snap.results[0]:
+            rec = NodeRecord.from_dict(kv.json())
+            topo = rec.topology
+            if topo.az == self.az or not rec.ready or topo.az not in led:
+                continue  # (an AZ without a leader cannot vote: not offered)
+            views.append(NodeView(
+                topology=topo,
+                free_gpus=frozenset(topo.gpu_indices) - used.get((topo.az, topo.node), set()),
+                free_nics=frozenset(n.name for n in topo.nics if n.usable) - used_n.get((topo.az, topo.node), set()),
+                ready=True,
+            ))
+        return views
+
+    # ------------------------------------------------------------ dispatch
+    async def _gang(self, gang: str) -> GangRecord | None:
+        g = self.l.gangs.get(gang) or self.gang_cache.get(gang)
+        if g is None:
+            kv = await self._read(self.keys.gang(gang), gang)
+            if kv is None:
+                return None
+            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+            self.gang_cache[gang] = g
+        return g
+
+    async def _dispatch(self, e: DispatchGang) -> None:
+        g = await self._gang(e.gang)
+        self._report_requests(e.gang, e.incarnation, "participant")
+        if g is None or g.incarnation != e.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
+            g2 = await self._fresh_gang(e.gang)
+            if g2 is None or g2.incarnation != e.incarnation:
+                return
+            g = g2
+            if g.state.terminal or g.state == GangState.RESTARTING:
+                self._maybe_finish(g)
+                return
+        log.info("two-phase %s: dispatching %s#%d to %s", self.az, g.id, g.incarnation, sorted(e.nodes))
+        self.l._dispatch(g)
+
+    async def on_register(self, node: str, reported: dict[tuple[str, int], set[int]]) -> None:
+        """An agent (re)connected: members of committed cross-AZ holds on its
+        node that it does not run and that never finished are (re)sent; the
+        dispatch may have gone out while it was away (e.g. right after a
+        leader change)."""
+        for gang, hold in list(self.participant.holds.items()):
+            if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
+                continue
+            g = await self._gang(gang)
+            if g is None or g.incarnation != hold.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
+                continue
+            done = {r for r, rep in self.local_reports.get((gang, hold.incarnation), {}).items() if not rep.phase.live}
+            have = reported.get((gang, hold.incarnation), set()) | done
+            mine = {m.rank for m in g.placement if m.node == node}
+            if mine - have:
+                self.l._dispatch(g, only_node=node, skip_ranks=have)
+
+    async def _fresh_gang(self, gang: str) -> GangRecord | None:
+        kv = await self._read(self.keys.gang(gang))
+        if kv is None:
+            return None
+        g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+        self.gang_cache[gang] = g
+        return g
+
+    # --------------------------------------------------------- members
+    def owns_members(self, gang: str, incarnation: int) -> bool:
+        h = self.participant.holds.get(gang)
+        return h is not None and h.incarnation == incarnation and h.state is HoldState.COMMITTED
+
+    async def on_member(self, node: str, m: Any) -> None:
+        """A member of a two-phase gang reported to this AZ's leader: keep it
+        and publish this AZ's summary for the owner (members/<gang>/<az>)."""
+        key_ = (m.gang, m.incarnation)
+        reps = self.local_reports.setdefault(key_, {})
+        rep = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
+        if reps.get(m.rank) == rep:
+            return
+        reps[m.rank] = rep
+        self._spawn(self._publish_members(m.gang, m.incarnation), f"members-{m.gang}")
+        g = self.gang_cache.get(m.gang) or self.l.gangs.get(m.gang)
+        if g is not None:
+            self._maybe_finish(g)
+
+    async def on_node_lost(self, node: str, reason: str) -> None:
+        """A node of this AZ is past its fence deadline: its members of
+        committed cross-AZ holds are gone; tell their owners."""
+        log.debug("two-phase %s: node %s lost: %s", self.az, node, reason)
+        for gang, hold in list(self.participant.holds.items()):
+            if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
+                continue
+            g = await self._gang(gang)
+            if g is None or g.incarnation != hold.incarnation:
+                continue
+            reps = self.local_reports.setdefault((gang, hold.incarnation), {})
+            changed = False
+            for m in g.placement:
+                if m.az == self.az and m.node == node and (reps.get(m.rank) is None or reps[m.rank].phase.live):
+                    reps[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, reason, node)
+                    changed = True
+            if changed:
+                log.info("two-phase %s: members of %s#%d on %s are gone: %s", self.az, gang, hold.incarnation, node, reason)
+                self._maybe_finish(g)
+            await self._publish_members(gang, hold.incarnation)
+
+    def _summary(self, gang: str, inc: int) -> dict:
+        reps = self.local_reports.get((gang, inc), {})
+        return {"incarnation": inc, "az": self.az, "members": {
+            str(r): {"phase": int(p.phase), "exit_code": p.exit_code, "reason": p.reason, "node": p.node}
+            for r, p in sorted(reps.items())}}
+
+    async def _publish_members(self, gang: str, inc: int) -> None:
+        """Write this AZ's summary of (gang, inc) unless already written.
+        Runs as a leader task (``on_member`` spawns it): an agent stream that
+        closes right after its last report must not cancel the write. The
+        leader's tick re-publishes any summary whose write did not land."""
+        key_ = (gang, inc)
+        # Only while our hold of this incarnation exists (no summary outlives it).
+        hold = self.participant.holds.get(gang)
+        if hold is None or hold.incarnation != inc or key_ in self._publishing:
+            return
+        body = self._summary(gang, inc)
+        if self._published.get(key_) == body:
+            return
+        self._publishing.add(key_)
+        try:
+            res = await self._fenced([], [Put(self.keys.member_summary(gang, self.az), body)])
+        finally:
+            self._publishing.discard(key_)
+        if res is None:
+            log.info("member summary of %s in %s: write timed out", gang, self.az)
+            return
+        self._published[key_] = body
+        if self._summary(gang, inc) != body:
+            self._spawn(self._publish_members(gang, inc), f"members-{gang}")  # changed meanwhile
+
+    def on_member_summary(self, gang: str, body: dict) -> None:
+        """Owner side: a participant's summary arrived on the watch."""
+        g = self.l.gangs.get(gang)
+        if g is None or int(body.get("incarnation", -1)) != g.incarnation:
+            return
+        reps = self.l.members.setdefault((gang, g.incarnation), {})
+        for r, d in body.get("members", {}).items():
+            reps[int(r)] = progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
+        self._spawn(self.l._evaluate(gang), f"evaluate-{gang}")
+
+    # --------------------------------------------------------- finishing
+    def _maybe_finish(self, g: GangRecord) -> None:
+        """Participant: the gang record says the held incarnation is over:
+        stop our members, and once none can be alive, GangFinished."""
+        hold = self.participant.holds.get(g.id)
+        if hold is None:
+            return
+        inc = hold.incarnation
+        over = g.incarnation > inc or (g.incarnation == inc and (g.state.terminal or g.state == GangState.RESTARTING))
+        if not over or (g.id, inc) in self.finished_fed:
+            return
+        if hold.state is HoldState.PREPARED:
+            return  # its decision resolves it
+        key_ = (g.id, inc)
+        now = self.now()
+        if key_ not in self.revoked_at:
+            self.revoked_at[key_] = now
+            for node in hold.nodes:
+                self.l._send(node, revoke=(g.id, inc, g.reason or "gang over"))
+        reps = self.local_reports.get(key_, {})
+        local_ranks = [m.rank for m in g.placement if m.az == self.az]
+        if g.incarnation != inc:
+            local_ranks = list(reps)
+        live = [r for r in local_ranks if reps.get(r) is None or reps[r].phase.live]
+        waited = now - self.revoked_at[key_]
+        if live and waited < self.l.t.replace_after_s:
+            return
+        if live and g.incarnation == inc:
+            # Past the fence deadline: whatever did not report is gone (its
+            # agent has stopped it); say so, so that the owner stops waiting.
+            reps = self.local_reports.setdefault(key_, {})
+            node_of = {m.rank: m.node for m in g.placement}
+            for r in live:
+                reps[r] = progress.MemberReport(MemberPhase.STOPPED, -1, "no report before the fence deadline", node_of.get(r, ""))
+        if reps and self._published.get(key_) != self._summary(g.id, inc):
+            # The owner must see how our members ended before the hold (and
+            # with it the summary key) goes: publish first, finish on a later tick.
+            self._spawn(self._publish_members(g.id, inc), f"members-{g.id}")
+            return
+        self.finished_fed.add(key_)
+        self.feed_participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc))
+
+    # -------------------------------------------------------------- watch
+    async def recover(self) -> None:
+        """Rebuild the participant (and owners) from etcd alone."""
+        k = self.keys
+        snap = await self.store.txn([], [Get(k.reservations(self.az), prefix=True), Get(k.decisions(), prefix=True),
+                                         Get(k.gangs(), prefix=True), Get(k.member_summaries(), prefix=True)])
+        self.revision = snap.revision
+        gangs = {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[2])}
+        for g in gangs.values():
+            if not g.state.terminal and g.owner_az != self.az:
+                self.leader_seen.setdefault(g.owner_az, -1.0)  # watched for owner-AZ loss
+        decisions = []
+        for kv in snap.results[1]:
+            parts = kv.key.rsplit("/", 2)
+            try:
+                decisions.append(DecisionRecord(gang=parts[-2], incarnation=int(parts[-1]), outcome=Outcome(kv.json()["outcome"])))
+            except (ValueError, KeyError):
+                continue
+        records, finished = [], []
+        for kv in snap.results[0]:
+            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+            if not r.two_phase:
+                continue
+            records.append(ReservationRecord(az=r.az, gang=r.gang, incarnation=r.incarnation,
+                                             state=HoldState(r.status), nodes=_slice_of(r), owner_az=r.owner_az,
+                                             priority=r.priority, submitted_at=r.submitted_at))
+            g = gangs.get(r.gang)
+            if g is None or g.incarnation > r.incarnation or (g.incarnation == r.incarnation and g.state.terminal):
+                finished.append((r.gang, r.incarnation))
+            elif g is not None:
+                self.gang_cache[g.id] = g
+        self.feed_participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
+                                                   decisions=decisions, finished=finished))
+        # Member summaries of this AZ (the agents will re-report anyway).
+        for kv in snap.results[3]:
+            body = kv.json()
+            if body.get("az") == self.az:
+                gang = kv.key.rsplit("/", 2)[-2]
+                self.local_reports[(gang, int(body["incarnation"]))] = {
+                    int(r): progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
+                    for r, d in body.get("members", {}).items()}
+                self._published[(gang, int(body["incarnation"]))] = self._summary(gang, int(body["incarnation"]))
+            else:
+                self.on_member_summary(kv.key.rsplit("/", 2)[-2], body)
+        # RESTARTING / terminal gangs whose holds we still keep.
+        for g in list(self.gang_cache.values()):
+            self._maybe_finish(g)
+        self.dec_by_key = {(d.gang, d.incarnation): d.outcome for d in decisions}
+
+    def start_owner(self, g: GangRecord) -> None:
+        """Cycle: a two-phase gang we own that no OwnerState drives yet."""
+        o = OwnerState(g.id, self.az, g.spec.priority, g.submitted_at, self.cfg)
+        self.owners[g.id] = o
+        if g.state == GangState.PENDING:
+            self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
+            return
+        plan = _plan_of(g) if g.placement else None
+        decision = getattr(self, "dec_by_key", {}).get((g.id, g.incarnation))
+        self._spawn(self._recover_owner(g, plan, decision), f"owner-recover-{g.id}")
+
+    async def _recover_owner(self, g: GangRecord, plan: Any, decision: Outcome | None) -> None:
+        kv = await self._read(self.keys.decision(g.id, g.incarnation))
+        if kv is not None:
+            decision = Outcome(kv.json()["outcome"])
+        finished = g.state.terminal or g.state == GangState.RESTARTING
+        if g.state in (GangState.RESERVING,) and plan is not None:
+            # Rebuild the Placement for the ranks (WriteAttempt is not
+            # re-issued for this incarnation, but MarkGangReserved needs none).
+            pass
+        self.feed_owner(g.id, OwnerRecovered(stimulus_id=f"owner-recover:{g.id}:{self.l.epoch}", gang=g.id,
+                                             incarnation=g.incarnation, plan=plan, decision=decision, finished=finished))
+
+    def tick(self) -> None:
+        """Called from the leader's cycle."""
+        now = self.now()
+        for g in list(self.l.gangs.values()):
+            if not is_two_phase(g):
+                continue
+            o = self.owners.get(g.id)
+            if o is None:
+                if g.state.terminal:
+                    continue
+                self.start_owner(g)
+                continue
+            waited = self.l.wall() - g.submitted_at
+            if (o.phase in (OwnerPhase.UNPLACED, OwnerPhase.BACKOFF) and g.id not in self.l._inflight
+                    and waited > g.spec.policy.admission_timeout_s and g.state in (GangState.PENDING, GangState.RESERVING)):
+                # Nothing is held for it (unplaced, or its last attempt ABORTed).
+                self.l._inflight.add(g.id)
+                why = f"not admitted within admission_timeout_s={g.spec.policy.admission_timeout_s:g}s"
+                if o.last_reason:
+                    why += f"; last: {o.last_reason}"
+                self._spawn(self.l._fail_admission(g, why), f"timeout-{g.id}")
+                continue
+            if o.phase is OwnerPhase.RESERVED and (g.state.terminal or g.state == GangState.RESTARTING
+                                                   or g.incarnation > o.incarnation):
+                self.feed_owner(g.id, GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation))
+            if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
+                self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
+        if now - self._last_eval > 0.5:
+            # Member summaries may arrive while a write of the gang is in
+            # flight (then _evaluate skips them): re-evaluate owned cross-AZ
+            # gangs periodically; it writes only on a transition.
+            self._last_eval = now
+            for g in list(self.l.gangs.values()):
+                if is_two_phase(g) and g.id not in self.l._inflight and g.state not in (GangState.PENDING, GangState.RESERVING):
+                    self._spawn(self.l._evaluate(g.id), f"evaluate-{g.id}")
+        for gang, o in list(self.owners.items()):
+            if gang not in self.l.gangs and o.phase.settled:
+                # Ended (or adopted elsewhere) and nothing in flight: forget it.
+                del self.owners[gang]
+                self.l.pending_reason.pop(gang, None)
+                self.placements = {k: v for k, v in self.placements.items() if k[0] != gang}
+        if now - self._last_retry > 1.0:
+            self._last_retry = now
+            for gang, o in list(self.owners.items()):
+                if o.phase is OwnerPhase.UNPLACED:
+                    self.feed_owner(gang, RetryRequested(stimulus_id=f"retry:{gang}", gang=gang))
+        for g in list(self.gang_cache.values()):
+            self._maybe_finish(g)
+        for (gang, inc) in list(self.local_reports):
+            if self._published.get((gang, inc)) != self._summary(gang, inc) and (gang, inc) not in self._publishing:
+                hold = self.participant.holds.get(gang)
+                if hold is not None and hold.incarnation == inc:
+                    self._spawn(self._publish_members(gang, inc), f"members-{gang}")
+
+    async def watch(self) -> None:
+        """One watch on the cluster root from the recovery revision."""
+        rev = self.revision + 1
+        while not self.l.stopped.is_set():
+            try:
+                async for batch in self.store.watch_prefix(self.keys.root, rev):
+                    for ev in batch:
+                        rev = max(rev, ev.revision + 1)
+                        try:
+                            self._on_watch(ev)
+                        except (NotLeader, asyncio.CancelledError):
+                            raise
+                        except Exception:  # noqa: BLE001 - one bad record must not stop the watch
+                            log.exception("two-phase watch: cannot handle %s", ev.kv.key)
+            except Compacted:
+                log.warning("two-phase watch compacted; resuming from now")
+                rev = (await self.store.revision()) + 1
+            except StoreUnavailable as exc:
+                log.info("two-phase watch broke (%s); resuming from %d", exc, rev)
+                await asyncio.sleep(0.2)
+
+    def _on_watch(self, ev: Any) -> None:
+        k = self.keys
+        key = ev.kv.key
+        if key.startswith(k.decisions()) and ev.kind == "put":
+            parts = key.rsplit("/", 2)
+            try:
+                gang, inc, outcome = parts[-2], int(parts[-1]), Outcome(ev.kv.json()["outcome"])
+            except (ValueError, KeyError):
+                return
+            de = DecisionObserved(stimulus_id=f"watch:{ev.revision}", gang=gang, incarnation=inc, outcome=outcome)
+            self.feed_participant(de)
+            self.feed_owner(gang, de)
+        elif key.startswith(k.gangs()):
+            gang = key[len(k.gangs()):]
+            if ev.kind == "delete":
+                return
+            mine = self.l.gangs.get(gang)
+            if mine is None and gang not in self.participant.holds and gang not in self.gang_cache:
+                return  # (parse only the gangs this leader cares about)
+            g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
+            if mine is not None and g.owner_az != self.az and mine.owner_az == self.az:
+                # Adopted by another AZ (owner-AZ loss): stop owning it here.
+                log.warning("gang %s is now owned by %s", gang, g.owner_az)
+                self.l.gangs.pop(gang, None)
+                self.owners.pop(gang, None)
+            if gang in self.participant.holds or gang in self.gang_cache:
+                self.gang_cache[gang] = g
+                self._maybe_finish(g)
+        elif key.startswith(k.member_summaries()) and ev.kind == "put":
+            gang = key[len(k.member_summaries()):].split("/", 1)[0]
+            if gang in self.l.gangs:
+                self.on_member_summary(gang, ev.kv.json())
+        elif key.startswith(k.leaders()):
+            az = key[len(k.leaders()):]
+            if ev.kind == "put":
+                self.leader_seen[az] = -1.0  # has a leader
+            else:
+                self.leader_seen[az] = self.now()  # leaderless since now
+
+    # ------------------------------------------------------ owner-AZ loss
+    async def adopt_orphans(self) -> None:
+        """Adopt PENDING gangs of AZs that have had no leader for
+        ``owner_adopt_after_s`` (fenced txn guarded by the gang record's
+        mod_revision: at most one leader wins each gang)."""
+        now = self.now()
+        if now - self._last_leader_poll < 1.0:
+            return
+        self._last_leader_poll = now
+        kvs, _ = await self.store.get_prefix(self.keys.leaders())
+        have = {kv.key[len(self.keys.leaders()):] for kv in kvs}
+        for az in have:
+            self.leader_seen[az] = -1.0
+        for az, since in list(self.leader_seen.items()):
+            if az in have:
+                continue
+            if since < 0:
+                self.leader_seen[az] = since = now
+        orphaned = {az for az, since in self.leader_seen.items()
+                    if az != self.az and since >= 0 and now - since > self.l.t.owner_adopt_after_s}
+        if not orphaned:
+            return
+        gkvs, _ = await self.store.get_prefix(self.keys.gangs())
+        for kv in gkvs:
+            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+            if g.owner_az not in orphaned or g.state != GangState.PENDING:
+                continue
+            new = g.evolve(owner_az=self.az, updated_at=self.l.wall(),
+                           reason=f"adopted by {self.az}: {g.owner_az} has had no leader for over {self.l.t.owner_adopt_after_s:g}s")
+            try:
+                await self.l._write_gang(new, g)
+                log.warning("adopted gang %s from leaderless AZ %s", g.id, g.owner_az)
+                self.l.wake.set()
+            except Conflict:
+                cur = self.l.gangs.get(g.id)
+                if cur is not None and cur.owner_az != self.az:
+                    self.l.gangs.pop(g.id, None)
+
+
+def Compare_mod(key: str, rev: int) -> Any:
+    from coordinator.store import Compare
+    return Compare(key, "mod", "==", rev)

@@ -1,0 +1,376 @@
+"""Cross-AZ gangs through two-phase reservations (issue 3), on a real etcd,
+real coordinator processes (3 AZs x 2 replicas) and simulated agents."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+
+from coordinator.core.records import Reservation
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import peer_pb2, peer_pb2_grpc
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+
+pytestmark = pytest.mark.integration
+AZS = ("az-a", "az-b", "az-c")
+
+
+async def three_azs(c: LocalCluster, nodes_per_az: int = 1, coordinators: int = 2,
+                    env: dict[str, dict[str, str]] | None = None) -> None:
+    for az in AZS:
+        for i in range(coordinators):
+            cid = f"{az[-1]}{i}"
+            c.start_coordinator(az, cid, extra_env=(env or {}).get(cid))
+    for az in AZS:
+        await c.wait_leader(az)
+        c.start_agents(az, [dgx_node(f"{az[-1]}n{i}", az) for i in range(nodes_per_az)])
+    for az in AZS:
+        await c.wait_nodes_ready(az, nodes_per_az)
+
+
+def cross(name: str, members: int = 3, gpus: int = 8, duration: float = 1.0, **kw) -> pb.GangSpec:
+    return tiny(name, members=members, gpus=gpus, duration=duration,
+                topology=pb.TopologyConstraint(allow_cross_az=True), **kw)
+
+
+async def settled_invariants(c: LocalCluster, timeout: float = 30.0) -> list[str]:
+    """Poll until etcd's accounting is exact (or give the last problems)."""
+    deadline = time.monotonic() + timeout
+    problems: list[str] = []
+    while time.monotonic() < deadline:
+        problems = await c.check_etcd_invariants()
+        if not problems:
+            return []
+        await asyncio.sleep(0.2)
+    return problems
+
+
+async def no_reservations_left(c: LocalCluster, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    res = {}
+    while time.monotonic() < deadline:
+        res = await c.etcd_reservations()
+        if not res:
+            return {}
+        await asyncio.sleep(0.2)
+    return res
+
+
+async def test_gang_spanning_three_azs_runs_in_all_three_and_succeeds(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c)
+    gang = await c.submit(cross("span3", duration=2.0))
+    running = await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING} | TERMINAL, timeout=60)
+    assert running.state == pb.GANG_STATE_RUNNING, running.reason
+    assert sorted(m.az for m in running.placement) == list(AZS)
+    assert sorted(m.rank for m in running.placement) == [0, 1, 2]
+    res = await c.etcd_reservations()
+    assert {az for az, g in res if g == gang.id} == set(AZS)
+    assert all(r.status == "COMMITTED" and r.two_phase for r in res.values())
+    assert await c.check_etcd_invariants() == []
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+    # Every member started once, in its own AZ, by that AZ's leader.
+    starts = {g.az: [d for ev, d in g.history if ev == "member_started" and gang.id in d["key"]] for g in c.agent_groups}
+    assert {az: len(s) for az, s in starts.items()} == {az: 1 for az in AZS}
+
+
+async def test_hostile_peer_calls_are_refused_without_state_change(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    gang = await c.submit(cross("span-h", duration=30.0))
+    await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    before = await c.etcd_reservations()
+    lb = await c.leader("az-b")
+    la = await c.leader("az-a")
+    ch = grpc.aio.insecure_channel(lb.address)
+    peer = peer_pb2_grpc.CoordinatorPeerStub(ch)
+    owner = (await c.etcd_gangs())[gang.id].owner_az
+    owner_info = await c.leader(owner)
+    good = peer_pb2.PeerIdentity(az=owner, epoch=owner_info.epoch, coordinator_id=owner_info.coordinator_id)
+    stale = peer_pb2.PeerIdentity(az=la.az, epoch=la.epoch - 1, coordinator_id="impostor")
+    nodes = [peer_pb2.NodeDevices(node="bn0", gpus=list(range(8)))]
+    g = (await c.etcd_gangs())[gang.id]
+    cases = [
+        ("Prepare", peer_pb2.PrepareRequest(caller=stale, gang=gang.id, incarnation=g.incarnation, nodes=nodes),
+         grpc.StatusCode.PERMISSION_DENIED),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang=gang.id, incarnation=g.incarnation + 5, nodes=nodes),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang=gang.id, incarnation=max(1, g.incarnation - 1), nodes=nodes),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang="no-such-gang", incarnation=1, nodes=nodes),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Commit", peer_pb2.DecisionRequest(caller=good, gang="never-prepared", incarnation=1),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Abort", peer_pb2.DecisionRequest(caller=good, gang=gang.id, incarnation=g.incarnation),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        ("Commit", peer_pb2.DecisionRequest(caller=stale, gang=gang.id, incarnation=g.incarnation),
+         grpc.StatusCode.PERMISSION_DENIED),
+        ("Prepare", peer_pb2.PrepareRequest(caller=good, gang="", incarnation=0),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for method, req, code in cases:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await getattr(peer, method)(req, timeout=5)
+        assert err.value.code() == code, (method, req, err.value.details())
+        assert err.value.details()
+    assert await c.etcd_reservations() == before
+    kvs, _ = await c.store.get_prefix(c.store.keys.decisions())
+    assert {kv.key.rsplit("/", 2)[-2] for kv in kvs} <= {gang.id}
+    got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+    assert got.state == pb.GANG_STATE_RUNNING
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="test over"))
+    assert await no_reservations_left(c) == {}
+    await ch.close()
+
+
+def _reservation_gpus(res: dict[tuple[str, str], Reservation]) -> list[tuple[str, str, int]]:
+    return [(az, n, gpu) for (az, _), r in res.items() for n, d in r.nodes.items() for gpu in d.gpus]
+
+
+@pytest.mark.parametrize("victim,point", [
+    ("a0", "owner.after_prepare"),
+    ("a0", "owner.after_decide"),
+    ("b0", "participant.after_prepared"),
+], ids=["owner killed after prepare", "owner killed after decide", "participant killed after PREPARED"])
+async def test_sigkill_mid_protocol_ends_all_or_nothing_with_exact_accounting(
+        local_cluster: LocalCluster, victim: str, point: str) -> None:
+    c = local_cluster
+    await three_azs(c, env={victim: {"PHALANX_FAILPOINTS": f"{point}=crash"}})
+    # The failpoint is armed on the first replica of its AZ, which leads it.
+    for az in AZS:
+        lead = await c.leader(az)
+        assert lead.coordinator_id == f"{az[-1]}0", f"{az} is led by {lead.coordinator_id}"
+    gang = await c.submit(cross("span-crash", duration=1.0), address=c.coordinators["a0"].address)
+    proc = c.coordinators[victim].proc
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert proc.poll() is not None, f"{victim} did not hit {point}"
+    done = await c.wait_state(gang.id, TERMINAL, timeout=90)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert sorted(m.az for m in done.placement) == list(AZS)
+    # Fully committed (it ran in all three AZs), then fully released.
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+    kvs, _ = await c.store.get_prefix(c.store.keys.decisions(gang.id))
+    outcomes = {int(kv.key.rsplit("/", 1)[-1]): kv.json()["outcome"] for kv in kvs}
+    assert outcomes.get(done.incarnation) == "COMMIT"
+    assert all(o == "ABORT" for inc, o in outcomes.items() if inc != done.incarnation), outcomes
+
+
+ROUNDS_BUDGET_S = 120.0
+MAX_ROUNDS = 100
+
+
+async def test_contending_cross_az_gangs_are_admitted_one_after_the_other_older_first(local_cluster: LocalCluster) -> None:
+    """Two 3-AZ gangs that cannot fit together, submitted at the same moment
+    through two different owners, round after round (up to MAX_ROUNDS or
+    ROUNDS_BUDGET_S on this machine): never a deadlock or livelock, never
+    both admitted at once, and the older one (priority, first submission
+    time, id) goes first."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    addr = {az: (await c.leader(az)).address for az in AZS}
+    started = time.monotonic()
+    rounds = older_first = 0
+    while rounds < MAX_ROUNDS and time.monotonic() - started < ROUNDS_BUDGET_S:
+        x, y = await asyncio.gather(
+            c.submit(cross(f"x{rounds}", duration=0.2), address=addr["az-a"]),
+            c.submit(cross(f"y{rounds}", duration=0.2), address=addr["az-b"]),
+        )
+        recs = await c.etcd_gangs()
+        older = min((recs[x.id], recs[y.id]), key=lambda g: g.order_key).id
+        first = None
+        deadline = time.monotonic() + 60
+        admitted = {pb.GANG_STATE_RESERVED, pb.GANG_STATE_STARTING, pb.GANG_STATE_RUNNING, pb.GANG_STATE_SUCCEEDED}
+        states: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            for gid in (x.id, y.id):
+                states[gid] = (await c.stub().GetGang(gpb.GetGangRequest(id=gid), timeout=5)).state
+            both = [gid for gid in (x.id, y.id) if states[gid] in admitted - {pb.GANG_STATE_SUCCEEDED}]
+            assert len(both) < 2, f"round {rounds}: both admitted at once: {states}"
+            if first is None:
+                now_admitted = [gid for gid in (x.id, y.id) if states[gid] in admitted]
+                if now_admitted:
+                    first = now_admitted[0]
+            if all(s == pb.GANG_STATE_SUCCEEDED for s in states.values()):
+                break
+            assert not any(s in TERMINAL and s != pb.GANG_STATE_SUCCEEDED for s in states.values()), states
+            await asyncio.sleep(0.05)
+        assert all(s == pb.GANG_STATE_SUCCEEDED for s in states.values()), f"round {rounds}: stuck: {states}"
+        assert first is not None
+        rounds += 1
+        older_first += first == older
+    print(f"contention: {rounds} rounds in {time.monotonic() - started:.0f}s, older first in {older_first}")
+    assert rounds >= 10
+    # Older-first holds whenever the two attempts meet at a participant while
+    # the younger one is undecided (it is preempted). A younger gang placed,
+    # prepared and decided COMMIT before the older one's Prepare reached any
+    # participant runs first; the older one is admitted right after it, with
+    # its place kept (observed: about 1 round in 100; asserted: at least 80%).
+    assert older_first >= 0.8 * rounds, (older_first, rounds)
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+
+
+async def test_new_leaders_of_owner_and_participant_recover_a_running_gang_from_etcd(local_cluster: LocalCluster) -> None:
+    """SIGKILL the owner's leader and a participant's leader while a 3-AZ
+    gang runs: the standbys take over from etcd alone (OwnerRecovered /
+    ParticipantRecovered), the members keep running (no second start) and
+    the gang succeeds; nothing is left reserved."""
+    c = local_cluster
+    await three_azs(c)
+    gang = await c.submit(cross("span-fo", duration=8.0), address=c.coordinators["a0"].address)
+    await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    owner = (await c.etcd_gangs())[gang.id].owner_az
+    assert owner == "az-a"
+    old = {az: (await c.leader(az)).epoch for az in ("az-a", "az-b")}
+    for cid in ("a0", "b0"):
+        c.coordinators[cid].signal(9)
+    for az in ("az-a", "az-b"):
+        new = await c.wait_leader(az, not_epoch=old[az], timeout=30)
+        assert new.coordinator_id == f"{az[-1]}1"
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert done.incarnation == 1 and done.restarts == 0
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+    starts = [d for g in c.agent_groups for ev, d in g.history if ev == "member_started" and gang.id in d["key"]]
+    assert len(starts) == 3, starts
+
+
+async def test_pending_gangs_of_a_leaderless_az_are_adopted_by_another_az(local_cluster: LocalCluster) -> None:
+    """az-a's only coordinator dies while it owns a PENDING cross-AZ gang
+    (too big for the cluster). After owner_adopt_after_s without a leader in
+    az-a, another AZ's leader adopts it (fenced, guarded by the record's
+    mod_revision) and admits it once capacity appears, without az-a."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    gang = await c.submit(cross("orphan", members=4, duration=1.0), address=c.coordinators["a0"].address)
+    await asyncio.sleep(1.0)
+    assert (await c.etcd_gangs())[gang.id].state.name == "PENDING"
+    c.coordinators["a0"].signal(9)
+    deadline = time.monotonic() + c.timings.owner_adopt_after_s + c.timings.lease_ttl_s + 20
+    owner = "az-a"
+    while time.monotonic() < deadline:
+        owner = (await c.etcd_gangs())[gang.id].owner_az
+        if owner != "az-a":
+            break
+        await asyncio.sleep(0.2)
+    assert owner in ("az-b", "az-c")
+    assert "adopted by" in (await c.etcd_gangs())[gang.id].reason
+    c.start_agents("az-b", [dgx_node(f"bn{i}", "az-b") for i in (1, 2)])
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert "az-a" not in {m.az for m in done.placement}
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+
+
+async def test_cross_az_gang_that_never_fits_fails_at_its_admission_timeout(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    spec = cross("toobig", members=4)
+    spec.policy.admission_timeout_s = 2.0
+    gang = await c.submit(spec)
+    done = await c.wait_state(gang.id, TERMINAL, timeout=30)
+    assert done.state == pb.GANG_STATE_FAILED
+    assert "admission_timeout_s=2" in done.reason, done.reason
+    assert await c.etcd_reservations() == {}
+
+
+async def test_one_ledger_single_az_and_cross_az_gangs_never_share_devices(local_cluster: LocalCluster) -> None:
+    """az-a has one 8-GPU node. A running cross-AZ gang holds it, so a
+    single-AZ gang of az-a waits; then the reverse: a running single-AZ gang
+    holds it, so the cross-AZ gang waits. No GPU is ever in two reservations."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    a = c.coordinators["a0"].address
+
+    async def check_while(gang_ids: list[str]) -> None:
+        while True:
+            assert await c.check_etcd_invariants() == []
+            states = [(await c.stub().GetGang(gpb.GetGangRequest(id=g), timeout=5)).state for g in gang_ids]
+            if all(s in TERMINAL for s in states):
+                return
+            await asyncio.sleep(0.1)
+
+    x = await c.submit(cross("x-first", duration=2.0), address=a)
+    await c.wait_state(x.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    s = await c.submit(tiny("s-second", members=1, gpus=8, duration=0.5), address=a)
+    await asyncio.sleep(0.5)
+    assert (await c.stub().GetGang(gpb.GetGangRequest(id=s.id))).state == pb.GANG_STATE_PENDING
+    await asyncio.wait_for(check_while([x.id, s.id]), 60)
+    for g in (x, s):
+        assert (await c.stub().GetGang(gpb.GetGangRequest(id=g.id))).state == pb.GANG_STATE_SUCCEEDED
+
+    s2 = await c.submit(tiny("s-first", members=1, gpus=8, duration=2.0), address=a)
+    await c.wait_state(s2.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    x2 = await c.submit(cross("x-second", duration=0.5), address=a)
+    await asyncio.sleep(0.5)
+    assert (await c.stub().GetGang(gpb.GetGangRequest(id=x2.id))).state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING)
+    await asyncio.wait_for(check_while([s2.id, x2.id]), 60)
+    for g in (s2, x2):
+        assert (await c.stub().GetGang(gpb.GetGangRequest(id=g.id))).state == pb.GANG_STATE_SUCCEEDED
+    assert await no_reservations_left(c) == {}
+
+
+async def test_lost_node_restarts_the_whole_cross_az_gang_which_runs_again_when_capacity_returns(local_cluster: LocalCluster) -> None:
+    """az-b's only node goes away while a 3-AZ gang runs: the whole gang is
+    torn down in every AZ and restarts as incarnation 2, which waits (a
+    participant never votes YES for a node whose agent is not connected)
+    until az-b has a node again, then runs to success."""
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    spec = cross("span-rs", duration=6.0)
+    spec.policy.max_restarts = 2
+    gang = await c.submit(spec)
+    await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    b = [g for g in c.agent_groups if g.az == "az-b"][0]
+    b.stop.set()
+    await asyncio.wait_for(b.task, 15)
+    deadline = time.monotonic() + 40
+    cur = None
+    while time.monotonic() < deadline:
+        cur = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+        if cur.incarnation >= 2 and cur.state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING):
+            break
+        await asyncio.sleep(0.2)
+    assert cur is not None and cur.incarnation >= 2 and cur.restarts == 1, cur
+    await asyncio.sleep(2.0)
+    cur = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+    assert cur.state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING), cur.state
+    assert await settled_invariants(c) == []
+    c.start_agents("az-b", [dgx_node("bn0", "az-b")])
+    running = await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING} | TERMINAL, timeout=60)
+    assert running.state == pb.GANG_STATE_RUNNING, running.reason
+    assert sorted(m.az for m in running.placement) == list(AZS)
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+
+
+async def test_cancel_a_waiting_cross_az_gang_leaves_nothing_behind(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await three_azs(c, coordinators=1)
+    gang = await c.submit(cross("waiting", members=4))
+    await asyncio.sleep(1.5)
+    got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
+    assert got.state == pb.GANG_STATE_PENDING
+    ex = await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="changed my mind"))
+    assert ex.state == pb.GANG_STATE_CANCELLED
+    # The name is free again and a fitting cross-AZ gang is admitted at once.
+    again = await c.submit(cross("waiting", members=3, duration=0.5))
+    done = await c.wait_state(again.id, TERMINAL, timeout=30)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert (await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))).state == pb.GANG_STATE_CANCELLED
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
