@@ -9,6 +9,7 @@ is real (the test campaigns in a real etcd); the agent is the real code.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -60,6 +61,41 @@ class ScriptedLeader(agrpc.AgentServiceServicer):
         return [m.member for m in self.inbox if m.WhichOneof("kind") == "member"]
 
 
+@dataclass
+class Rig:
+    store: Store
+    peer: ScriptedLeader
+    lead: Any
+    agent: Agent
+    history: list[tuple[str, dict]]
+
+
+@pytest.fixture
+async def rig(etcd_endpoint, cluster_name):
+    """A real agent whose AZ 'leader' (a real etcd leadership) is the scripted peer."""
+    store = await Store(etcd_endpoint, cluster_name).connect()
+    peer = ScriptedLeader()
+    server = grpc.aio.server()
+    agrpc.add_AgentServiceServicer_to_server(peer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    history: list[tuple[str, dict]] = []
+    session = await LeaseSession(store, T).start()
+    lead = await Election(store, AZ, "scripted", f"127.0.0.1:{port}", T).campaign(session)
+    agent = Agent(cluster=cluster_name, az=AZ, topology=dgx_node("n0", AZ), store=store,
+                  launcher_factory=SimulatedLauncher, timings=T, history=lambda e, d: history.append((e, d)))
+    run = asyncio.create_task(agent.run())
+    try:
+        yield Rig(store, peer, lead, agent, history)
+    finally:
+        await agent.stop()
+        run.cancel()
+        await asyncio.gather(run, return_exceptions=True)
+        await server.stop(0)
+        await session.close()
+        await store.close()
+
+
 async def commit(store: Store, gang: str, inc: int, gpus: list[int], epoch: int) -> None:
     r = Reservation(AZ, gang, inc, "COMMITTED", {"n0": NodeDevices(tuple(gpus))}, epoch)
     await store.txn([], [Put(store.keys.reservation(AZ, gang), r.to_dict())])
@@ -77,102 +113,64 @@ async def wait_for(pred, timeout: float = 10.0) -> None:
     raise AssertionError("condition not met")
 
 
-async def test_agent_enforces_epoch_token_and_ledger(etcd_endpoint, cluster_name) -> None:
-    store = await Store(etcd_endpoint, cluster_name).connect()
-    peer = ScriptedLeader()
-    server = grpc.aio.server()
-    agrpc.add_AgentServiceServicer_to_server(peer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    history: list[tuple[str, dict]] = []
-    session = await LeaseSession(store, T).start()
-    lead = await Election(store, AZ, "scripted", f"127.0.0.1:{port}", T).campaign(session)
-    agent = Agent(cluster=cluster_name, az=AZ, topology=dgx_node("n0", AZ), store=store,
-                  launcher_factory=SimulatedLauncher, timings=T, history=lambda e, d: history.append((e, d)))
-    run = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(peer.registered.wait(), 10)
-        peer.send(lead.epoch, welcome=apb.Welcome(coordinator_id="scripted"))
+async def test_agent_enforces_epoch_token_and_ledger(rig: Rig) -> None:
+    store, peer, lead, agent, history = rig.store, rig.peer, rig.lead, rig.agent, rig.history
+    await asyncio.wait_for(peer.registered.wait(), 10)
+    peer.send(lead.epoch, welcome=apb.Welcome(coordinator_id="scripted"))
 
-        # 1. The current leader's word, backed by a COMMITTED reservation: starts.
-        await commit(store, "ok", 1, [0, 1], lead.epoch)
-        peer.send(lead.epoch, assign=assignment("ok", [0, 1]))
-        await wait_for(lambda: any(s.gang == "ok" and s.phase == apb.MEMBER_PHASE_RUNNING for s in peer.statuses()))
+    # 1. The current leader's word, backed by a COMMITTED reservation: starts.
+    await commit(store, "ok", 1, [0, 1], lead.epoch)
+    peer.send(lead.epoch, assign=assignment("ok", [0, 1]))
+    await wait_for(lambda: any(s.gang == "ok" and s.phase == apb.MEMBER_PHASE_RUNNING for s in peer.statuses()))
 
-        # 2. The ledger: an overlapping assignment is refused, whatever the sender says.
-        await commit(store, "overlap", 1, [1, 2], lead.epoch)
-        peer.send(lead.epoch, assign=assignment("overlap", [1, 2]))
-        await wait_for(lambda: any(s.gang == "overlap" and s.phase == apb.MEMBER_PHASE_REJECTED for s in peer.statuses()))
-        rejected = [s for s in peer.statuses() if s.gang == "overlap"][-1]
-        assert "GPUs [1]" in rejected.reason
+    # 2. The ledger: an overlapping assignment is refused, whatever the sender says.
+    await commit(store, "overlap", 1, [1, 2], lead.epoch)
+    peer.send(lead.epoch, assign=assignment("overlap", [1, 2]))
+    await wait_for(lambda: any(s.gang == "overlap" and s.phase == apb.MEMBER_PHASE_REJECTED for s in peer.statuses()))
+    rejected = [s for s in peer.statuses() if s.gang == "overlap"][-1]
+    assert "GPUs [1]" in rejected.reason
 
-        # 3. No COMMITTED reservation for that incarnation: nothing starts.
-        peer.send(lead.epoch, assign=assignment("ghost", [5]))
-        await wait_for(lambda: any(e == "assign_refused_token" and "ghost" in d["key"] for e, d in history))
+    # 3. No COMMITTED reservation for that incarnation: nothing starts.
+    peer.send(lead.epoch, assign=assignment("ghost", [5]))
+    await wait_for(lambda: any(e == "assign_refused_token" and "ghost" in d["key"] for e, d in history))
 
-        # 4. The leader is deposed in etcd (a successor wins) but this stale
-        #    "leader" has not noticed: its still-highest epoch starts nothing.
-        await store.txn([], [Delete(store.keys.leader(AZ))])
-        successor = await Election(store, AZ, "successor", "127.0.0.1:1", T).campaign(await LeaseSession(store, T).start())
-        await commit(store, "late", 1, [6], lead.epoch)
-        peer.send(lead.epoch, assign=assignment("late", [6]))
-        await wait_for(lambda: any(e == "assign_refused_token" and "late" in d["key"] for e, d in history))
-        refused = [d for e, d in history if e == "assign_refused_token" and "late" in d["key"]][0]
-        assert "no longer the leader" in refused["reason"]
-        # ...nor can it stop a member.
-        peer.send(lead.epoch, revoke=apb.Revocation(gang="ok", incarnation=1, reason="stale"))
-        await wait_for(lambda: any(e == "revoke_refused_token" for e, _ in history))
-        assert any(h.key.gang == "ok" for h in agent.launcher.running())
+    # 4. The leader is deposed in etcd (a successor wins) but this stale
+    #    "leader" has not noticed: its still-highest epoch starts nothing.
+    await store.txn([], [Delete(store.keys.leader(AZ))])
+    successor = await Election(store, AZ, "successor", "127.0.0.1:1", T).campaign(await LeaseSession(store, T).start())
+    await commit(store, "late", 1, [6], lead.epoch)
+    peer.send(lead.epoch, assign=assignment("late", [6]))
+    await wait_for(lambda: any(e == "assign_refused_token" and "late" in d["key"] for e, d in history))
+    refused = [d for e, d in history if e == "assign_refused_token" and "late" in d["key"]][0]
+    assert "no longer the leader" in refused["reason"]
+    # ...nor can it stop a member.
+    peer.send(lead.epoch, revoke=apb.Revocation(gang="ok", incarnation=1, reason="stale"))
+    await wait_for(lambda: any(e == "revoke_refused_token" for e, _ in history))
+    assert any(h.key.gang == "ok" for h in agent.launcher.running())
 
-        # 5. Once the agent has seen the successor's epoch, older epochs are ignored.
-        peer.send(successor.epoch, heartbeat_ack=apb.HeartbeatAck(seq=1))
-        peer.send(lead.epoch, revoke=apb.Revocation(gang="ok", incarnation=1, reason="stale"))
-        await wait_for(lambda: any(e == "stale_message_ignored" for e, _ in history))
-        assert agent.guard.highest == successor.epoch
-        starts = [d for e, d in history if e == "member_started"]
-        assert [d["key"] for d in starts] == ["ok#1/r0"]
-        assert agent.ledger.check() == []
-    finally:
-        await agent.stop()
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
-        await server.stop(0)
-        await session.close()
-        await store.close()
+    # 5. Once the agent has seen the successor's epoch, older epochs are ignored.
+    peer.send(successor.epoch, heartbeat_ack=apb.HeartbeatAck(seq=1))
+    peer.send(lead.epoch, revoke=apb.Revocation(gang="ok", incarnation=1, reason="stale"))
+    await wait_for(lambda: any(e == "stale_message_ignored" for e, _ in history))
+    assert agent.guard.highest == successor.epoch
+    starts = [d for e, d in history if e == "member_started"]
+    assert [d["key"] for d in starts] == ["ok#1/r0"]
+    assert agent.ledger.check() == []
 
 
-async def test_agent_fences_when_no_valid_leader_is_heard(etcd_endpoint, cluster_name) -> None:
-    store = await Store(etcd_endpoint, cluster_name).connect()
-    peer = ScriptedLeader()
-    server = grpc.aio.server()
-    agrpc.add_AgentServiceServicer_to_server(peer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    history: list[tuple[str, dict]] = []
-    session = await LeaseSession(store, T).start()
-    lead = await Election(store, AZ, "scripted", f"127.0.0.1:{port}", T).campaign(session)
-    agent = Agent(cluster=cluster_name, az=AZ, topology=dgx_node("n0", AZ), store=store,
-                  launcher_factory=SimulatedLauncher, timings=T, history=lambda e, d: history.append((e, d)))
-    run = asyncio.create_task(agent.run())
-    try:
-        await asyncio.wait_for(peer.registered.wait(), 10)
-        peer.send(lead.epoch, welcome=apb.Welcome(coordinator_id="scripted"))
-        await commit(store, "job", 1, [0], lead.epoch)
-        peer.send(lead.epoch, assign=assignment("job", [0]))
-        await wait_for(lambda: any(e == "member_started" for e, _ in history))
-        started = [d for e, d in history if e == "member_started"][0]["mono"]
-        # The leader goes silent (no acks): the agent fences after fence_after_s.
-        await wait_for(lambda: any(e == "fenced" for e, _ in history), timeout=T.fence_after_s * 4)
-        fenced = [d for e, d in history if e == "fenced"][0]
-        assert fenced["silent_s"] > T.fence_after_s
-        print(f"\nfenced {fenced['mono'] - started:.2f}s after start (fence_after_s={T.fence_after_s})")
-        await wait_for(lambda: not agent.launcher.running())
-        exits = [d for e, d in history if e == "member_exited"]
-        assert exits and exits[0]["phase"] == "STOPPED"
-    finally:
-        await agent.stop()
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
-        await server.stop(0)
-        await session.close()
-        await store.close()
+async def test_agent_fences_when_no_valid_leader_is_heard(rig: Rig) -> None:
+    store, peer, lead, agent, history = rig.store, rig.peer, rig.lead, rig.agent, rig.history
+    await asyncio.wait_for(peer.registered.wait(), 10)
+    peer.send(lead.epoch, welcome=apb.Welcome(coordinator_id="scripted"))
+    await commit(store, "job", 1, [0], lead.epoch)
+    peer.send(lead.epoch, assign=assignment("job", [0]))
+    await wait_for(lambda: any(e == "member_started" for e, _ in history))
+    started = [d for e, d in history if e == "member_started"][0]["mono"]
+    # The leader goes silent (no acks): the agent fences after fence_after_s.
+    await wait_for(lambda: any(e == "fenced" for e, _ in history), timeout=T.fence_after_s * 4)
+    fenced = [d for e, d in history if e == "fenced"][0]
+    assert fenced["silent_s"] > T.fence_after_s
+    print(f"\nfenced {fenced['mono'] - started:.2f}s after start (fence_after_s={T.fence_after_s})")
+    await wait_for(lambda: not agent.launcher.running())
+    exits = [d for e, d in history if e == "member_exited"]
+    assert exits and exits[0]["phase"] == "STOPPED"
