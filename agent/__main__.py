@@ -86,13 +86,19 @@ async def amain(a: argparse.Namespace) -> int:
         return 0
     state_dir = Path(a.state_dir or tempfile.mkdtemp(prefix=f"phalanx-agent-{a.node}-"))
     agent_id = f"{a.node}-agent"
+    # Member-side fencing (docs/agents.md): real members run under agent/shim.py,
+    # which reads this lease; simulated members need none.
+    from agent.shim import LEASE_FILE
+
+    fence_lease = None if a.simulate_members else state_dir / LEASE_FILE
     if a.simulate_members:
         from agent.simulated import SimulatedLauncher as factory  # noqa: N813
     else:
         from agent.process import ProcessLauncher
 
         def factory(on_exit):  # type: ignore[no-redef]
-            return ProcessLauncher(state_dir, agent_id, on_exit)
+            return ProcessLauncher(state_dir, agent_id, on_exit, fence_lease=fence_lease,
+                                   fence_after_s=timings.fence_after_s, fence_grace_s=timings.stop_grace_s)
 
     store = await Store(a.etcd, a.cluster, timeout=timings.etcd_timeout_s).connect()
     history = None
@@ -101,7 +107,7 @@ async def amain(a: argparse.Namespace) -> int:
 
         history = HistoryFile(Path(a.history))
     agent = Agent(cluster=a.cluster, az=a.az, topology=topo, store=store, launcher_factory=factory, timings=timings,
-                  agent_id=agent_id, history=(lambda e, d: history.append((e, d))) if history is not None else None)
+                  agent_id=agent_id, fence_lease=fence_lease, history=(lambda e, d: history.append((e, d))) if history is not None else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

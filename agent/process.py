@@ -139,6 +139,21 @@ def member_command(launch: MemberLaunch) -> list[str]:
     return [sys.executable, "-c", SIMULATED_MEMBER_CODE, repr(float(launch.duration_s))]
 
 
+SHIM_PATH = Path(__file__).resolve().with_name("shim.py")
+
+
+def shim_command(argv: list[str], lease: Path, fence_after_s: float, grace_s: float) -> list[str]:
+    """``argv`` wrapped by the fencing shim (agent/shim.py, docs/launcher.md).
+
+    Run by file path with ``-I`` so it needs neither this package on the
+    member's ``sys.path`` nor a particular working directory, and no
+    ``PYTHON*`` variable of the member's environment can change the shim
+    (the environment still reaches the member unchanged)."""
+    return [sys.executable, "-I", str(SHIM_PATH), "--lease", str(lease),
+            "--fence-after", repr(float(fence_after_s)), "--grace", repr(float(grace_s)),
+            "--", *argv]
+
+
 # --------------------------------------------------------------------------- #
 # Logs
 # --------------------------------------------------------------------------- #
@@ -458,6 +473,9 @@ class ProcessLauncher:
         extra_env: Mapping[str, str] | None = None,
         kill_timeout_s: float = DEFAULT_KILL_TIMEOUT_S,
         use_pidfd: bool = True,
+        fence_lease: Path | None = None,
+        fence_after_s: float = 12.0,
+        fence_grace_s: float = 5.0,
     ) -> None:
         if not agent_id:
             raise ValueError("agent_id must be non-empty: it marks this agent's members")
@@ -468,6 +486,12 @@ class ProcessLauncher:
         self._extra_env = dict(extra_env or {})
         self._kill_timeout_s = kill_timeout_s
         self._use_pidfd = use_pidfd
+        # Member-side fencing (agent/shim.py): with a lease file, every member
+        # runs under the shim, which fences it when the lease goes stale even
+        # if this agent is dead.
+        self._fence_lease = Path(fence_lease) if fence_lease is not None else None
+        self._fence_after_s = fence_after_s
+        self._fence_grace_s = fence_grace_s
         self._members: dict[MemberKey, _Member] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -503,6 +527,9 @@ class ProcessLauncher:
             return existing.record.handle()
 
         argv = member_command(launch)
+        spawn_argv = argv
+        if self._fence_lease is not None:
+            spawn_argv = shim_command(argv, self._fence_lease, self._fence_after_s, self._fence_grace_s)
         env = member_environment(launch, agent_id=self._agent_id, node_addr=self._node_addr,
                                  extra_env=self._extra_env)
         log_path = self.log_path(key)
@@ -513,11 +540,13 @@ class ProcessLauncher:
         except OSError as exc:
             # Full disk or bad permissions: fail this member, not the agent.
             return self._spawn_failed(launch, started_at, f"cannot open log {log_path}: {exc}")
+        fence_note = (f" fence_lease={self._fence_lease} fence_after_s={self._fence_after_s:g}"
+                      if self._fence_lease is not None else "")
         _append_log_line(log_path, f"start {key} epoch={launch.epoch} gpus={list(launch.gpus)} "
-                                   f"nics={list(launch.nics)} command={shlex.join(argv)}")
+                                   f"nics={list(launch.nics)} command={shlex.join(argv)}{fence_note}")
         try:
             popen = subprocess.Popen(
-                argv,
+                spawn_argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,

@@ -20,12 +20,14 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import grpc
 
 from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
 from agent.launcher import Launcher, MemberKey, MemberLaunch
+from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from coordinator.config import Timings
 from coordinator.store import Get, Store, StoreUnavailable
 from phalanx import failpoints, wire
@@ -35,6 +37,11 @@ from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 
 log = logging.getLogger(__name__)
+
+# A member that exits EXIT_FENCED counts as fenced by its shim when our own
+# fence deadline is this close (the lease file may lag our FenceTimer by a
+# write interval, so the shim can fence a little before we would).
+SHIM_FENCE_TOLERANCE_S = 1.0
 
 
 @dataclass
@@ -67,6 +74,7 @@ class Agent:
         agent_id: str = "",
         history: HistoryHook | None = None,
         channels: dict[str, grpc.aio.Channel] | None = None,
+        fence_lease: Path | None = None,
     ):
         self.cluster = cluster
         self.az = az
@@ -80,6 +88,18 @@ class Agent:
         self.guard = EpochGuard()
         self.ledger: DeviceLedger[MemberKey] = DeviceLedger()
         self.fence = FenceTimer(timings.fence_after_s, time.monotonic())
+        # Member-side fencing (agent/shim.py): the members' shims read this
+        # file and fence on their own when it goes stale, even if we are dead.
+        self.lease: LeaseWriter | None = None
+        if fence_lease is not None:
+            self.lease = LeaseWriter(fence_lease)
+            # A restart must not extend the lease of the members we adopt: the
+            # coordinator re-places them fence_after_s (+ margin) after the last
+            # contact, however often this agent restarts in between. So keep a
+            # previous value from this boot (<= now) as the last valid contact.
+            previous = read_lease(fence_lease)
+            if previous is not None and previous <= self.fence.last_valid:
+                self.fence.last_valid = previous
         self.members: dict[MemberKey, MemberRecord] = {}
         self.history = history
         self._channels = channels if channels is not None else {}
@@ -90,6 +110,7 @@ class Agent:
         self.leader_address = ""
         self.leader_epoch = 0
         self.fenced_count = 0
+        self._fenced_episode: float | None = None
         self._seq = 0
         self._last_heard = 0.0
         self._token_flights: dict[tuple[int, str, int], asyncio.Future] = {}
@@ -124,7 +145,16 @@ class Agent:
         self._send(apb.AgentMessage(member=self._status(rec)))
 
     # ------------------------------------------------------------------ run
+    def _heard(self) -> None:
+        """A valid leader was heard: push the fence deadline (ours and the
+        members' shims')."""
+        self.fence.heard(time.monotonic())
+        if self.lease is not None:
+            self.lease.update(self.fence.last_valid)
+
     async def run(self) -> None:
+        if self.lease is not None:
+            self.lease.update(self.fence.last_valid, force=True)
         adopted = await self.launcher.adopt()
         for h in adopted:
             self.members[h.key] = MemberRecord(h.key, MemberPhase.RUNNING, h.epoch, h.gpus, pid=h.pid, at=h.started_at)
@@ -208,16 +238,16 @@ class Agent:
                 kind = msg.WhichOneof("kind")
                 if kind in ("welcome", "heartbeat_ack"):
                     # Heard a valid leader (it acks only while its lease is valid).
-                    self.fence.heard(time.monotonic())
+                    self._heard()
                     if kind == "welcome":
                         self.leader_address, self.leader_epoch = address, msg.epoch
                         self.connected.set()
                         self._record("connected", epoch=msg.epoch, leader=msg.welcome.coordinator_id)
                 elif kind == "assign":
-                    self.fence.heard(time.monotonic())
+                    self._heard()
                     asyncio.create_task(self._on_assign(msg.epoch, msg.assign))
                 elif kind == "revoke":
-                    self.fence.heard(time.monotonic())
+                    self._heard()
                     asyncio.create_task(self._on_revoke(msg.epoch, msg.revoke))
         finally:
             beat.cancel()
@@ -261,9 +291,25 @@ class Agent:
             outbox.put_nowait(apb.AgentMessage(heartbeat=hb))
 
     # ------------------------------------------------------------- fencing
+    def _record_fenced(self, members: list[MemberRecord], by: str) -> None:
+        # One "fenced" event per fence episode (one last_valid), whether the
+        # agent or the members' shims got there first.
+        if self._fenced_episode == self.fence.last_valid:
+            return
+        self._fenced_episode = self.fence.last_valid
+        self._record("fenced", members=[str(r.key) for r in members],
+                     silent_s=time.monotonic() - self.fence.last_valid, by=by)
+
     async def _fence_loop(self) -> None:
         while True:
             await asyncio.sleep(min(0.2, self.t.fence_after_s / 10))
+            if self.lease is not None:
+                if failpoints.on("agent.no_fencing"):
+                    # The planted bug disables member-side fencing too: the
+                    # lease claims contact it does not have.
+                    self.lease.update(time.monotonic())
+                else:
+                    self.lease.flush()
             now = time.monotonic()
             live = [r for r in self.members.values() if r.phase.live]
             if live and self.fence.overdue(now) and not failpoints.on("agent.no_fencing"):
@@ -272,7 +318,7 @@ class Agent:
                     "agent %s FENCING: no valid leader heard for %.1fs (fence_after_s=%.1f); stopping %d member(s)",
                     self.node, now - self.fence.last_valid, self.t.fence_after_s, len(live),
                 )
-                self._record("fenced", members=[str(r.key) for r in live], silent_s=now - self.fence.last_valid)
+                self._record_fenced(live, by="agent")
                 for r in live:
                     r.stop_requested = True
                     r.reason = "fenced: no valid leader heard"
@@ -409,6 +455,13 @@ class Agent:
             # known free, else the history shows it running forever.
             self._record("member_exited", key=str(key), epoch=0, code=code, phase="VANISHED")
             return
+        if code == EXIT_FENCED and self.lease is not None and not rec.stop_requested \
+                and self.fence.deadline() - time.monotonic() < SHIM_FENCE_TOLERANCE_S:
+            # Its shim fenced it at the deadline we share (agent/shim.py): the
+            # same outcome as our own fencing, which it merely beat to it.
+            rec.stop_requested = True
+            rec.reason = "fenced by its shim: no valid leader heard"
+            self._record_fenced([rec], by="shim")
         if rec.stop_requested:
             rec.phase = MemberPhase.STOPPED
         else:

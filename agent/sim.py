@@ -43,13 +43,27 @@ class HistoryFile(list):
         self._f.close()
 
 
-def launcher_factory(launch: bool, state_dir: Path | None, agent_id: str) -> Callable[[Callable[[MemberKey, int], Any]], Launcher]:
+def fence_lease_path(launch: bool, state_dir: Path | None, agent_id: str) -> Path | None:
+    """The agent's lease file for its members' fencing shims (agent/shim.py);
+    None for simulated members."""
+    if not launch or state_dir is None:
+        return None
+    from agent.shim import LEASE_FILE
+
+    return state_dir / agent_id / LEASE_FILE
+
+
+def launcher_factory(launch: bool, state_dir: Path | None, agent_id: str,
+                     timings: Timings | None = None) -> Callable[[Callable[[MemberKey, int], Any]], Launcher]:
     if not launch:
         return SimulatedLauncher
     from agent.process import ProcessLauncher  # real processes (issue 4)
 
     assert state_dir is not None
-    return lambda on_exit: ProcessLauncher(state_dir / agent_id, agent_id, on_exit)
+    t = timings or Timings()
+    lease = fence_lease_path(launch, state_dir, agent_id)
+    return lambda on_exit: ProcessLauncher(state_dir / agent_id, agent_id, on_exit, fence_lease=lease,
+                                           fence_after_s=t.fence_after_s, fence_grace_s=t.stop_grace_s)
 
 
 async def run_agents(
@@ -70,7 +84,8 @@ async def run_agents(
     agents = [
         Agent(
             cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=f"{t.node}-agent",
-            launcher_factory=launcher_factory(launch, state_dir, f"{t.node}-agent"), channels=channels,
+            launcher_factory=launcher_factory(launch, state_dir, f"{t.node}-agent", timings), channels=channels,
+            fence_lease=fence_lease_path(launch, state_dir, f"{t.node}-agent"),
             history=(lambda ev, d: history.append((ev, d))) if history is not None else None,
         )
         for t in topologies

@@ -147,15 +147,21 @@ async def test_killed_member_restarts_the_whole_gang_one_incarnation_at_a_time(t
             break
         await asyncio.sleep(0.05)
     victim = json.loads((out / "rank-1-inc-1.json").read_text())
-    pid = None
+    matches = []
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
                 environ = (p / "environ").read_bytes()
-            except OSError:
+                ppid = int((p / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
             if f"PHALANX_GANG={g.id}".encode() in environ and b"RANK=1\0" in environ and b"PHALANX_INCARNATION=1\0" in environ:
-                pid = int(p.name)
+                matches.append((int(p.name), ppid))
+    # Members run under their fencing shim (agent/shim.py), which carries the
+    # same environment: kill the member itself, the one whose parent is a match.
+    pids = {pid for pid, _ in matches}
+    children = [pid for pid, ppid in matches if ppid in pids]
+    pid = children[0] if children else (matches[0][0] if matches else None)
     assert pid is not None and victim["RANK"] == "1"
     os.kill(pid, signal.SIGKILL)
     for _ in range(300):
