@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from agent.launcher import agent_identity
 from agent.session import Agent
 from coordinator.config import Timings, timings_from_mapping
 from coordinator.store import Store
@@ -85,7 +86,7 @@ async def amain(a: argparse.Namespace) -> int:
         print(json.dumps(topo.to_dict(), indent=1, sort_keys=True))
         return 0
     state_dir = Path(a.state_dir or tempfile.mkdtemp(prefix=f"phalanx-agent-{a.node}-"))
-    agent_id = f"{a.node}-agent"
+    agent_id = agent_identity(a.node, state_dir)
     # Member-side fencing (docs/agents.md): real members run under agent/shim.py,
     # which reads this lease; simulated members need none.
     from agent.shim import LEASE_FILE

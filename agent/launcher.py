@@ -82,3 +82,17 @@ class Launcher(Protocol):
 
     async def close(self) -> None:
         """Release resources without stopping members (restart keeps them)."""
+
+
+def agent_identity(node: str, state_dir: "object | None") -> str:
+    """An agent's id: stable across restarts of the same agent (adoption
+    matches members by it) and distinct between agents on one host that
+    happen to share a node name (e.g. two test clusters), because a starting
+    agent kills unaccounted processes that carry its id."""
+    if state_dir is None:
+        return f"{node}-agent"
+    import hashlib
+    import os
+
+    digest = hashlib.sha1(os.path.abspath(str(state_dir)).encode()).hexdigest()[:8]
+    return f"{node}-{digest}"

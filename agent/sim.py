@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from agent.launcher import Launcher, MemberKey
+from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
 from coordinator.config import Timings, timings_from_mapping
@@ -81,11 +81,12 @@ async def run_agents(
 ) -> None:
     store = await Store(etcd, cluster, timeout=timings.etcd_timeout_s).connect()
     channels: dict = {}
+    ids = {t.node: agent_identity(t.node, state_dir if launch else None) for t in topologies}
     agents = [
         Agent(
-            cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=f"{t.node}-agent",
-            launcher_factory=launcher_factory(launch, state_dir, f"{t.node}-agent", timings), channels=channels,
-            fence_lease=fence_lease_path(launch, state_dir, f"{t.node}-agent"),
+            cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=ids[t.node],
+            launcher_factory=launcher_factory(launch, state_dir, ids[t.node], timings), channels=channels,
+            fence_lease=fence_lease_path(launch, state_dir, ids[t.node]),
             history=(lambda ev, d: history.append((ev, d))) if history is not None else None,
         )
         for t in topologies
