@@ -57,6 +57,8 @@ class MemberRecord:
     stop_requested: bool = False
 
 
+UNCONFIRMED = "cannot confirm the leader's token"
+
 # Recorded effects, for tests and the chaos history: (monotonic, wall, event, detail)
 HistoryHook = Callable[[str, dict[str, Any]], None]
 
@@ -343,10 +345,18 @@ class Agent:
         ops = [Get(self.keys.leader(self.az))]
         if gang is not None:
             ops.append(Get(self.keys.reservation(self.az, gang)))
-        try:
-            res = await self.store.txn([], ops)
-        except StoreUnavailable as exc:
-            return f"cannot confirm the leader's token: {exc}", None
+        res = None
+        for attempt in range(3):
+            # A transient etcd error (e.g. "no leader" during an etcd
+            # election) must not silently drop an assignment: retry briefly.
+            try:
+                res = await self.store.txn([], ops)
+                break
+            except StoreUnavailable as exc:
+                last = exc
+                await asyncio.sleep(0.2 * 2 ** attempt)
+        if res is None:
+            return f"{UNCONFIRMED}: {last}", None
         leader = res.results[0]
         if not leader or leader[0].create_revision != epoch:
             return f"epoch {epoch} is no longer the leader of {self.az}", None
@@ -391,7 +401,13 @@ class Agent:
             if why:
                 self._record("assign_refused_token", key=str(key), epoch=epoch, reason=why)
                 log.warning("agent %s refused %s: %s", self.node, key, why)
-                return  # not the leader's word any more: say nothing, do nothing
+                if why.startswith(UNCONFIRMED):
+                    # Not started, and say so: the leader can fail (and
+                    # restart) the gang now instead of at its start timeout.
+                    rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason=why, at=time.time())
+                    self.members[key] = rec
+                    self._report(rec)
+                return  # a stale leader's word: say nothing, do nothing
             # the ledger uses live members only
             clash = self.ledger.conflicts(key, gpus, nics)
             if clash:

@@ -22,6 +22,11 @@ reservation was written) are exact.
 | 5 | nothing stranded | final reservations vs gang states; live members at settle |
 | 6 | no effect from a superseded epoch | reservation writes vs leader key (by revision); member starts vs leader terms |
 | 7 | a leader and admission resume after healing | leader terms and the post-heal probe gangs, within the stated bound |
+| 8 | two-phase decisions are final and agree | ``decisions/`` and two-phase reservation writes, replayed by revision |
+
+Cross-AZ gangs are ordinary gangs for 1-7: their members run on the agents
+of several AZs and every check groups members by (gang, incarnation, rank)
+whatever agent reported them; reservations are per (AZ, gang), as the keys.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from chaos.history import (
     HOLDING,
     INF,
     TERMINAL,
+    EtcdEvent,
     History,
     LeaderTerm,
     MemberInterval,
@@ -55,7 +61,10 @@ INVARIANTS: dict[int, str] = {
     5: "nothing stranded",
     6: "no effect from a superseded epoch",
     7: "leader and admission resume after healing",
+    8: "two-phase decisions are final and agree",
 }
+
+SUBMIT_OPS = frozenset({"submit", "submit_cross_az"})
 
 
 @dataclass(frozen=True)
@@ -256,11 +265,21 @@ def _reservation_overlaps(h: History) -> Check:
     order (exact), after every reservation write the AZ's reservations at
     that revision go through the coordinator's own ledger invariant
     (``coordinator.core.records.DeviceLedger.conflicts``, STYLE §12); any
-    status holds devices."""
+    status holds devices, except a two-phase record whose incarnation's
+    decision is already ABORT at that revision: the decision key is the
+    commit point (docs/two-phase.md), so such a hold is dead and its devices
+    are free, even while its ``ReleaseHold`` delete is still on its way. (A
+    COMMITTED record of an ABORTed incarnation is invariant 8's business.)"""
     out: list[Violation] = []
     held: dict[str, dict[str, tuple[int, Reservation]]] = defaultdict(dict)  # az -> gang -> (rev, reservation)
+    aborted: set[tuple[str, int]] = set()  # (gang, incarnation) decided ABORT so far
     checked = 0
     for e in h.etcd:
+        if e.key.startswith("decisions/") and e.kind == "put":
+            parsed = _decision_key(e.key)
+            if parsed is not None and isinstance(e.value, Mapping) and e.value.get("outcome") == "ABORT":
+                aborted.add(parsed)
+            continue
         if not e.key.startswith("reservations/"):
             continue
         az, _, gang = e.key[len("reservations/"):].partition("/")
@@ -275,7 +294,10 @@ def _reservation_overlaps(h: History) -> Check:
         except (KeyError, TypeError, ValueError):
             out.append(Violation(2, f"unreadable reservation {e.key} at rev {e.rev}", (str(e.value),), e.mono))
             continue
-        ledger = DeviceLedger.from_reservations({g: r for g, (_, r) in held[az].items()})
+        live = {g: r for g, (_, r) in held[az].items() if not (r.two_phase and (g, r.incarnation) in aborted)}
+        if gang not in live:
+            continue
+        ledger = DeviceLedger.from_reservations(live)
         mine = [c for c in ledger.conflicts() if c.endswith(f" {gang}") or f" {gang} and " in c]
         if mine:
             others = sorted({g for g in held[az] if g != gang and any(f" {g} " in f" {c} " for c in mine)})
@@ -319,30 +341,31 @@ def check_one_incarnation(h: History, ivs: Sequence[MemberInterval]) -> Check:
 
 def check_acked_not_lost(h: History) -> Check:
     """Every acknowledged submission's gang exists in the final etcd state; one
-    idempotency key never yields two gangs; cross-AZ submissions are refused
-    (UNIMPLEMENTED) and leave nothing behind."""
+    idempotency key never yields two gangs. Cross-AZ submissions are ordinary
+    submissions (two-phase reservations): acknowledged ones must survive like
+    any other, and a refusal as UNIMPLEMENTED (the pre-two-phase answer) is
+    a regression."""
     out: list[Violation] = []
     if h.final is None:
         return 0, [Violation(4, "no final etcd state was recorded: cannot tell whether acknowledged gangs survive")]
     gangs = h.final.gangs
     checked = 0
     for o in h.outcomes:
-        if o.op == "submit" and o.acked:
+        if o.op not in SUBMIT_OPS:
+            continue
+        if o.acked:
             checked += 1
             if o.gang_id not in gangs:
-                out.append(Violation(4, f"acknowledged gang {o.gang_id} ({o.name}, key {o.key}) is not in etcd",
+                kind = "cross-AZ gang" if o.op == "submit_cross_az" else "gang"
+                out.append(Violation(4, f"acknowledged {kind} {o.gang_id} ({o.name}, key {o.key}) is not in etcd",
                                      (f"acked {_t(h, o.end)} after {o.attempts} attempt(s) in {o.az}",), o.end))
-        if o.op == "submit_cross_az":
+        elif o.op == "submit_cross_az" and o.code == "UNIMPLEMENTED":
             checked += 1
-            if o.acked:
-                out.append(Violation(4, f"cross-AZ submission {o.name} was accepted (gang {o.gang_id}); it must be "
-                                        "refused UNIMPLEMENTED until two-phase reservations land", (), o.end))
-            elif o.code not in ("UNIMPLEMENTED", "UNAVAILABLE", "DEADLINE_EXCEEDED"):
-                out.append(Violation(4, f"cross-AZ submission {o.name} refused with {o.code}, not UNIMPLEMENTED",
-                                     (o.detail,), o.end))
+            out.append(Violation(4, f"cross-AZ submission {o.name} refused UNIMPLEMENTED: cross-AZ gangs must be "
+                                    "accepted (two-phase reservations)", (o.detail,), o.end))
     ids_by_key: dict[str, set[str]] = defaultdict(set)
     for c in h.calls:
-        if c.op == "submit" and c.code == "OK" and c.gang_id:
+        if c.op in SUBMIT_OPS and c.code == "OK" and c.gang_id:
             ids_by_key[c.key].add(c.gang_id)
     for key, ids in sorted(ids_by_key.items()):
         if len(ids) > 1:
@@ -352,9 +375,6 @@ def check_acked_not_lost(h: History) -> Check:
     for gid, g in gangs.items():
         if isinstance(g, Mapping) and g.get("idempotency_key"):
             by_key[g["idempotency_key"]].append(gid)
-        topo = (g.get("spec") or {}).get("topology") if isinstance(g, Mapping) else None
-        if isinstance(topo, Mapping) and topo.get("allow_cross_az"):
-            out.append(Violation(4, f"gang {gid} with allow_cross_az exists in etcd", ()))
     for key, gids in sorted(by_key.items()):
         if len(gids) > 1:
             out.append(Violation(4, f"idempotency key {key} has {len(gids)} gangs in etcd", tuple(sorted(gids))))
@@ -369,19 +389,37 @@ def check_nothing_stranded(h: History, ivs: Sequence[MemberInterval]) -> Check:
     """After settling: no reservation for a gang that is not RESERVED/STARTING/
     RUNNING (a RELEASING one is stranded too: its members should be gone by
     now); no gang left half-started (RESERVED/STARTING) or half-torn-down
-    (RESTARTING); no member still running whose gang is finished or unknown."""
+    (RESTARTING); no member still running whose gang is finished or unknown.
+
+    Two-phase holds: a PREPARED record is accepted only for a gang that is
+    RESERVING at that incarnation (an attempt still in flight at settle time)
+    and whose incarnation has no ABORT decision; a COMMITTED record of a gang
+    still RESERVING only next to a COMMIT decision of that incarnation (the
+    owner has yet to mark the gang RESERVED). Anything else is stranded."""
     if h.final is None:
         return 0, [Violation(5, "no final etcd state was recorded")]
     out: list[Violation] = []
     gangs = h.final.gangs
+    decisions = h.final.prefix("decisions/")
     checked = 0
     for (az, gid), r in sorted(h.final.reservations.items()):
         checked += 1
         g = gangs.get(gid)
         status = r.get("status") if isinstance(r, Mapping) else "?"
         state = g.get("state") if isinstance(g, Mapping) else None
+        r_inc = int(r.get("incarnation", 0) or 0) if isinstance(r, Mapping) else 0
+        d = decisions.get(f"{gid}/{r_inc}")
+        outcome = d.get("outcome") if isinstance(d, Mapping) else None
+        same_inc = isinstance(g, Mapping) and int(g.get("incarnation", 1)) == r_inc
         if state is None:
             out.append(Violation(5, f"reservation {az}/{gid} ({status}) for a gang that does not exist", (str(r),)))
+        elif status == "PREPARED":
+            if not (state == "RESERVING" and same_inc and outcome != "ABORT"):
+                out.append(Violation(5, f"PREPARED hold {az}/{gid}#{r_inc} left for a {state} gang "
+                                        f"(incarnation {g.get('incarnation', 1)}, decision {outcome or 'none'})",
+                                     (f"gang reason: {g.get('reason', '')}", f"reservation: {r}")))
+        elif state == "RESERVING" and status == "COMMITTED" and same_inc and outcome == "COMMIT":
+            continue
         elif state not in HOLDING or status == "RELEASING":
             out.append(Violation(5, f"reservation {az}/{gid} ({status}) left for a {state} gang",
                                  (f"gang reason: {g.get('reason', '')}", f"reservation: {r}")))
@@ -523,6 +561,131 @@ def check_recovery(h: History) -> tuple[int, list[Violation], dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------
+# 8. two-phase decisions (cross-AZ gangs)
+
+
+def _decision_key(key: str) -> tuple[str, int] | None:
+    gang, _, inc = key[len("decisions/"):].rpartition("/")
+    return (gang, int(inc)) if gang and inc.isdigit() else None
+
+
+def _plan_azs(gang_writes: Sequence[EtcdEvent], inc: int, rev: int) -> set[str] | None:
+    """The AZs of incarnation ``inc``'s plan: those of the placement in the last
+    write of the gang record at that incarnation before ``rev`` (the owner
+    records the attempt, with its full placement, before any Prepare)."""
+    azs: set[str] | None = None
+    for e in gang_writes:
+        if e.rev > rev:
+            break
+        v = e.value
+        if not isinstance(v, Mapping) or int(v.get("incarnation", 1) or 1) != inc:
+            continue
+        placement = v.get("placement") or ()
+        found = {str(m.get("az", "")) for m in placement if isinstance(m, Mapping) and m.get("az")}
+        if found:
+            azs = found
+    return azs
+
+
+def check_two_phase(h: History) -> Check:
+    """Exact, on the recorded etcd history (every put and delete, by revision):
+
+    (a) one decision per (gang, incarnation): ``decisions/<gang>/<inc>`` is
+        written once (create-if-absent), holds COMMIT or ABORT, and is never
+        rewritten nor deleted;
+    (b) COMMIT only if prepared everywhere: at the decision's revision every
+        AZ of that incarnation's plan holds a PREPARED (or COMMITTED) record
+        ``reservations/<az>/<gang>`` of exactly that incarnation;
+    (c) agreement: a two-phase COMMITTED record of an incarnation is written
+        only after that incarnation's decision is COMMIT (so never next to an
+        ABORT, whichever came first in the history)."""
+    out: list[Violation] = []
+    checked = 0
+    gap = any(e.kind == "gap" for e in h.etcd)
+    decided: dict[tuple[str, int], EtcdEvent] = {}  # the first write of each decision key
+    gang_writes: dict[str, list[EtcdEvent]] = defaultdict(list)
+    holds: dict[tuple[str, str], EtcdEvent] = {}  # (az, gang) -> current reservation write
+    for e in sorted(h.etcd, key=lambda e: e.rev):
+        if e.kind == "put" and e.key.startswith("gangs/"):
+            gang_writes[e.key[len("gangs/"):]].append(e)
+        elif e.key.startswith("reservations/") and e.kind in ("put", "delete"):
+            az, _, gid = e.key[len("reservations/"):].partition("/")
+            if e.kind == "delete":
+                holds.pop((az, gid), None)
+                continue
+            holds[(az, gid)] = e
+            v = e.value if isinstance(e.value, Mapping) else {}
+            if not v.get("two_phase") or v.get("status") != "COMMITTED":
+                continue
+            checked += 1
+            inc = int(v.get("incarnation", 0) or 0)
+            d = decided.get((gid, inc))
+            outcome = d.value.get("outcome") if d is not None and isinstance(d.value, Mapping) else None
+            if outcome != "COMMIT":
+                out.append(Violation(8, f"reservation {az}/{gid}#{inc} written COMMITTED at rev {e.rev} while the "
+                                        f"decision of incarnation {inc} is {outcome or 'not yet made'}",
+                                     (f"{e.key} rev {e.rev} (seen {_t(h, e.mono)}): {dict(v)}",
+                                      *([f"decisions/{gid}/{inc} = {dict(d.value)} at rev {d.rev}"]
+                                        if d is not None and isinstance(d.value, Mapping) else [])), e.mono))
+        elif e.key.startswith("decisions/"):
+            parsed = _decision_key(e.key)
+            if parsed is None:
+                continue
+            gid, inc = parsed
+            first = decided.get(parsed)
+            if e.kind == "delete":
+                out.append(Violation(8, f"decision {gid}#{inc} deleted at rev {e.rev}: decisions are final",
+                                     (f"first written at rev {first.rev}: {first.value}" if first else
+                                      "never seen written",), e.mono))
+                continue
+            if e.kind != "put":
+                continue
+            checked += 1
+            value = e.value if isinstance(e.value, Mapping) else {}
+            outcome = value.get("outcome")
+            if first is not None:
+                old = first.value.get("outcome") if isinstance(first.value, Mapping) else None
+                out.append(Violation(8, f"decision {gid}#{inc} written twice (rev {first.rev}: {old}, "
+                                        f"rev {e.rev}: {outcome}): a decision key is created once",
+                                     (f"rev {first.rev} (seen {_t(h, first.mono)}): {first.value}",
+                                      f"rev {e.rev} (seen {_t(h, e.mono)}): {e.value}"), e.mono))
+                continue
+            decided[parsed] = e
+            if outcome not in ("COMMIT", "ABORT"):
+                out.append(Violation(8, f"decision {gid}#{inc} at rev {e.rev} is neither COMMIT nor ABORT",
+                                     (str(e.value),), e.mono))
+                continue
+            if outcome != "COMMIT":
+                continue
+            azs = _plan_azs(gang_writes.get(gid, ()), inc, e.rev)
+            if azs is None:
+                if not gap:
+                    out.append(Violation(8, f"COMMIT of {gid}#{inc} at rev {e.rev} with no recorded plan of that "
+                                            "incarnation (the attempt is written before any Prepare)",
+                                         (f"{e.key} = {dict(value)}",), e.mono))
+                continue
+            missing = []
+            for az in sorted(azs):
+                r = holds.get((az, gid))
+                rv = r.value if r is not None and isinstance(r.value, Mapping) else {}
+                if (r is None or int(rv.get("incarnation", 0) or 0) != inc
+                        or rv.get("status") not in ("PREPARED", "COMMITTED")):
+                    missing.append((az, r))
+            if missing:
+                out.append(Violation(8, f"COMMIT of {gid}#{inc} at rev {e.rev} although "
+                                        f"{', '.join(az for az, _ in missing)} held no PREPARED record of "
+                                        f"incarnation {inc} (plan: {', '.join(sorted(azs))})",
+                                     (f"{e.key} = {dict(value)} (seen {_t(h, e.mono)})",
+                                      *[f"reservations/{az}/{gid}: " + (
+                                          f"{r.value.get('status') if isinstance(r.value, Mapping) else r.value} "
+                                          f"incarnation "
+                                          f"{r.value.get('incarnation') if isinstance(r.value, Mapping) else '?'} "
+                                          f"(rev {r.rev})" if r is not None else "absent")
+                                        for az, r in missing]), e.mono))
+    return checked, out
+
+
+# ---------------------------------------------------------------------------
 
 
 def check(h: History) -> Verdict:
@@ -540,6 +703,8 @@ def check(h: History) -> Verdict:
         results.append(InvariantResult(number, INVARIANTS[number], checked, tuple(violations)))
     checked7, v7, measured = check_recovery(h)
     results.append(InvariantResult(7, INVARIANTS[7], checked7, tuple(v7)))
+    checked8, v8 = check_two_phase(h)
+    results.append(InvariantResult(8, INVARIANTS[8], checked8, tuple(v8)))
     measured["members"] = len(ivs)
     measured["incarnations"] = len({(iv.gang, iv.incarnation) for iv in ivs})
     measured["anomalies"] = anomalies(h, ivs)

@@ -1,4 +1,4 @@
-"""The chaos workload: seeded single-AZ gang submissions, cancels, every call recorded.
+"""The chaos workload: seeded gang submissions (single- and cross-AZ), cancels, every call recorded.
 
 Runs inside the ``client`` host (the root namespace cannot reach the cluster)::
 
@@ -8,9 +8,13 @@ Runs inside the ``client`` host (the root namespace cannot reach the cluster)::
 
 The plan (:func:`plan`) is a pure function of the seed: which AZ, how many
 members (1-2) of how many GPUs (1/2/4/8), how long they run (1-4 s), which
-gangs are cancelled and when, and a few cross-AZ submissions that must be
-refused (UNIMPLEMENTED: cross-AZ gangs wait for the two-phase work). Every
-gang is owned by the AZ whose coordinators receive it.
+gangs are cancelled and when. About a quarter of the gangs are cross-AZ
+(``allow_cross_az: true``, two-phase reservations, docs/two-phase.md), with
+shapes from :data:`CROSS_AZ_SHAPES` (2-4 members of 4 or 8 GPUs): an AZ of
+the chaos cluster has 2 nodes x 8 GPUs, so 3 x 8 always spans AZs and the
+others span when their owner AZ is busy. They are ordinary gangs: accepted,
+run, cancelled and restarted like the rest. Every gang is owned by the AZ
+whose coordinators receive it.
 
 Each submission carries an idempotency key and is retried, with the same key,
 across that AZ's coordinators on UNAVAILABLE, DEADLINE_EXCEEDED or ABORTED
@@ -47,6 +51,11 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 GPU_CHOICES = (1, 2, 4, 8)
+# (members, GPUs per member) of cross-AZ gangs. An AZ of the chaos cluster has
+# 2 nodes x 8 GPUs (chaos/cluster.py), so 3 x 8 (24 GPUs) always needs two AZs
+# and 2 x 8 / 4 x 4 need them whenever part of the owner AZ is busy (the
+# steady gang holds 8 of its 16 GPUs for the whole run).
+CROSS_AZ_SHAPES = ((2, 8), (3, 8), (3, 8), (4, 4), (2, 4))
 RETRY_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED"})
 PROBE_PRIORITY = 1000
 
@@ -92,7 +101,7 @@ def plan(
     azs: Sequence[str],
     *,
     cancel_fraction: float = 0.2,
-    cross_az_fraction: float = 0.04,
+    cross_az_fraction: float = 0.25,
     steady_s: float = 0.0,
     prefix: str = "w",
 ) -> list[PlannedSubmit]:
@@ -103,7 +112,9 @@ def plan(
     (``max_restarts``), so a failed incarnation is followed by a new one. With
     ``steady_s`` each AZ also gets, first thing, one 2 x 4-GPU gang that runs
     ``steady_s`` seconds with 2 restarts: a long-running gang is what a fault
-    in the middle of the run hits.
+    in the middle of the run hits. A ``cross_az_fraction`` of the gangs are
+    cross-AZ, shaped by :data:`CROSS_AZ_SHAPES` (drawn from a per-gang stream,
+    so the rest of the plan is what it was).
     """
     rng = random.Random(f"workload/{seed}")
     out: list[PlannedSubmit] = []
@@ -118,8 +129,10 @@ def plan(
         cross = rng.random() < cross_az_fraction
         restarts = rng.choice((0, 0, 1))
         name = f"{prefix}{seed}-{n:04d}"
+        if cross:
+            members, gpus = random.Random(f"workload/{seed}/xaz/{n}").choice(CROSS_AZ_SHAPES)
         out.append(PlannedSubmit(n, round(t, 3), az, name, f"{name}-k", members, gpus, run_s,
-                                 None if cross else cancel, cross, max_restarts=restarts))
+                                 cancel, cross, max_restarts=restarts))
         n += 1
         t += rng.expovariate(rate)
     if steady_s > 0:
@@ -271,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=20.0)
     p.add_argument("--rate", type=float, default=1.0, help="gangs per second, all AZs together")
     p.add_argument("--cancel-fraction", type=float, default=0.2)
-    p.add_argument("--cross-az-fraction", type=float, default=0.04)
+    p.add_argument("--cross-az-fraction", type=float, default=0.25,
+                   help="share of gangs submitted with allow_cross_az (two-phase reservations)")
     p.add_argument("--steady", type=float, default=0.0, help="seconds: one long 2x4-GPU gang per AZ at the start")
     p.add_argument("--attempt-timeout", type=float, default=3.0)
     p.add_argument("--retry-budget", type=float, default=30.0)

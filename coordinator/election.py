@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from coordinator.config import Timings
+from phalanx.errors import NotLeader
 from coordinator.store import Compacted, Compare, Delete, Get, Put, Store, StoreUnavailable, absent, jitter
 
 log = logging.getLogger(__name__)
@@ -30,8 +31,10 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-class LeaseLost(Exception):
-    """The session's lease expired (or may have): stop acting as leader."""
+class LeaseLost(NotLeader):
+    """The session's lease expired (or may have): stop acting as leader.
+    A NotLeader, so a request that meets it is answered UNAVAILABLE (retry
+    elsewhere), never INTERNAL."""
 
 
 @dataclass(frozen=True)

@@ -368,6 +368,10 @@ class AzLeader:
                 gpus, nics = hold.nodes.get(name, ((), ()))
                 used_g.update(gpus)
                 used_n.update(nics)
+            for nodes in self.twophase.releasing.values():
+                gpus, nics = nodes.get(name, ((), ()))
+                used_g.update(gpus)
+                used_n.update(nics)
             views.append(NodeView(
                 topology=topo,
                 free_gpus=frozenset(topo.gpu_indices) - used_g,

@@ -143,6 +143,9 @@ class TwoPhaseDriver:
         )
         self.peer_channel = peer_channel
         self.participant = ParticipantState(self.az, self.cfg)
+        # (gang, incarnation) -> node -> (gpus, nics) of holds whose release
+        # is decided but whose record delete has not committed yet.
+        self.releasing: dict[tuple[str, int], Any] = {}
         self.owners: dict[str, OwnerState] = {}
         self.placements: dict[tuple[str, int], Placement] = {}
         self._vote_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
@@ -179,7 +182,17 @@ class TwoPhaseDriver:
     def feed_participant(self, ev: Event) -> None:
         if self.l.stopped.is_set():
             return
+        if isinstance(ev, HoldReleased):
+            self.releasing.pop((ev.gang, ev.incarnation), None)
+        before = {g: (h.incarnation, h.nodes) for g, h in self.participant.holds.items()}
         effects = self.participant.handle(ev, self.now())
+        # The core frees a hold's devices when it decides to release it; the
+        # durable record goes only when ReleaseHold's delete commits. Until
+        # then the devices stay taken for single-AZ placement too, so etcd
+        # never holds two reservations on one GPU (chaos finding 7).
+        for e in effects:
+            if isinstance(e, ReleaseHold) and e.gang in before and before[e.gang][0] == e.incarnation:
+                self.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
         self.perform(effects, None)
 
     def feed_owner(self, gang: str, ev: Event) -> None:

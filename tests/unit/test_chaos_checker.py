@@ -128,13 +128,88 @@ def add(h: History, *, etcd: tuple[EtcdEvent, ...] = (), agents: tuple[AgentEven
 
 
 # ---------------------------------------------------------------------------
+# A cross-AZ (two-phase) gang: owner a, rank 0 in a, rank 1 in b
+
+
+def xgang_value(gid: str, state: str, inc: int = 1, placement: tuple[tuple[str, str, int], ...] = (),
+                members: int = 2) -> dict[str, Any]:
+    v = gang_value(gid, state, members, inc, "a")
+    v["spec"]["topology"] = {"allow_cross_az": True}
+    v["placement"] = [{"rank": r, "az": az, "node": node, "gpus": [gpu], "nics": []}
+                      for r, (az, node, gpu) in enumerate(placement)]
+    return v
+
+
+XPLAN = (("a", "a-n001", 4), ("b", "b-n000", 0))
+
+
+def xgang(gid: str, rev: int, t: float, state: str, inc: int = 1,
+          placement: tuple[tuple[str, str, int], ...] = XPLAN) -> EtcdEvent:
+    return EtcdEvent("put", f"gangs/{gid}", rev, T0 + t, value=xgang_value(gid, state, inc, placement))
+
+
+def hold(gid: str, rev: int, t: float, az: str, status: str, inc: int = 1) -> EtcdEvent:
+    node, gpu = {"a": ("a-n001", 4), "b": ("b-n000", 0)}[az]
+    e = reservation(gid, rev, t, epoch={"a": 5, "b": 6}[az], inc=inc, status=status, az=az, nodes={node: [gpu]})
+    e.value.update(two_phase=True, owner_az="a", priority=0, submitted_at=1.0)
+    return e
+
+
+def decision(gid: str, inc: int, rev: int, t: float, outcome: str, by: str = "a") -> EtcdEvent:
+    return EtcdEvent("put", f"decisions/{gid}/{inc}", rev, T0 + t, value={"outcome": outcome, "by": by, "reason": ""})
+
+
+def xaz_events(**replace: EtcdEvent | None) -> tuple[EtcdEvent, ...]:
+    """The two-phase happy path of x1 by name; ``replace`` swaps (or drops, with None) one step."""
+    steps = {
+        "leader_b": leader("b", 6, 0.1, "coord-b1"),
+        "pending": xgang("x1", 40, 5.0, "PENDING", placement=()),
+        "attempt": xgang("x1", 41, 5.1, "RESERVING"),
+        "prep_a": hold("x1", 42, 5.2, "a", "PREPARED"),
+        "prep_b": hold("x1", 43, 5.2, "b", "PREPARED"),
+        "decide": decision("x1", 1, 44, 5.3, "COMMIT"),
+        "commit_a": hold("x1", 45, 5.4, "a", "COMMITTED"),
+        "commit_b": hold("x1", 46, 5.4, "b", "COMMITTED"),
+        "reserved": xgang("x1", 47, 5.5, "RESERVED"),
+        "starting": xgang("x1", 48, 5.6, "STARTING"),
+        "running": xgang("x1", 49, 6.2, "RUNNING"),
+        "done": xgang("x1", 51, 8.1, "SUCCEEDED"),
+        "rel_a": released("x1", 52, 8.2, "a"),
+        "rel_b": released("x1", 53, 8.2, "b"),
+    }
+    steps.update(replace)
+    return tuple(e for e in steps.values() if e is not None)
+
+
+def cross_az(etcd: tuple[EtcdEvent, ...] | None = None, agents: tuple[AgentEvent, ...] | None = None,
+             final_gang: dict[str, Any] | None = None,
+             final_res: dict[str, dict[str, Any]] | None = None) -> History:
+    """healthy() plus the cross-AZ gang x1 (2 members: rank 0 on a-n001 in AZ a,
+    rank 1 on b-n000 in AZ b), reserved two-phase and run to success."""
+    if agents is None:
+        agents = (started("x1#1/r0", 6.0, gpus=(4,), node="a-n001"),
+                  started("x1#1/r1", 6.0, gpus=(0,), node="b-n000", epoch=6, az="b"),
+                  exited("x1#1/r0", 8.0, node="a-n001"), exited("x1#1/r1", 8.0, node="b-n000", epoch=6, az="b"))
+    h = add(healthy(), etcd=etcd if etcd is not None else xaz_events(), agents=agents)
+    call = ClientCall("submit_cross_az", "x1-k", "x1", "a", "10.0.0.1:7070", 1, T0 + 4.9, T0 + 5.0, "OK",
+                      gang_id="x1")
+    out = ClientOutcome("submit_cross_az", "x1-k", "x1", "a", True, "x1", T0 + 4.9, T0 + 5.0, "OK", 1)
+    fin = final({**h.final.gangs, "x1": final_gang or xgang_value("x1", "SUCCEEDED", placement=XPLAN)},  # type: ignore[union-attr]
+                final_res, leaders=("a", "b"))
+    kvs = dict(fin.kvs)
+    kvs.update({e.key: e.value for e in h.etcd if e.key.startswith("decisions/") and e.kind == "put"})
+    return dataclasses.replace(h, calls=h.calls + (call,), outcomes=h.outcomes + (out,),
+                               final=dataclasses.replace(fin, kvs=kvs))
+
+
+# ---------------------------------------------------------------------------
 # The baseline
 
 
 def test_a_healthy_history_passes_every_invariant() -> None:
     v = checker.check(healthy())
     assert v.ok, [x.render() for x in v.violations]
-    assert all(r.checked > 0 for r in v.results if r.number != 5)
+    assert all(r.checked > 0 for r in v.results if r.number not in (5, 8))  # 8: no cross-AZ gang here
     assert v.measurements["admission_after_heal_s"] == {"a": 1.5}
 
 
@@ -273,14 +348,26 @@ def test_acked_not_lost_flags_one_key_acknowledged_as_two_gangs() -> None:
     assert any("has 2 gangs in etcd" in v.what for v in found)
 
 
-def test_acked_not_lost_flags_an_accepted_cross_az_submission() -> None:
-    o = ClientOutcome("submit_cross_az", "x-k", "x", "a", True, "x-1", T0, T0 + 1, "OK", 1)
-    h = dataclasses.replace(healthy(), outcomes=healthy().outcomes + (o,))
-    assert any("cross-AZ submission x was accepted" in v.what for v in violations(h, 4))
+def test_acked_not_lost_accepts_an_acknowledged_cross_az_gang_that_exists() -> None:
+    assert violations(cross_az(), 4) == []
 
 
-def test_acked_not_lost_accepts_an_unimplemented_cross_az_refusal() -> None:
+def test_acked_not_lost_flags_an_acknowledged_cross_az_gang_missing_from_etcd() -> None:
+    h = cross_az()
+    fin = final({g: v for g, v in h.final.gangs.items() if g != "x1"}, leaders=("a", "b"))  # type: ignore[union-attr]
+    found = checker.check(dataclasses.replace(h, final=fin)).result(4).violations
+    assert any("acknowledged cross-AZ gang x1" in v.what and "not in etcd" in v.what for v in found)
+
+
+def test_acked_not_lost_flags_a_cross_az_submission_refused_unimplemented() -> None:
+    # Before two-phase reservations this was the expected answer; now it is a regression.
     o = ClientOutcome("submit_cross_az", "x-k", "x", "a", False, "", T0, T0 + 1, "UNIMPLEMENTED", 1)
+    found = violations(dataclasses.replace(healthy(), outcomes=healthy().outcomes + (o,)), 4)
+    assert len(found) == 1 and "cross-AZ submission x refused UNIMPLEMENTED" in found[0].what
+
+
+def test_acked_not_lost_ignores_a_cross_az_submission_that_ran_out_of_retries() -> None:
+    o = ClientOutcome("submit_cross_az", "x-k", "x", "a", False, "", T0, T0 + 31, "UNAVAILABLE", 9)
     assert violations(dataclasses.replace(healthy(), outcomes=healthy().outcomes + (o,)), 4) == []
 
 
@@ -389,6 +476,215 @@ def test_recovery_flags_a_gang_pending_long_past_its_admission_timeout() -> None
 def test_recovery_bound_is_stated_from_the_timings() -> None:
     assert recovery_bound(TIMINGS) == 3 * 2 + 4.0 + 10.0
     assert recovery_bound(TIMINGS, slack_s=0) == 10.0
+
+
+# ---------------------------------------------------------------------------
+# Cross-AZ gangs under invariants 1-7
+
+
+def test_a_cross_az_gang_passes_every_invariant() -> None:
+    v = checker.check(cross_az())
+    assert v.ok, [x.render() for x in v.violations]
+    assert v.result(8).checked == 3  # one decision, two COMMITTED two-phase records
+    assert v.measurements["incarnations"] == 3
+
+
+def test_all_or_nothing_counts_ranks_across_az_agents() -> None:
+    # rank 1 runs in AZ b and starts after the owner wrote RUNNING: a violation,
+    # although every member of AZ a had started.
+    late = (started("x1#1/r0", 6.0, gpus=(4,), node="a-n001"),
+            started("x1#1/r1", 6.5, gpus=(0,), node="b-n000", epoch=6, az="b"),
+            exited("x1#1/r0", 8.0, node="a-n001"), exited("x1#1/r1", 8.0, node="b-n000", epoch=6, az="b"))
+    found = violations(cross_az(agents=late), 1)
+    assert len(found) == 1 and "gang x1 written RUNNING (rev 49) before ranks [1]" in found[0].what
+    assert any("b-n000" in e for e in found[0].evidence)
+
+
+def test_all_or_nothing_flags_a_cross_az_gang_half_running_at_settle_time() -> None:
+    # x1 RUNNING at the end; the member in AZ b exited, the one in AZ a runs on.
+    agents = (started("x1#1/r0", 6.0, gpus=(4,), node="a-n001"),
+              started("x1#1/r1", 6.0, gpus=(0,), node="b-n000", epoch=6, az="b"),
+              exited("x1#1/r1", 8.0, node="b-n000", epoch=6, az="b", code=-9, phase="STOPPED"))
+    res = {"a/x1": hold("x1", 45, 0, "a", "COMMITTED").value, "b/x1": hold("x1", 46, 0, "b", "COMMITTED").value}
+    h = cross_az(etcd=xaz_events(done=None, rel_a=None, rel_b=None), agents=agents,
+                 final_gang=xgang_value("x1", "RUNNING", placement=XPLAN), final_res=res)
+    found = violations(h, 1)
+    assert any("x1#1 has 1 of 2 members running at settle time" in v.what for v in found)
+    assert any("x1 is RUNNING in the final state but ranks [1]" in v.what for v in found)
+
+
+def test_one_incarnation_spans_the_agents_of_every_az() -> None:
+    # incarnation 2's member in AZ b starts while incarnation 1's runs in AZ a.
+    agents = (started("x1#1/r0", 6.0, gpus=(4,), node="a-n001"),
+              started("x1#1/r1", 6.0, gpus=(0,), node="b-n000", epoch=6, az="b"),
+              exited("x1#1/r1", 6.5, node="b-n000", epoch=6, az="b", code=1, phase="FAILED"),
+              started("x1#2/r1", 7.0, gpus=(1,), node="b-n001", epoch=6, az="b"),
+              exited("x1#1/r0", 7.5, node="a-n001"), exited("x1#2/r1", 8.0, node="b-n001", epoch=6, az="b"))
+    found = checker.check(cross_az(agents=agents)).result(3).violations
+    assert any("gang x1: incarnations 1 and 2 running at once" in v.what for v in found)
+
+
+def _preempted(abort_first: bool) -> History:
+    """y1 (younger, cross-AZ) holds b-n000 GPU 0 PREPARED; x1 (older) preempts it.
+    With ``abort_first`` y1's ABORT decision is written before x1's hold, as the
+    protocol requires; without, x1's hold lands on a live undecided hold."""
+    y_prep = hold("y1", 38, 4.9, "b", "PREPARED")
+    y_prep.value["gang"] = "y1"
+    y_abort = decision("y1", 1, 39 if abort_first else 50, 4.95 if abort_first else 6.9, "ABORT", by="b")
+    etcd = tuple(sorted(xaz_events() + (xgang("y1", 37, 4.8, "RESERVING"), y_prep, y_abort,
+                                        xgang("y1", 54, 9.0, "FAILED"), released("y1", 55, 9.0, "b")),
+                        key=lambda e: e.rev))
+    h = cross_az(etcd=etcd)
+    fin = dict(h.final.kvs)  # type: ignore[union-attr]
+    fin["gangs/y1"] = xgang_value("y1", "FAILED", placement=XPLAN)
+    fin["decisions/y1/1"] = y_abort.value
+    return dataclasses.replace(h, final=dataclasses.replace(h.final, kvs=fin))  # type: ignore[arg-type]
+
+
+def test_no_double_booking_ignores_a_prepared_hold_already_decided_abort() -> None:
+    # The decision key is the commit point: an ABORTed PREPARED hold holds
+    # nothing, even before its ReleaseHold delete lands.
+    assert violations(_preempted(abort_first=True), 2) == []
+
+
+def test_no_double_booking_flags_a_prepared_hold_on_a_live_undecided_hold() -> None:
+    found = violations(_preempted(abort_first=False), 2)
+    assert found and all("etcd holds reservations of x1 and y1 on the same GPUs" in v.what for v in found)
+    assert "reservations/b/x1 written at rev 43" in found[0].evidence[0]
+
+
+# ---------------------------------------------------------------------------
+# 5. two-phase holds at settle time
+
+
+def test_nothing_stranded_accepts_a_prepared_hold_of_a_gang_still_reserving() -> None:
+    res = {"b/x1": hold("x1", 43, 0, "b", "PREPARED").value}
+    h = cross_az(etcd=xaz_events(decide=None, commit_a=None, commit_b=None, reserved=None, starting=None,
+                                 running=None, done=None, rel_a=None, rel_b=None, prep_a=None),
+                 agents=(), final_gang=xgang_value("x1", "RESERVING", placement=XPLAN), final_res=res)
+    assert violations(h, 5) == []
+
+
+def test_nothing_stranded_flags_a_prepared_hold_left_for_a_finished_gang() -> None:
+    res = {"b/x1": hold("x1", 43, 0, "b", "PREPARED").value}
+    found = violations(cross_az(final_res=res), 5)
+    assert len(found) == 1 and "PREPARED hold b/x1#1 left for a SUCCEEDED gang" in found[0].what
+
+
+def test_nothing_stranded_flags_a_prepared_hold_of_an_aborted_incarnation() -> None:
+    # The gang is RESERVING incarnation 1 again on paper, but 1 was decided ABORT:
+    # the hold should have been released.
+    res = {"b/x1": hold("x1", 43, 0, "b", "PREPARED").value}
+    h = cross_az(etcd=xaz_events(decide=decision("x1", 1, 44, 5.3, "ABORT"), commit_a=None, commit_b=None,
+                                 reserved=None, starting=None, running=None, done=None, rel_a=None, rel_b=None),
+                 agents=(), final_gang=xgang_value("x1", "RESERVING", placement=XPLAN), final_res=res)
+    found = violations(h, 5)
+    assert len(found) == 1 and "PREPARED hold b/x1#1 left for a RESERVING gang" in found[0].what
+    assert "decision ABORT" in found[0].what
+
+
+def test_nothing_stranded_flags_a_prepared_hold_of_an_older_incarnation() -> None:
+    res = {"b/x1": hold("x1", 43, 0, "b", "PREPARED", inc=1).value}
+    h = cross_az(etcd=xaz_events(decide=None, commit_a=None, commit_b=None, reserved=None, starting=None,
+                                 running=None, done=None, rel_a=None, rel_b=None),
+                 agents=(), final_gang=xgang_value("x1", "RESERVING", inc=2, placement=XPLAN), final_res=res)
+    assert any("PREPARED hold b/x1#1" in v.what for v in violations(h, 5))
+
+
+def test_nothing_stranded_accepts_committed_holds_of_a_reserving_gang_after_commit() -> None:
+    res = {"a/x1": hold("x1", 45, 0, "a", "COMMITTED").value, "b/x1": hold("x1", 46, 0, "b", "COMMITTED").value}
+    h = cross_az(etcd=xaz_events(reserved=None, starting=None, running=None, done=None, rel_a=None, rel_b=None),
+                 agents=(), final_gang=xgang_value("x1", "RESERVING", placement=XPLAN), final_res=res)
+    assert violations(h, 5) == []
+
+
+def test_nothing_stranded_flags_a_releasing_two_phase_hold_after_settle() -> None:
+    res = {"b/x1": hold("x1", 46, 0, "b", "RELEASING").value}
+    found = violations(cross_az(final_res=res), 5)
+    assert len(found) == 1 and "reservation b/x1 (RELEASING) left for a SUCCEEDED gang" in found[0].what
+
+
+# ---------------------------------------------------------------------------
+# 8. two-phase decisions
+
+
+def test_two_phase_accepts_an_abort_then_a_commit_of_the_next_incarnation() -> None:
+    etcd = xaz_events(decide=decision("x1", 1, 44, 5.3, "ABORT", by="b"),
+                      commit_a=released("x1", 45, 5.4, "a"), commit_b=released("x1", 46, 5.4, "b"),
+                      reserved=None, starting=None, running=None, done=None, rel_a=None, rel_b=None)
+    etcd += (xgang("x1", 60, 9.0, "RESERVING", inc=2), hold("x1", 61, 9.1, "a", "PREPARED", inc=2),
+             hold("x1", 62, 9.1, "b", "PREPARED", inc=2), decision("x1", 2, 63, 9.2, "COMMIT"),
+             hold("x1", 64, 9.3, "a", "COMMITTED", inc=2), hold("x1", 65, 9.3, "b", "COMMITTED", inc=2),
+             xgang("x1", 66, 9.4, "RESERVED", inc=2), xgang("x1", 67, 10.1, "RUNNING", inc=2),
+             xgang("x1", 68, 12.1, "SUCCEEDED", inc=2), released("x1", 69, 12.2, "a"), released("x1", 70, 12.2, "b"))
+    agents = (started("x1#2/r0", 10.0, gpus=(4,), node="a-n001"),
+              started("x1#2/r1", 10.0, gpus=(0,), node="b-n000", epoch=6, az="b"),
+              exited("x1#2/r0", 12.0, node="a-n001"), exited("x1#2/r1", 12.0, node="b-n000", epoch=6, az="b"))
+    h = cross_az(etcd=etcd, agents=agents, final_gang=xgang_value("x1", "SUCCEEDED", inc=2, placement=XPLAN))
+    v = checker.check(h)
+    assert v.ok, [x.render() for x in v.violations]
+    assert v.result(8).checked == 4
+
+
+def test_two_phase_flags_a_decision_written_twice() -> None:
+    h = cross_az(etcd=xaz_events() + (decision("x1", 1, 50, 7.0, "ABORT", by="b"),))
+    found = violations(h, 8)
+    assert len(found) == 1 and "decision x1#1 written twice (rev 44: COMMIT, rev 50: ABORT)" in found[0].what
+
+
+def test_two_phase_flags_a_decision_rewritten_with_the_same_outcome() -> None:
+    h = cross_az(etcd=xaz_events() + (decision("x1", 1, 50, 7.0, "COMMIT", by="b"),))
+    assert any("written twice" in v.what for v in violations(h, 8))
+
+
+def test_two_phase_flags_a_deleted_decision() -> None:
+    h = cross_az(etcd=xaz_events() + (EtcdEvent("delete", "decisions/x1/1", 54, T0 + 9.0),))
+    found = violations(h, 8)
+    assert len(found) == 1 and "decision x1#1 deleted at rev 54" in found[0].what
+
+
+def test_two_phase_flags_a_commit_before_every_participant_prepared() -> None:
+    # b's PREPARED lands after the COMMIT decision (rev 44): b never voted on a durable hold.
+    h = cross_az(etcd=tuple(sorted(xaz_events(prep_b=None, decide=decision("x1", 1, 43, 5.25, "COMMIT")) +
+                                   (hold("x1", 44, 5.3, "b", "PREPARED"),), key=lambda e: e.rev)))
+    found = violations(h, 8)
+    assert len(found) == 1
+    assert "COMMIT of x1#1 at rev 43 although b held no PREPARED record of incarnation 1 (plan: a, b)" in found[0].what
+    assert any("reservations/b/x1: absent" in e for e in found[0].evidence)
+
+
+def test_two_phase_flags_a_commit_next_to_a_hold_of_another_incarnation() -> None:
+    h = cross_az(etcd=xaz_events(prep_b=hold("x1", 43, 5.2, "b", "PREPARED", inc=0)))
+    found = violations(h, 8)
+    assert any("b held no PREPARED record of incarnation 1" in v.what for v in found)
+    assert any("PREPARED incarnation 0 (rev 43)" in e for v in found for e in v.evidence)
+
+
+def test_two_phase_flags_a_committed_record_next_to_an_abort() -> None:
+    h = cross_az(etcd=xaz_events(decide=decision("x1", 1, 44, 5.3, "ABORT", by="b"), commit_a=None,
+                                 reserved=None, starting=None, running=None, done=None,
+                                 rel_a=released("x1", 52, 8.2, "a")),
+                 agents=(), final_gang=xgang_value("x1", "FAILED", placement=XPLAN))
+    found = violations(h, 8)
+    assert len(found) == 1
+    assert "reservation b/x1#1 written COMMITTED at rev 46 while the decision of incarnation 1 is ABORT" in found[0].what
+
+
+def test_two_phase_flags_a_committed_record_before_any_decision() -> None:
+    etcd = tuple(sorted(xaz_events(decide=decision("x1", 1, 50, 7.0, "COMMIT"),
+                                   commit_b=hold("x1", 51, 7.1, "b", "COMMITTED"),
+                                   done=xgang("x1", 54, 8.1, "SUCCEEDED"),
+                                   rel_a=released("x1", 55, 8.2, "a"), rel_b=released("x1", 56, 8.2, "b")),
+                        key=lambda e: e.rev))
+    found = violations(cross_az(etcd=etcd), 8)
+    assert len(found) == 1 and "reservation a/x1#1 written COMMITTED at rev 45 while the decision of " \
+                               "incarnation 1 is not yet made" in found[0].what
+
+
+def test_two_phase_flags_a_commit_without_a_recorded_plan() -> None:
+    h = cross_az(etcd=xaz_events(attempt=None))
+    found = violations(h, 8)
+    assert len(found) == 1 and "COMMIT of x1#1 at rev 44 with no recorded plan" in found[0].what
 
 
 # ---------------------------------------------------------------------------

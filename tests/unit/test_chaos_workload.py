@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from chaos.scenarios import MATRIX, SCENARIOS, schedule_seed
-from chaos.workload import GPU_CHOICES, PROBE_PRIORITY, plan, probe_plan
+from chaos.workload import CROSS_AZ_SHAPES, GPU_CHOICES, PROBE_PRIORITY, plan, probe_plan
 from phalanx import wire
 from phalanx.spec import parse_spec
 
@@ -22,7 +22,10 @@ def test_every_planned_gang_is_small_valid_and_single_az_unless_marked() -> None
         spec = parse_spec(p.spec())
         wire.spec_to_pb(spec)  # what the workload sends
         assert p.az in AZS and p.key and p.name == spec.name
-        assert 1 <= spec.members <= 2 and spec.resources.gpus in GPU_CHOICES
+        if p.cross_az:
+            assert (spec.members, spec.resources.gpus) in CROSS_AZ_SHAPES
+        else:
+            assert 1 <= spec.members <= 2 and spec.resources.gpus in GPU_CHOICES
         assert spec.topology.allow_cross_az == p.cross_az
         assert not spec.run.command  # the launcher's built-in sleeper
         if "steady" not in p.name:
@@ -30,7 +33,8 @@ def test_every_planned_gang_is_small_valid_and_single_az_unless_marked() -> None
     assert len({p.name for p in planned}) == len(planned)
     assert len({p.key for p in planned}) == len(planned)
     assert any(p.cross_az for p in planned) and any(p.cancel_after for p in planned)
-    assert not any(p.cross_az and p.cancel_after for p in planned)
+    assert any(p.cross_az and p.cancel_after for p in planned)  # cross-AZ gangs are ordinary gangs
+    assert any(p.cross_az and p.max_restarts for p in planned)
     assert {p.az for p in planned if "steady" in p.name} == set(AZS)
 
 
@@ -61,3 +65,23 @@ def test_run_main_returns_a_status_instead_of_exiting(capsys) -> None:  # noqa: 
     assert main([]) == 2  # nothing chosen: usage error, no SystemExit
     assert main(["--scenario", "no-such-scenario"]) == 2
     assert "unknown scenario" in capsys.readouterr().err
+
+
+def test_a_meaningful_share_of_the_workload_is_cross_az_and_some_of_it_needs_two_azs() -> None:
+    planned = [p for p in plan(5, 200, 1.0, AZS) if "steady" not in p.name]
+    cross = [p for p in planned if p.cross_az]
+    assert 0.15 < len(cross) / len(planned) < 0.35
+    # an AZ of the chaos cluster has 2 nodes x 8 GPUs: 3 x 8 cannot fit in one
+    assert any(p.members * p.gpus > 16 for p in cross)
+    assert all(p.members * p.gpus <= 16 for p in planned if not p.cross_az)
+
+
+def test_cross_az_shapes_do_not_change_the_rest_of_the_plan() -> None:
+    # the shapes come from a per-gang stream: arrivals, AZs, durations, cancels
+    # and restarts are those of the single-AZ plan, and so are the other gangs' sizes
+    base = plan(7, 60, 1.0, AZS, cross_az_fraction=0.0)
+    mixed = plan(7, 60, 1.0, AZS)
+    assert not any(p.cross_az for p in base) and any(p.cross_az for p in mixed)
+    assert [(p.at, p.az, p.duration_s, p.cancel_after, p.max_restarts) for p in base] == \
+        [(p.at, p.az, p.duration_s, p.cancel_after, p.max_restarts) for p in mixed]
+    assert all((b.members, b.gpus) == (m.members, m.gpus) for b, m in zip(base, mixed) if not m.cross_az)
