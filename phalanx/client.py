@@ -244,22 +244,9 @@ class AsyncClient:
         """One unary RPC with failover (module docstring). ``on_retry_error``
         may turn an error seen on a *retry* into a result (used by cancel)."""
         budget = self.timeout if timeout is None else timeout
-        deadline = time.monotonic() + budget
-        n = len(self.addresses)
         tried: list[str] = []
         last: grpc.aio.AioRpcError | None = None
-        backoff = _BACKOFF_START_S
-        for attempt, index in enumerate(self._rotation()):
-            remaining = deadline - time.monotonic()
-            if remaining > 0 and attempt and attempt % n == 0:
-                # A whole round failed: wait a little before the next round.
-                await asyncio.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-                remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            untried = n - attempt % n
-            share = max(remaining / untried, min(_MIN_ATTEMPT_S, remaining))
+        async for attempt, index, share in self._attempts(budget):
             address = self.addresses[index]
             tried.append(address)
             try:
@@ -278,6 +265,25 @@ class AsyncClient:
             self._current = index
             return result
         raise self._exhausted(method, budget, tried, last)
+
+    async def _attempts(self, budget: float) -> AsyncIterator[tuple[int, int, float]]:
+        """The failover schedule shared by unary calls and watch opening:
+        yields (attempt, address index, this attempt's share of the time
+        left) in rotation until ``budget`` is spent, backing off after each
+        whole round that failed."""
+        deadline = time.monotonic() + budget
+        n = len(self.addresses)
+        backoff = _BACKOFF_START_S
+        for attempt, index in enumerate(self._rotation()):
+            remaining = deadline - time.monotonic()
+            if remaining > 0 and attempt and attempt % n == 0:
+                # A whole round failed: wait a little before the next round.
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, _BACKOFF_MAX_S)
+                remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            yield attempt, index, max(remaining / (n - attempt % n), min(_MIN_ATTEMPT_S, remaining))
 
     def _exhausted(self, method: str, budget: float, tried: list[str], last: grpc.aio.AioRpcError | None) -> PhalanxError:
         where = ", ".join(dict.fromkeys(tried)) or ", ".join(self.addresses)
@@ -362,20 +368,9 @@ class AsyncClient:
     async def _open_watch(self, id: str) -> tuple[Any, gang_pb2.GangEvent]:
         """Open a WatchGang stream and read its first event, with the same
         failover and deadline rules as a unary call."""
-        deadline = time.monotonic() + self.timeout
-        n = len(self.addresses)
         tried: list[str] = []
         last: grpc.aio.AioRpcError | None = None
-        backoff = _BACKOFF_START_S
-        for attempt, index in enumerate(self._rotation()):
-            remaining = deadline - time.monotonic()
-            if remaining > 0 and attempt and attempt % n == 0:
-                await asyncio.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-                remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            share = max(remaining / (n - attempt % n), min(_MIN_ATTEMPT_S, remaining))
+        async for _attempt, index, share in self._attempts(self.timeout):
             address = self.addresses[index]
             tried.append(address)
             call = self._stub(address).WatchGang(gang_pb2.WatchGangRequest(id=id))
