@@ -21,7 +21,7 @@ from pathlib import Path
 
 from agent.launcher import agent_identity
 from agent.session import Agent
-from coordinator.config import Timings, timings_from_mapping
+from coordinator.config import timings_from_arg
 from coordinator.store import Store
 
 
@@ -80,7 +80,7 @@ def discover_topology(a: argparse.Namespace):
 
 
 async def amain(a: argparse.Namespace) -> int:
-    timings = Timings.fast() if a.timings == "fast" else (timings_from_mapping(json.loads(a.timings)) if a.timings else Timings())
+    timings = timings_from_arg(a.timings)
     topo = discover_topology(a)
     if a.print_topology:
         print(json.dumps(topo.to_dict(), indent=1, sort_keys=True))

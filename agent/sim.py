@@ -21,7 +21,7 @@ from typing import Any, Callable
 from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
-from coordinator.config import Timings, timings_from_mapping
+from coordinator.config import Timings, timings_from_arg
 from coordinator.store import Store
 from phalanx.topology import NodeTopology
 
@@ -126,12 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.launch and not a.state_dir:
         print("error: --launch needs --state-dir (member logs and state files)", file=sys.stderr)
         return 2
-    if a.timings == "fast":
-        timings = Timings.fast()
-    elif a.timings:
-        timings = timings_from_mapping(json.loads(a.timings))
-    else:
-        timings = Timings()
+    timings = timings_from_arg(a.timings)
     from agent.topology.simulated import simulated_fabric
 
     topologies = simulated_fabric(a.az, a.nodes, a.spines, a.leaves_per_spine, gpus=a.gpus)

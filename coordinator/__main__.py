@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import signal
 import sys
 
-from coordinator.config import ConfigError, CoordinatorConfig, Timings, timings_from_mapping
+from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.server import Coordinator
 
 
@@ -32,12 +31,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s {a.id} %(levelname)s %(name)s: %(message)s")
-    if a.timings == "fast":
-        timings = Timings.fast()
-    elif a.timings:
-        timings = timings_from_mapping(json.loads(a.timings))
-    else:
-        timings = Timings()
+    timings = timings_from_arg(a.timings)
     return CoordinatorConfig(
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,

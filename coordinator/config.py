@@ -169,3 +169,15 @@ def timings_from_mapping(data: Mapping[str, Any], base: Timings = Timings()) -> 
     if unknown:
         raise ConfigError("unknown timing field(s): " + ", ".join(sorted(unknown)) + "; known: " + ", ".join(sorted(known)))
     return dataclasses.replace(base, **dict(data)).validate()
+
+
+def timings_from_arg(text: str) -> Timings:
+    """The ``--timings`` option of every process: "" (defaults), "fast", or a
+    JSON object of overrides; validated together either way."""
+    if text == "fast":
+        return Timings.fast()
+    if text:
+        import json
+
+        return timings_from_mapping(json.loads(text))
+    return Timings().validate()
