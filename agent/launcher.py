@@ -56,9 +56,13 @@ class MemberHandle:
     epoch: int = 0
 
 
-# Called once per member when it ends, whatever the cause (exit, stop, fence).
-# exit_code: the process's code; negative = killed by that signal.
-ExitCallback = Callable[[MemberKey, int], Awaitable[None] | None]
+# Called once per member when it ends, whatever the cause (exit, stop, fence):
+# on_exit(key, exit_code[, ended_mono]). exit_code: the process's code; negative
+# = killed by that signal. ended_mono (optional, may be None): the
+# CLOCK_MONOTONIC time by which the member was known gone, when that is earlier
+# than the call (it ended while the agent was down and its shim recorded when);
+# None means "now". Launchers that never learn of an end late pass only two.
+ExitCallback = Callable[..., Awaitable[None] | None]
 
 
 class Launcher(Protocol):

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Coroutine, Iterator, Mapping
 
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
+from agent.shim import read_exit_record
 
 log = logging.getLogger(__name__)
 
@@ -142,16 +143,18 @@ def member_command(launch: MemberLaunch) -> list[str]:
 SHIM_PATH = Path(__file__).resolve().with_name("shim.py")
 
 
-def shim_command(argv: list[str], lease: Path, fence_after_s: float, grace_s: float) -> list[str]:
+def shim_command(argv: list[str], lease: Path, fence_after_s: float, grace_s: float,
+                 exit_file: Path | None = None) -> list[str]:
     """``argv`` wrapped by the fencing shim (agent/shim.py, docs/launcher.md).
 
     Run by file path with ``-I`` so it needs neither this package on the
     member's ``sys.path`` nor a particular working directory, and no
     ``PYTHON*`` variable of the member's environment can change the shim
     (the environment still reaches the member unchanged)."""
+    exit_args = ["--exit-file", str(exit_file)] if exit_file is not None else []
     return [sys.executable, "-I", str(SHIM_PATH), "--lease", str(lease),
             "--fence-after", repr(float(fence_after_s)), "--grace", repr(float(grace_s)),
-            "--", *argv]
+            *exit_args, "--", *argv]
 
 
 # --------------------------------------------------------------------------- #
@@ -170,6 +173,12 @@ def member_log_path(state_dir: Path, key: MemberKey) -> Path:
     """``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.log``."""
     return (Path(state_dir) / "logs" / _check_path_component(key.gang)
             / str(key.incarnation) / f"rank-{key.rank}.log")
+
+
+def member_exit_path(state_dir: Path, key: MemberKey) -> Path:
+    """``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.exit``: the shim's
+    exit record (agent/shim.py), next to the member's log."""
+    return member_log_path(state_dir, key).with_suffix(".exit")
 
 
 def read_log(
@@ -457,7 +466,7 @@ class _Member:
 class ProcessLauncher:
     """Members as real processes in their own process groups (see module doc).
 
-    ``on_exit(key, code)`` is called exactly once per member that was started or
+    ``on_exit(key, code, ended_mono)`` is called exactly once per member that was started or
     adopted and then ended, after its whole process group is gone and the state
     file no longer lists it. ``code``: the exit status; negative = killed by that
     signal; ``EXIT_SPAWN_FAILED`` (127) when it could not be started;
@@ -529,7 +538,11 @@ class ProcessLauncher:
         argv = member_command(launch)
         spawn_argv = argv
         if self._fence_lease is not None:
-            spawn_argv = shim_command(argv, self._fence_lease, self._fence_after_s, self._fence_grace_s)
+            exit_path = member_exit_path(self._state_dir, key)
+            with contextlib.suppress(OSError):
+                exit_path.unlink()  # a leftover must never read as this member's end
+            spawn_argv = shim_command(argv, self._fence_lease, self._fence_after_s, self._fence_grace_s,
+                                      exit_file=exit_path)
         env = member_environment(launch, agent_id=self._agent_id, node_addr=self._node_addr,
                                  extra_env=self._extra_env)
         log_path = self.log_path(key)
@@ -634,7 +647,7 @@ class ProcessLauncher:
             raise RuntimeError("launcher is closed")
         file_agent, records = load_state(self._state_dir)
         adopted: list[MemberHandle] = []
-        vanished: list[MemberKey] = []
+        vanished: list[MemberRecord] = []
         if file_agent is not None and file_agent != self._agent_id:
             # The agent id changed under live members: they are not ours to adopt
             # or to declare dead (that would free devices they still use).
@@ -650,7 +663,7 @@ class ProcessLauncher:
                 continue
             member = self._attach(rec)
             if member is None:
-                vanished.append(rec.key)
+                vanished.append(rec)
                 continue
             self._members[rec.key] = member
             member.task = asyncio.get_running_loop().create_task(
@@ -659,11 +672,14 @@ class ProcessLauncher:
             log.info("adopted member %s pid=%d", rec.key, rec.pid)
         self.orphans_killed = await self._kill_orphans()
         self._write_state()
-        self.vanished = vanished
-        for key in vanished:
-            log.warning("member %s vanished while the agent was down", key)
-            _append_log_line(self.log_path(key), f"vanished {key} while the agent was down")
-            await self._report(key, EXIT_UNKNOWN)
+        self.vanished = [rec.key for rec in vanished]
+        for rec in vanished:
+            key = rec.key
+            code, ended = self._recorded_exit(key, rec.pid)
+            how = f"code={code}" if ended is not None else "status unknown (no exit record)"
+            log.warning("member %s ended while the agent was down: %s", key, how)
+            _append_log_line(self.log_path(key), f"vanished {key} while the agent was down: {how}")
+            await self._report(key, code, ended)
         return adopted
 
     async def close(self) -> None:
@@ -748,7 +764,12 @@ class ProcessLauncher:
             # now reaches only the member's leftovers. A member is its whole
             # group: leftovers would hold devices the coordinator will re-assign.
             _signal_group(pgid, signal.SIGKILL)
-            code = m.popen.wait() if m.popen is not None else EXIT_UNKNOWN
+            ended: float | None = None
+            if m.popen is not None:
+                code = m.popen.wait()
+            else:
+                # Not our child: only its shim's exit record can tell the status.
+                code, ended = self._recorded_exit(m.record.key, m.record.pid)
             m.exited.set()
             if not await _wait_group_gone(pgid, self._kill_timeout_s):
                 log.error("member %s: process group %d survived SIGKILL for %.1fs; "
@@ -760,7 +781,7 @@ class ProcessLauncher:
         _append_log_line(self.log_path(key), f"exit {key} code={code}")
         log.info("member %s exited code=%d", key, code)
         try:
-            await self._report(key, code)
+            await self._report(key, code, ended)
         finally:
             m.done.set()
 
@@ -797,9 +818,17 @@ class ProcessLauncher:
                 os.close(m.pidfd)
             m.pidfd = None
 
-    async def _report(self, key: MemberKey, code: int) -> None:
+    def _recorded_exit(self, key: MemberKey, pid: int) -> tuple[int, float | None]:
+        """(status, CLOCK_MONOTONIC end) from the member's shim exit record;
+        (``EXIT_UNKNOWN``, None) when there is none for this pid."""
+        rec = read_exit_record(member_exit_path(self._state_dir, key))
+        if rec is None or rec["pid"] != pid:
+            return EXIT_UNKNOWN, None
+        return int(rec["code"]), float(rec["ended_mono"])  # type: ignore[arg-type]
+
+    async def _report(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         try:
-            result = self._on_exit(key, code)
+            result = self._on_exit(key, code, ended_mono)
             if inspect.isawaitable(result):
                 await result
         except asyncio.CancelledError:

@@ -462,14 +462,18 @@ class Agent:
             if not m.phase.live:
                 self.members.pop(m.key, None)
 
-    async def _on_exit(self, key: MemberKey, code: int) -> None:
+    async def _on_exit(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         rec = self.members.get(key)
         self.ledger.release(key)
+        # When the member ended while this agent could not see it, its shim's
+        # exit record says when its devices were free; the history carries that
+        # time (``mono``), not the time we learned of it (``reported_mono``).
+        when: dict[str, Any] = {} if ended_mono is None else {"mono": ended_mono, "reported_mono": time.monotonic()}
         if rec is None:
             # A member that ended while this agent was down (adopt() reports it
             # as vanished): still an effect, so record when its devices were
             # known free, else the history shows it running forever.
-            self._record("member_exited", key=str(key), epoch=0, code=code, phase="VANISHED")
+            self._record("member_exited", key=str(key), epoch=0, code=code, phase="VANISHED", **when)
             return
         if code == EXIT_FENCED and self.lease is not None and not rec.stop_requested \
                 and self.fence.deadline() - time.monotonic() < SHIM_FENCE_TOLERANCE_S:
@@ -483,5 +487,5 @@ class Agent:
         else:
             rec.phase = MemberPhase.SUCCEEDED if code == 0 else MemberPhase.FAILED
         rec.exit_code, rec.at = code, time.time()
-        self._record("member_exited", key=str(key), epoch=rec.epoch, code=code, phase=rec.phase.name)
+        self._record("member_exited", key=str(key), epoch=rec.epoch, code=code, phase=rec.phase.name, **when)
         self._report(rec)

@@ -1,6 +1,6 @@
 """`python -m agent.shim` — member-side fencing that works while the agent is dead.
 
-    python -m agent.shim --lease FILE --fence-after S --grace G -- CMD [ARG...]
+    python -m agent.shim --lease FILE --fence-after S --grace G [--exit-file F] -- CMD [ARG...]
 
 ``ProcessLauncher`` starts this shim (standard library only) as the leader of
 the member's process group; the shim starts ``CMD`` as its child in the *same*
@@ -28,6 +28,13 @@ group, with the environment passed through unchanged, and:
 - when the child ends, any other process left in the group is SIGKILLed before
   the shim exits: a member is its whole process group (docs/launcher.md), and
   with the agent dead nobody else would clean up.
+- with ``--exit-file F``, once the whole group is gone and just before it
+  exits, the shim writes its *exit record* to ``F`` (atomically): the status
+  it is about to end with, whether it fenced, and the CLOCK_MONOTONIC and wall
+  time of that moment. A restarted agent cannot wait for a process that is not
+  its child, and an agent that was dead when the member ended saw nothing; the
+  record tells it both the status and *when* the member's devices became free
+  (an upper bound: the group was already gone when it was written).
 
 Also holds ``LeaseWriter``, the agent side of the lease file, so that both
 sides share one format: the decimal float of the monotonic time, one line.
@@ -51,6 +58,7 @@ EXIT_SPAWN_FAILED = 127
 EXIT_USAGE = 2
 POLL_S = 0.2
 LEASE_FILE = "fence-lease"
+EXIT_RECORD_FORMAT = "phalanx-member-exit/1"
 SHIM_FILE_NAME = "shim.py"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # How long to wait for the group to vanish after the final SIGKILL.
@@ -130,6 +138,48 @@ class LeaseWriter:
         self.written = value
         self._pending = None
         self._last_write = now
+
+
+# --------------------------------------------------------------------------- #
+# The exit record
+# --------------------------------------------------------------------------- #
+
+def write_exit_record(path: Path | str, *, code: int, fenced: bool, pid: int,
+                      ended_mono: float, ended_wall: float) -> None:
+    """Atomically write the exit record (tmp + rename; one small JSON object).
+    ``code`` follows the Popen convention (negative: killed by that signal)."""
+    import json  # only here: the shim's hot loop never needs it
+
+    path = Path(path)
+    doc = {"format": EXIT_RECORD_FORMAT, "code": int(code), "fenced": bool(fenced), "pid": int(pid),
+           "ended_mono": float(ended_mono), "ended_wall": float(ended_wall)}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="ascii") as f:
+        f.write(json.dumps(doc) + "\n")
+    os.replace(tmp, path)
+
+
+def read_exit_record(path: Path | str) -> dict[str, object] | None:
+    """The exit record at ``path``, or None when missing, unparseable or of
+    another format (a torn or foreign file must never read as a status)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            doc = json.loads(f.read(4096))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != EXIT_RECORD_FORMAT:
+        return None
+    try:
+        code, pid = doc["code"], doc["pid"]
+        ended_mono, ended_wall = float(doc["ended_mono"]), float(doc["ended_wall"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not (isinstance(code, int) and isinstance(pid, int) and math.isfinite(ended_mono)):
+        return None
+    return {"code": code, "fenced": bool(doc.get("fenced")), "pid": pid,
+            "ended_mono": ended_mono, "ended_wall": ended_wall}
 
 
 # --------------------------------------------------------------------------- #
@@ -226,7 +276,21 @@ def _exit_like(code: int) -> None:
     os._exit(128 + sig)
 
 
-def run(cmd: list[str], lease: str, fence_after: float, grace: float) -> int:
+def run(cmd: list[str], lease: str, fence_after: float, grace: float,
+        exit_file: str | None = None) -> int:
+    code, fenced = _supervise(cmd, lease, fence_after, grace)
+    if exit_file:
+        try:
+            write_exit_record(exit_file, code=code, fenced=fenced, pid=os.getpid(),
+                              ended_mono=time.monotonic(), ended_wall=time.time())
+        except OSError as exc:
+            # Not fatal: the agent then reports the status as unknown.
+            _log(f"cannot write exit record {exit_file}: {exc}")
+    return code
+
+
+def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float) -> tuple[int, bool]:
+    """Run the member; (status to end with, whether we fenced it)."""
     started = time.monotonic()
     state: dict[str, object] = {"child": None, "pending": [], "fencing": False}
 
@@ -250,13 +314,13 @@ def run(cmd: list[str], lease: str, fence_after: float, grace: float) -> int:
         signal.signal(sig, forward)
     if state["pending"]:
         _log(f"signal {state['pending'][0]} before the member started; not starting it")  # type: ignore[index]
-        return 128 + int(state["pending"][0])  # type: ignore[index]
+        return 128 + int(state["pending"][0]), False  # type: ignore[index]
     try:
         # Same process group (no new session), environment and stdio inherited.
         child = subprocess.Popen(cmd)
     except (OSError, ValueError) as exc:
         _log(f"cannot start member {cmd!r}: {exc}")
-        return EXIT_SPAWN_FAILED
+        return EXIT_SPAWN_FAILED, False
     state["child"] = child
     for sig in state["pending"]:  # type: ignore[union-attr]
         forward(sig, None)
@@ -269,7 +333,7 @@ def run(cmd: list[str], lease: str, fence_after: float, grace: float) -> int:
             pass
         else:
             _kill_rest_of_group(child)
-            return code
+            return code, False
         value = read_lease(lease)
         if value is not None:
             last_contact = value if last_contact is None else max(last_contact, value)
@@ -288,7 +352,7 @@ def run(cmd: list[str], lease: str, fence_after: float, grace: float) -> int:
             except subprocess.TimeoutExpired:
                 _log(f"member still running {grace:g} s after SIGTERM; SIGKILL")
             _kill_rest_of_group(child)
-            return EXIT_FENCED
+            return EXIT_FENCED, True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,13 +360,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", required=True, help="lease file the agent keeps fresh")
     p.add_argument("--fence-after", type=float, required=True, help="seconds without leader contact before fencing")
     p.add_argument("--grace", type=float, default=5.0, help="SIGTERM -> SIGKILL grace when fencing")
+    p.add_argument("--exit-file", default=None, help="write the exit record here when the member ends")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
     if not cmd or not math.isfinite(a.fence_after) or a.fence_after <= 0 or a.grace < 0:
         _log("usage: --lease FILE --fence-after S (> 0) [--grace G] -- CMD...")
         return EXIT_USAGE
-    return run(cmd, a.lease, a.fence_after, a.grace)
+    return run(cmd, a.lease, a.fence_after, a.grace, a.exit_file)
 
 
 if __name__ == "__main__":

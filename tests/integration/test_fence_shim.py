@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from agent.launcher import MemberKey, MemberLaunch
-from agent.process import ProcessLauncher, read_proc_environ, read_proc_stat
-from agent.shim import EXIT_FENCED, LEASE_FILE, SHIM_FILE_NAME, read_lease, write_lease
+from agent.process import EXIT_UNKNOWN, ProcessLauncher, read_proc_environ, read_proc_stat
+from agent.process import member_exit_path
+from agent.shim import EXIT_FENCED, LEASE_FILE, SHIM_FILE_NAME, read_exit_record, read_lease, write_lease
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import LocalCluster
-from tests.integration.test_gang_runtime import AZ, agent_proc
+from tests.integration.test_gang_runtime import AZ, agent_proc, events
 
 pytestmark = pytest.mark.integration
 
@@ -88,13 +89,14 @@ class Lease:
 
 class Shim:
     def __init__(self, tmp: Path, cmd: list[str], *, fence_after: float = 1.0, grace: float = 0.5,
-                 lease: Path | None = None) -> None:
+                 lease: Path | None = None, exit_file: Path | None = None) -> None:
         self.log = tmp / "member.log"
         self.lease = lease or tmp / "lease"
+        extra = ["--exit-file", str(exit_file)] if exit_file is not None else []
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", str(SHIM), "--lease", str(self.lease), "--fence-after", str(fence_after),
-                 "--grace", str(grace), "--", *cmd],
+                 "--grace", str(grace), *extra, "--", *cmd],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self) -> int:
@@ -231,6 +233,54 @@ def test_sigterm_to_the_shim_is_forwarded_and_status_reported(tmp_path: Path, sh
         lease.stop()
 
 
+@pytest.mark.parametrize("script,expected", [
+    ("raise SystemExit(0)", 0),
+    ("raise SystemExit(120)", 120),  # the member's own 120 is not a fence
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+])
+def test_exit_record_holds_the_status_the_shim_ends_with(tmp_path: Path, shims: list[Shim], script: str,
+                                                         expected: int) -> None:
+    lease = Lease(tmp_path / "lease")
+    lease.start()
+    record = tmp_path / "rank-0.exit"
+    try:
+        before = time.monotonic()
+        s = Shim(tmp_path, [sys.executable, "-c", script], fence_after=5.0, lease=lease.path, exit_file=record)
+        shims.append(s)
+        assert s.wait() == expected
+        after = time.monotonic()
+    finally:
+        lease.stop()
+    got = read_exit_record(record)
+    assert got is not None, record.read_text() if record.exists() else "no exit record written"
+    assert got["code"] == expected and got["fenced"] is False and got["pid"] == s.proc.pid
+    # CLOCK_MONOTONIC is system-wide: the shim's end lies inside our window.
+    assert before <= got["ended_mono"] <= after
+
+
+def test_exit_record_of_a_fenced_member(tmp_path: Path, shims: list[Shim]) -> None:
+    pidfile = tmp_path / "pid"
+    record = tmp_path / "rank-0.exit"
+    s = Shim(tmp_path, member_cmd(pidfile), fence_after=0.5, lease=tmp_path / "none", exit_file=record)
+    shims.append(s)
+    pid = child_pid(pidfile)
+    assert s.wait() == EXIT_FENCED
+    got = read_exit_record(record)
+    assert got is not None and got["code"] == EXIT_FENCED and got["fenced"] is True
+    # Written after the whole group was gone: the member cannot outlive it.
+    assert not alive(pid)
+
+
+@pytest.mark.parametrize("content", ["", "{", "[]", '{"format": "other/1", "code": 0}',
+                                     '{"format": "phalanx-member-exit/1", "code": "0", "pid": 1, '
+                                     '"ended_mono": 1, "ended_wall": 1}'])
+def test_unreadable_exit_record_reads_as_none(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "rank-0.exit"
+    path.write_text(content)
+    assert read_exit_record(path) is None
+    assert read_exit_record(tmp_path / "missing.exit") is None
+
+
 def test_shim_passes_the_environment_through(tmp_path: Path, shims: list[Shim]) -> None:
     lease = Lease(tmp_path / "lease")
     lease.start()
@@ -256,9 +306,11 @@ def test_shim_passes_the_environment_through(tmp_path: Path, shims: list[Shim]) 
 class Exits:
     def __init__(self) -> None:
         self.calls: list[tuple[MemberKey, int]] = []
+        self.ended: dict[MemberKey, float | None] = {}
 
-    async def __call__(self, key: MemberKey, code: int) -> None:
+    async def __call__(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         self.calls.append((key, code))
+        self.ended[key] = ended_mono
 
     async def wait(self, key: MemberKey) -> int:
         deadline = time.monotonic() + WAIT_S
@@ -363,6 +415,87 @@ async def test_restarted_launcher_adopts_shim_wrapped_member(tmp_path: Path, lau
         lease.stop()
 
 
+# A member that waits for a "go" file, then exits with the code given.
+GATED = ("import os, sys, time\n"
+         "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
+         "raise SystemExit(int(sys.argv[2]))\n")
+
+
+def gated_launch(gang: str, go: Path, code: int) -> MemberLaunch:
+    return MemberLaunch(key=MemberKey(gang, 1, 0), world_size=1, local_rank=0, local_world_size=1,
+                        gpus=(0,), nics=(), command=(sys.executable, "-c", GATED, str(go), str(code)))
+
+
+async def test_adopted_member_reports_its_real_exit_status(tmp_path: Path, launched) -> None:
+    """Finding 5 (docs/chaos.md): an adopted member is not the agent's child;
+    its status comes from the shim's exit record, so a success stays one."""
+    lease = Lease(tmp_path / "state" / LEASE_FILE)
+    (tmp_path / "state").mkdir(parents=True, exist_ok=True)
+    lease.start()
+    try:
+        for code in (0, 7):
+            go = tmp_path / f"go-{code}"
+            first, _ = launched(fence_lease=lease.path, fence_after_s=5.0, fence_grace_s=0.5)
+            handle = await first.start(gated_launch(f"adopt-{code}", go, code))
+            await first.close()  # agent restart: the member keeps running
+            second, exits = launched(fence_lease=lease.path, fence_after_s=5.0, fence_grace_s=0.5)
+            assert [h.key for h in await second.adopt()] == [handle.key]
+            go.touch()
+            assert await exits.wait(handle.key) == code
+            await second.close()
+    finally:
+        lease.stop()
+
+
+@pytest.mark.parametrize("how", ["exits", "fenced"])
+async def test_member_that_ended_while_the_agent_was_down_reports_status_and_time(
+        tmp_path: Path, launched, how: str) -> None:
+    """Finding 4 (docs/chaos.md): a restarted agent reports a vanished member
+    with the status and the CLOCK_MONOTONIC time its shim recorded, not the
+    time the agent came back."""
+    lease = Lease(tmp_path / "state" / LEASE_FILE)
+    (tmp_path / "state").mkdir(parents=True, exist_ok=True)
+    lease.start()
+    go = tmp_path / "go"
+    first, _ = launched(fence_lease=lease.path, fence_after_s=1.0, fence_grace_s=0.3)
+    handle = await first.start(gated_launch(f"vanish-{how}", go, 3))
+    await first.close()  # the agent dies; the member runs on under its shim
+    if how == "exits":
+        go.touch()
+    else:
+        lease.stop()  # nobody refreshes the lease: the shim fences
+    while group_alive(handle.pid):
+        await asyncio.sleep(0.05)
+    gone_by = time.monotonic()
+    lease.stop()
+    await asyncio.sleep(0.5)  # the agent comes back later than the end
+    second, exits = launched(fence_lease=lease.path, fence_after_s=1.0, fence_grace_s=0.3)
+    assert await second.adopt() == [] and second.vanished == [handle.key]
+    assert await exits.wait(handle.key) == (3 if how == "exits" else EXIT_FENCED)
+    ended = exits.ended[handle.key]
+    assert ended is not None and ended <= gone_by
+    record = read_exit_record(member_exit_path(tmp_path / "state", handle.key))
+    assert record is not None and record["pid"] == handle.pid
+
+
+async def test_vanished_member_without_exit_record_is_unknown(tmp_path: Path, launched) -> None:
+    lease = Lease(tmp_path / "state" / LEASE_FILE)
+    (tmp_path / "state").mkdir(parents=True, exist_ok=True)
+    lease.start()
+    try:
+        first, _ = launched(fence_lease=lease.path, fence_after_s=5.0, fence_grace_s=0.3)
+        handle = await first.start(launch("no-record"))
+        await first.close()
+        os.killpg(handle.pid, signal.SIGKILL)  # shim and member die together: no record
+        while group_alive(handle.pid):
+            await asyncio.sleep(0.05)
+        second, exits = launched(fence_lease=lease.path, fence_after_s=5.0, fence_grace_s=0.3)
+        await second.adopt()
+        assert await exits.wait(handle.key) == EXIT_UNKNOWN and exits.ended[handle.key] is None
+    finally:
+        lease.stop()
+
+
 # --------------------------------------------------------------------------- #
 # agent-down in miniature: the agent is SIGKILLed, its member is fenced anyway
 # --------------------------------------------------------------------------- #
@@ -372,7 +505,8 @@ async def test_member_of_a_killed_agent_is_fenced_by_its_shim(local_cluster: Loc
     c.start_coordinator(AZ, "a0")
     await c.wait_leader(AZ)
     state = tmp_path / "state-n0"
-    agent = agent_proc(c, "n0", state, tmp_path / "hist-n0.jsonl")
+    history = tmp_path / "hist-n0.jsonl"
+    agent = agent_proc(c, "n0", state, history)
     try:
         await c.wait_nodes_ready(AZ, 1)
         pidfile = tmp_path / "member-pid"
@@ -396,8 +530,21 @@ async def test_member_of_a_killed_agent_is_fenced_by_its_shim(local_cluster: Loc
         while alive(member) or group_alive(shim_pid):
             assert time.monotonic() < deadline, "the member of a dead agent was never fenced"
             await asyncio.sleep(0.1)
+        gone_by = time.monotonic()
         logs = list((state / "logs").rglob("rank-0.log"))
         assert logs and "phalanx-shim: FENCED: no valid leader contact for" in logs[0].read_text()
+        # The agent comes back: it reports the member with the status and the
+        # time its shim recorded (the history's ``mono``), not its own return.
+        agent.stdout.close()
+        agent = agent_proc(c, "n0", state, history)
+        key = f"{g.id}#1/r0"
+        deadline = time.monotonic() + WAIT_S
+        while not (exited := [e for e in events(history) if e["event"] == "member_exited" and key in e["key"]]):
+            assert time.monotonic() < deadline, "the restarted agent never reported the fenced member"
+            await asyncio.sleep(0.1)
+        (ev,) = exited
+        assert ev["code"] == EXIT_FENCED and ev["phase"] == "VANISHED"
+        assert ev["mono"] <= gone_by < ev["reported_mono"]
     finally:
         if agent.poll() is None:
             agent.kill()

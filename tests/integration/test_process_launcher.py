@@ -101,7 +101,7 @@ class Exits:
     def __init__(self) -> None:
         self.calls: list[tuple[MemberKey, int]] = []
 
-    async def __call__(self, key: MemberKey, code: int) -> None:
+    async def __call__(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         self.calls.append((key, code))
 
     async def wait(self, key: MemberKey) -> int:
