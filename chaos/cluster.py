@@ -9,7 +9,8 @@ Built on :class:`chaos.netns.NetnsCluster` and :class:`chaos.etcd_cluster.EtcdCl
     ctl             -    etcdctl health checks, chaos.recorder (etcd history, final dump)
     client          -    chaos.workload (the submitters)
 
-Every coordinator and agent gets all three etcd endpoints. Every process is
+Every coordinator and agent gets all three etcd endpoints, its own AZ's
+member first (the Store sticks to the first that answers). Every process is
 started with :meth:`Host.popen`, so it is tracked and the NetnsCluster
 teardown kills it (and every member process, found through ``ip netns
 pids``), whatever happens. ``ctl`` and ``client`` belong to no AZ: an AZ
@@ -198,9 +199,17 @@ class PhalanxCluster:
         c.client = net.add_host("client")
         return c
 
-    def etcd_endpoints(self) -> str:
+    def etcd_endpoints(self, az: str | None = None) -> str:
+        """All etcd endpoints; with ``az``, that AZ's member first. The Store
+        uses the first endpoint until it stops answering (docs/etcd-keys.md
+        "Endpoints and failover"), so each process talks to its own AZ's
+        member, as a deployment would configure it."""
         assert self.etcd is not None
-        return ",".join(self.etcd.endpoints())
+        azs = list(self.etcd.members)
+        if az in azs:
+            azs.remove(az)
+            azs.insert(0, az)
+        return ",".join(self.etcd.endpoints(azs))
 
     def coordinator_ids(self, az: str | None = None) -> list[str]:
         return [f"coord-{a}{i}" for a in ([az] if az else self.azs) for i in range(1, self.coordinators_per_az + 1)]
@@ -221,7 +230,7 @@ class PhalanxCluster:
         """The etcd endpoints coordinator ``cid`` is given."""
         if az in self.etcd_proxy_azs:
             return f"{self.coord_host(cid).ip}:{ETCD_PROXY_PORT}"
-        return self.etcd_endpoints()
+        return self.etcd_endpoints(az)
 
     def advertised(self, cid: str) -> str:
         h = self.coord_host(cid)
@@ -338,7 +347,7 @@ class PhalanxCluster:
         state = self.workdir / "state" / f"agents-{az}"
         state.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "agent.sim", "--cluster", self.name, "--az", az,
-               "--etcd", self.etcd_endpoints(), "--nodes", str(self.nodes_per_az), "--launch",
+               "--etcd", self.etcd_endpoints(az), "--nodes", str(self.nodes_per_az), "--launch",
                "--state-dir", str(state), "--history", str(self.run_dir / f"agents-{az}.jsonl"),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO"]
         return ManagedProcess(f"agents-{az}", "agents", az, h, cmd, "PHALANX_AGENTS_READY", dict(self.agent_env))

@@ -12,7 +12,13 @@ leaves out what safety needs (DESIGN §3):
   write we make is idempotent by id or guarded by revisions);
 - leases are kept alive on one bidi stream, one request per keepalive;
 - watches resume from the last seen revision and report compaction, so the
-  caller re-lists.
+  caller re-lists;
+- one channel per etcd member and one *current* member for every call: a
+  call that fails transiently moves later calls (and the keepalive stream,
+  and open watches) to the next member, so a member that stops answering
+  without closing its connections (a partition that drops packets, a paused
+  process) costs one failed call, not the ~15 s gRPC keepalive needs to
+  declare the connection dead (docs/chaos.md finding 6, docs/timing.md).
 
 Key layout (see docs/etcd-keys.md): everything under ``/phalanx/<cluster>/``.
 """
@@ -20,11 +26,14 @@ Key layout (see docs/etcd-keys.md): everything under ``/phalanx/<cluster>/``.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import random
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterable, Sequence
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 import grpc
 from aetcd.rpc import rpc_pb2 as epb
@@ -37,6 +46,10 @@ log = logging.getLogger(__name__)
 # etcd rejects txns with more than 128 operations (--max-txn-ops default).
 MAX_TXN_OPS = 128
 _METADATA = (("hasleader", "true"),)
+# Codes that say "this member did not answer" (including etcd's "no leader",
+# which the hasleader metadata turns into UNAVAILABLE): the store moves to the
+# next member for later calls. Other codes are answers and move nothing.
+_FAILOVER = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _TRANSIENT = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -255,47 +268,220 @@ class Compacted(Exception):
         self.compact_revision = compact_revision
 
 
+# --- endpoints -------------------------------------------------------------------
+
+
+class InvalidEndpoint(ValueError):
+    """An etcd endpoint that is not ``host:port``, ``http://host:port`` or
+    ``[ipv6]:port``."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One etcd member's client address."""
+
+    host: str  # a DNS name, an IPv4 address, or an IPv6 address without brackets
+    port: int
+
+    @property
+    def target(self) -> str:
+        """The gRPC target: plain ``host:port`` goes through gRPC's default
+        (DNS) resolver, which also takes IP literals."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.target
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?$")
+_ENDPOINT_FORMS = "expected host:port, http://host:port or [ipv6]:port"
+
+
+def parse_endpoint(text: str) -> Endpoint:
+    """Parse one endpoint; ``InvalidEndpoint`` names it and says what is wrong."""
+
+    def bad(why: str) -> InvalidEndpoint:
+        return InvalidEndpoint(f"etcd endpoint {text!r}: {why} ({_ENDPOINT_FORMS})")
+
+    rest = text.strip()
+    if "://" in rest:
+        scheme, rest = rest.split("://", 1)
+        if scheme.lower() != "http":
+            raise bad(f"scheme {scheme!r} is not supported (no TLS client yet; use http:// or none)")
+    if rest.endswith("/"):
+        rest = rest[:-1]
+    if not rest:
+        raise bad("empty")
+    if "/" in rest or "@" in rest or "?" in rest or "#" in rest:
+        raise bad("only host and port are allowed")
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0:
+            raise bad("unclosed '['")
+        host, after = rest[1:close], rest[close + 1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(f"{host!r} in brackets is not an IPv6 address") from None
+        if not after.startswith(":"):
+            raise bad("missing port")
+        port_text = after[1:]
+    else:
+        host, sep, port_text = rest.rpartition(":")
+        if not sep:
+            raise bad("missing port")
+        if ":" in host:
+            raise bad("an IPv6 address needs brackets")
+        if not _HOSTNAME.match(host):
+            raise bad(f"{host!r} is not a host name or address" if host else "missing host")
+    if not port_text.isascii() or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise bad(f"port {port_text!r} is not a number in 1..65535" if port_text else "missing port")
+    return Endpoint(host, int(port_text))
+
+
+def parse_endpoints(endpoints: str | Sequence[str]) -> tuple[Endpoint, ...]:
+    """A comma-separated string or a list of endpoints, in the order given
+    (the first is used first: list the nearest member first)."""
+    if isinstance(endpoints, str):
+        endpoints = endpoints.split(",")
+    items = [e for e in endpoints if e.strip()]
+    if not items:
+        raise InvalidEndpoint("etcd endpoints: at least one host:port is required")
+    out = tuple(parse_endpoint(e) for e in items)
+    seen: set[Endpoint] = set()
+    for text, ep in zip(items, out):
+        if ep in seen:
+            raise InvalidEndpoint(f"etcd endpoint {text!r}: listed twice ({ep})")
+        seen.add(ep)
+    return out
+
+
+@dataclass
+class EndpointRotation:
+    """Which member the store talks to now, and when to move on. Pure: the
+    caller passes ``now``.
+
+    Every call pins ``(current, generation)`` when it starts. A transient
+    failure moves ``current`` only if nothing moved it since that call began
+    (its generation is still current): ten calls that time out together on a
+    dead member move the store once, not ten times around the ring. The move
+    goes to the next member in list order that has not failed within
+    ``suspect_s``; when every other member has, to the plain next one, so the
+    store keeps cycling rather than sticking to a dead member. There is no
+    move back: a member that works stays current (as clientv3's pinned
+    endpoint does)."""
+
+    count: int
+    suspect_s: float = 10.0
+    current: int = 0
+    generation: int = 0
+    failed_at: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.failed_at:
+            self.failed_at = [float("-inf")] * self.count
+
+    def pin(self) -> tuple[int, int]:
+        return self.current, self.generation
+
+    def failed(self, index: int, generation: int, now: float) -> bool:
+        """Record that a call pinned to ``(index, generation)`` failed
+        transiently; return whether the store moved to another member."""
+        self.failed_at[index] = max(self.failed_at[index], now)
+        if generation != self.generation or self.count < 2:
+            return False
+        nxt = (self.current + 1) % self.count
+        for step in range(1, self.count):
+            j = (self.current + step) % self.count
+            if now - self.failed_at[j] >= self.suspect_s:
+                nxt = j
+                break
+        self.current = nxt
+        self.generation += 1
+        return True
+
+
 # --- the client ----------------------------------------------------------------
 
 
-class Store:
-    """An etcd connection for one cluster prefix. Cheap calls, no hidden retry."""
+# Channel keepalive (docs/timing.md "etcd connections"). etcd's server
+# refuses pings closer than --grpc-keepalive-min-time (default 5 s) with
+# GOAWAY too_many_pings after three strikes, so the cadence stays above it
+# with a margin for jitter. It only backs up the failover above: it finds a
+# dead connection under a long-lived watch that no other call would notice.
+KEEPALIVE_TIME_MS = 6_000
+KEEPALIVE_TIMEOUT_MS = 3_000
 
-    def __init__(self, endpoints: str | Sequence[str], cluster: str, *, timeout: float = 2.0):
-        if isinstance(endpoints, str):
-            endpoints = [e for e in endpoints.split(",") if e]
-        if not endpoints:
-            raise ValueError("etcd endpoints: at least one host:port is required")
-        self.endpoints = [e.removeprefix("http://") for e in endpoints]
+
+@dataclass
+class _Member:
+    endpoint: Endpoint
+    channel: grpc.aio.Channel
+    kv: egrpc.KVStub
+    lease: egrpc.LeaseStub
+    watch: egrpc.WatchStub
+
+
+@dataclass(eq=False)
+class _OpenWatch:
+    call: Any
+    abandoned: bool = False
+
+
+class Store:
+    """An etcd connection for one cluster prefix. Cheap calls, no hidden retry.
+
+    ``endpoints``: one or more members (see ``parse_endpoint``), used in the
+    order given; a transient failure of a call moves later calls to the next
+    member (``EndpointRotation``). The failed call itself is never retried
+    here: a write's outcome is unknown to the caller (``StoreUnavailable``),
+    and a read may simply be issued again."""
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        cluster: str,
+        *,
+        timeout: float = 2.0,
+        suspect_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._endpoints = parse_endpoints(endpoints)
+        self.endpoints = [e.target for e in self._endpoints]
         self.keys = Keys(cluster)
         self.timeout = timeout
-        self._channel: grpc.aio.Channel | None = None
-        self._kv: egrpc.KVStub
-        self._lease: egrpc.LeaseStub
-        self._watch: egrpc.WatchStub
+        self._clock = clock
+        self._rotation = EndpointRotation(len(self._endpoints), suspect_s=suspect_s)
+        self._members: list[_Member] = []
+        self._watches: list[set[_OpenWatch]] = [set() for _ in self._endpoints]
 
     async def connect(self) -> "Store":
-        if self._channel is None:
-            # The ipv4 resolver with several addresses + round_robin gives
-            # failover across etcd members without client-side retry loops.
-            target = "ipv4:" + ",".join(self.endpoints) if len(self.endpoints) > 1 else self.endpoints[0]
+        if not self._members:
             options = [
                 ("grpc.max_receive_message_length", 8 * 1024 * 1024),
-                ("grpc.lb_policy_name", "round_robin"),
                 ("grpc.enable_retries", 0),
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_timeout_ms", 5_000),
+                ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+                ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                # No pings on an idle connection (etcd counts them as strikes
+                # too), but keep pinging under a quiet watch stream.
+                ("grpc.keepalive_permit_without_calls", 0),
+                ("grpc.http2.max_pings_without_data", 0),
+                # A member that comes back is usable within seconds, not
+                # after gRPC's default backoff of up to two minutes.
+                ("grpc.max_reconnect_backoff_ms", 2_000),
             ]
-            self._channel = grpc.aio.insecure_channel(target, options=options)
-            self._kv = egrpc.KVStub(self._channel)
-            self._lease = egrpc.LeaseStub(self._channel)
-            self._watch = egrpc.WatchStub(self._channel)
+            for ep in self._endpoints:
+                ch = grpc.aio.insecure_channel(ep.target, options=options)
+                # Connect every member now, so a failover does not also pay
+                # for a connection handshake.
+                ch.get_state(try_to_connect=True)
+                self._members.append(_Member(ep, ch, egrpc.KVStub(ch), egrpc.LeaseStub(ch), egrpc.WatchStub(ch)))
         return self
 
     async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
+        members, self._members = self._members, []
+        for m in members:
+            await m.channel.close()
 
     async def __aenter__(self) -> "Store":
         return await self.connect()
@@ -303,30 +489,69 @@ class Store:
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
+    # -- which member
+    @property
+    def current_endpoint(self) -> str:
+        """The member that new calls go to."""
+        return self._endpoints[self._rotation.current].target
+
+    def _pin(self) -> tuple[_Member, int, int]:
+        if not self._members:
+            raise RuntimeError("Store is not connected (use `async with Store(...)` or `await store.connect()`)")
+        index, generation = self._rotation.pin()
+        return self._members[index], index, generation
+
+    def _member_failed(self, index: int, generation: int, why: str) -> None:
+        """A call pinned to ``(index, generation)`` got no answer from that
+        member. Later calls go elsewhere; watches open on it are broken off
+        (their callers resume on the new member)."""
+        if not self._rotation.failed(index, generation, self._clock()):
+            return
+        log.warning(
+            "etcd member %s did not answer (%s); using %s from now on",
+            self._endpoints[index], why, self.current_endpoint,
+        )
+        for w in list(self._watches[index]):
+            w.abandoned = True
+            w.call.cancel()
+
+    # Stubs of the current member (tests and maintenance calls).
+    @property
+    def _kv(self) -> egrpc.KVStub:
+        return self._pin()[0].kv
+
+    @property
+    def _lease(self) -> egrpc.LeaseStub:
+        return self._pin()[0].lease
+
     # -- error translation (STYLE §6): one table, at the boundary
     def _translate(self, exc: grpc.aio.AioRpcError, what: str) -> Exception:
         if exc.code() in _TRANSIENT:
             return StoreUnavailable(f"etcd unavailable during {what}: {exc.code().name}: {exc.details()}")
         return StoreUnavailable(f"etcd refused {what}: {exc.code().name}: {exc.details()}")
 
-    async def _call(self, fn: Any, req: Any, what: str, timeout: float | None = None) -> Any:
+    async def _call(self, method: Callable[[_Member], Any], req: Any, what: str, timeout: float | None = None) -> Any:
+        member, index, generation = self._pin()
         try:
-            return await fn(req, timeout=timeout or self.timeout, metadata=_METADATA)
+            return await method(member)(req, timeout=timeout or self.timeout, metadata=_METADATA)
         except grpc.aio.AioRpcError as exc:
-            raise self._translate(exc, what) from None
+            if exc.code() in _FAILOVER:
+                self._member_failed(index, generation, f"{what}: {exc.code().name}")
+            raise self._translate(exc, f"{what} (at {member.endpoint})") from None
 
     # -- reads (linearizable)
     async def get(self, key: str) -> KV | None:
-        resp = await self._call(self._kv.Range, epb.RangeRequest(key=key.encode()), f"get {key}")
+        resp = await self._call(lambda m: m.kv.Range, epb.RangeRequest(key=key.encode()), f"get {key}")
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def get_prefix(self, prefix: str, *, keys_only: bool = False, limit: int = 0) -> tuple[list[KV], int]:
         req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), keys_only=keys_only, limit=limit)
-        resp = await self._call(self._kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0))
+        resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0))
         return [_kv(m) for m in resp.kvs], resp.header.revision
 
     async def revision(self) -> int:
-        resp = await self._call(self._kv.Range, epb.RangeRequest(key=self.keys.root.encode(), count_only=True), "revision")
+        req = epb.RangeRequest(key=self.keys.root.encode(), count_only=True)
+        resp = await self._call(lambda m: m.kv.Range, req, "revision")
         return resp.header.revision
 
     # -- transactions
@@ -341,7 +566,7 @@ class Store:
             success=[o.to_pb() for o in success],
             failure=[o.to_pb() for o in failure],
         )
-        resp = await self._call(self._kv.Txn, req, "txn")
+        resp = await self._call(lambda m: m.kv.Txn, req, "txn")
         results: list[tuple[KV, ...] | None] = []
         for r in resp.responses:
             if r.HasField("response_range"):
@@ -376,14 +601,14 @@ class Store:
 
     # -- leases
     async def grant_lease(self, ttl: int) -> int:
-        resp = await self._call(self._lease.LeaseGrant, epb.LeaseGrantRequest(TTL=ttl), "lease grant")
+        resp = await self._call(lambda m: m.lease.LeaseGrant, epb.LeaseGrantRequest(TTL=ttl), "lease grant")
         if resp.error:
             raise StoreUnavailable(f"lease grant refused: {resp.error}")
         return resp.ID
 
     async def revoke_lease(self, lease_id: int) -> None:
         try:
-            await self._call(self._lease.LeaseRevoke, epb.LeaseRevokeRequest(ID=lease_id), "lease revoke")
+            await self._call(lambda m: m.lease.LeaseRevoke, epb.LeaseRevokeRequest(ID=lease_id), "lease revoke")
         except StoreUnavailable as exc:
             if "not found" not in str(exc):
                 raise
@@ -395,19 +620,23 @@ class Store:
     async def watch_prefix(self, prefix: str, start_revision: int, *, exact: bool = False) -> AsyncIterator[list[WatchEvent]]:
         """Yield batches of events from ``start_revision`` on (``exact``: only
         the key itself). Raises ``Compacted`` when that revision is gone and
-        ``StoreUnavailable`` when the stream breaks; the caller resumes from the
-        last revision it saw."""
+        ``StoreUnavailable`` when the stream breaks — also when another call
+        found its member unresponsive and the store moved on; the caller
+        resumes from the last revision it saw, on the new member."""
         create = epb.WatchCreateRequest(key=prefix.encode(), start_revision=start_revision, progress_notify=True)
         if not exact:
             create.range_end = prefix_end(prefix)
         req = epb.WatchRequest(create_request=create)
-        call = self._watch.Watch(metadata=_METADATA)
+        member, index, generation = self._pin()
+        call = member.watch.Watch(metadata=_METADATA)
+        opened = _OpenWatch(call)
+        self._watches[index].add(opened)
         try:
             await call.write(req)
             while True:
                 resp = await call.read()
                 if resp is grpc.aio.EOF:
-                    raise StoreUnavailable(f"watch on {prefix} ended")
+                    raise StoreUnavailable(f"watch on {prefix} ended (at {member.endpoint})")
                 if resp.compact_revision:
                     raise Compacted(resp.compact_revision)
                 if resp.canceled:
@@ -421,40 +650,67 @@ class Store:
                     # progress notification: lets the caller advance its resume point
                     yield []
         except grpc.aio.AioRpcError as exc:
-            raise self._translate(exc, f"watch {prefix}") from None
+            if opened.abandoned:
+                raise StoreUnavailable(f"watch on {prefix} left unresponsive etcd member {member.endpoint}") from None
+            if exc.code() in _FAILOVER:
+                self._member_failed(index, generation, f"watch {prefix}: {exc.code().name}")
+            raise self._translate(exc, f"watch {prefix} (at {member.endpoint})") from None
+        except asyncio.CancelledError:
+            # _member_failed cancelled the call (grpc.aio raises
+            # CancelledError for a locally cancelled call): a broken stream
+            # to the caller, unless its own task is being cancelled too.
+            task = asyncio.current_task()
+            if opened.abandoned and task is not None and not task.cancelling():
+                raise StoreUnavailable(f"watch on {prefix} left unresponsive etcd member {member.endpoint}") from None
+            raise
         finally:
+            self._watches[index].discard(opened)
             call.cancel()
 
 
 class LeaseKeepAlive:
     """One bidi LeaseKeepAlive stream; ``ping()`` sends one request and waits for
-    its answer. The stream is reopened after any failure."""
+    its answer. The stream is reopened after any failure, and whenever the
+    store has moved to another member since it was opened, so a keepalive
+    always goes where the other calls go."""
 
     def __init__(self, store: Store, lease_id: int):
         self.store = store
         self.lease_id = lease_id
         self._call: Any = None
+        self._index = -1
 
     async def ping(self, timeout: float) -> int:
         """Returns the remaining TTL (0 = the lease is gone)."""
+        member, index, generation = self.store._pin()
+        if self._call is not None and self._index != index:
+            self.close()
         try:
             if self._call is None:
-                self._call = self.store._lease.LeaseKeepAlive(metadata=_METADATA)
+                self._call = member.lease.LeaseKeepAlive(metadata=_METADATA)
+                self._index = index
             await asyncio.wait_for(self._call.write(epb.LeaseKeepAliveRequest(ID=self.lease_id)), timeout)
             resp = await asyncio.wait_for(self._call.read(), timeout)
             if resp is grpc.aio.EOF:
-                raise StoreUnavailable("lease keepalive stream ended")
+                raise StoreUnavailable(f"lease keepalive stream ended (at {member.endpoint})")
             return resp.TTL
         except (asyncio.TimeoutError, grpc.aio.AioRpcError, StoreUnavailable) as exc:
             self.close()
+            code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+            # No answer in time, a refused stream, or an ended one: this
+            # member is not keeping our lease alive, try the next one.
+            if code is None or code in _FAILOVER:
+                why = code.name if code is not None else type(exc).__name__
+                self.store._member_failed(index, generation, f"lease keepalive: {why}")
             if isinstance(exc, StoreUnavailable):
                 raise
-            raise StoreUnavailable(f"lease keepalive failed: {exc!r}") from None
+            raise StoreUnavailable(f"lease keepalive failed (at {member.endpoint}): {exc!r}") from None
 
     def close(self) -> None:
         if self._call is not None:
             self._call.cancel()
             self._call = None
+            self._index = -1
 
 
 def jitter(base: float) -> float:
@@ -463,6 +719,7 @@ def jitter(base: float) -> float:
 
 
 __all__ = [
-    "Compacted", "Compare", "Conflict", "Delete", "Fence", "Get", "KV", "Keys", "NotLeader",
-    "Op", "Put", "Store", "StoreUnavailable", "TxnResult", "WatchEvent", "absent", "unchanged",
+    "Compacted", "Compare", "Conflict", "Delete", "Endpoint", "EndpointRotation", "Fence", "Get",
+    "InvalidEndpoint", "KV", "Keys", "NotLeader", "Op", "Put", "Store", "StoreUnavailable", "TxnResult",
+    "WatchEvent", "absent", "parse_endpoint", "parse_endpoints", "unchanged",
 ]

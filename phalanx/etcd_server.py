@@ -146,3 +146,49 @@ class EtcdServer:
                     pass
                 self.proc.wait(timeout=timeout)
         self.proc = None
+
+
+def loopback_cluster(
+    data_root: Path, size: int = 3, *, host: str = "127.0.0.1", token: str = "phalanx-local"
+) -> list[EtcdServer]:
+    """The members of one new ``size``-member cluster on ``host``, each on its
+    own client and peer ports, data under ``data_root/<name>`` (not started;
+    see ``start_members``). For tests that stop or pause single members; the
+    chaos suite builds its cluster in namespaces instead (chaos/etcd_cluster.py)."""
+    if size < 1:
+        raise ValueError(f"an etcd cluster needs at least one member, got {size}")
+    data_root = Path(data_root)
+    members = [
+        EtcdServer(
+            data_dir=data_root / f"m{i}" / "data", name=f"m{i}", host=host,
+            log_path=data_root / f"m{i}.log", cluster_token=token,
+        )
+        for i in range(1, size + 1)
+    ]
+    initial = ",".join(f"{m.name}={m.peer_url}" for m in members)
+    for m in members:
+        m.initial_cluster = initial
+    return members
+
+
+def start_members(members: list[EtcdServer], timeout: float = 30.0) -> list[EtcdServer]:
+    """Start every member, then wait until each is healthy (a new cluster has
+    no leader, hence no healthy member, before a quorum runs). Stops them all
+    if one does not come up."""
+    try:
+        for m in members:
+            m.start()
+        deadline = time.monotonic() + timeout
+        for m in members:
+            m.wait_ready(max(1.0, deadline - time.monotonic()))
+    except BaseException:
+        stop_members(members)
+        raise
+    return members
+
+
+def stop_members(members: list[EtcdServer]) -> None:
+    """Stop every member (SIGCONT first: a paused process ignores SIGTERM until resumed)."""
+    for m in members:
+        m.signal(signal.SIGCONT)
+        m.stop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
-import ipaddress
 import json
 import logging
 import re
@@ -29,6 +28,7 @@ import yaml
 import agent.__main__ as agent_main
 import coordinator.__main__ as coordinator_main
 from coordinator.config import CoordinatorConfig, Timings, timings_from_mapping
+from coordinator.store import parse_endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -260,15 +260,7 @@ def test_timings_configmap_is_valid() -> None:
 def test_etcd_configmap_is_usable_by_the_store() -> None:
     data = configmaps(base_objects())["phalanx-etcd"]
     assert re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", data["cluster"]), "cluster must be a DNS label"
-    endpoints = [e for e in data["endpoints"].split(",") if e]
-    assert endpoints
-    for e in endpoints:
-        assert "://" not in e, "host:port without a scheme"
-        host, _, port = e.rpartition(":")
-        assert host and 0 < int(port) < 65536
-        if len(endpoints) > 1:
-            # Store dials several endpoints as `ipv4:a,b,c`: IPv4 literals only.
-            ipaddress.IPv4Address(host)
+    endpoints = parse_endpoints(data["endpoints"])  # the Store's own parser: raises on a bad entry
     assert len(endpoints) >= 3, "the example spreads etcd members over the three AZs"
 
 
