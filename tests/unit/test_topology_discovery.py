@@ -26,7 +26,7 @@ from phalanx.topology import NodeTopology
 from phalanx.wire import topology_from_pb, topology_to_pb
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "topology"
-MACHINES = ("hgx-h100", "l40s-pcie", "gb200-nvl72", "no-driver")
+MACHINES = ("hgx-h100", "l40s-pcie", "gb200-nvl72", "no-driver", "h200-vm")
 GB200_DOMAIN = "3f2b0a6c-9d8e-4f1a-a7b5-c4d3e2f1a0b9.32766"
 PIX, PXB, PHB, NODE, SYS = (PcieDistance.PIX, PcieDistance.PXB, PcieDistance.PHB, PcieDistance.NODE, PcieDistance.SYS)
 
@@ -168,6 +168,28 @@ def test_sysfs_distances_agree_with_nvidia_smi(machine: str, sys_roots: dict[str
     from_smi = discover(config_for(machine, sys_roots, sources=frozenset({"nvidia-smi"})))
     smi = {(l.gpu, l.nic): l.distance for l in from_smi.links}
     assert from_sysfs.links and all(smi[(l.gpu, l.nic)] == l.distance for l in from_sysfs.links)
+
+
+def test_captured_h200_vm_discovers_its_one_gpu(sys_roots: dict[str, Path]) -> None:
+    """``h200-vm`` is not built from a published layout: it was captured on a
+    real single-H200 cloud VM (driver 580.159.04) by scripts/gpu_node_check.sh
+    (README of the fixture dir). What a VM really answers: NVLink
+    NOT_SUPPORTED, sysfs ``numa_node`` -1 (NVML's memory affinity says 0),
+    no RDMA NICs, and ``nvidia-smi topo -m`` with ANSI underline codes in its
+    header row."""
+    topo = discover(config_for("h200-vm", sys_roots))
+    recorded = load("h200-vm", "nvml.json")["devices"][0]
+    (gpu,) = topo.gpus
+    assert (gpu.index, gpu.model, gpu.uuid) == (0, "NVIDIA H200", recorded["uuid"])
+    assert gpu.memory_mib == recorded["memory_total"] // (1 << 20) == 143771
+    assert gpu.pci_bus_id == "0000:00:06.0"  # NVML's 8-digit domain normalised to sysfs's
+    assert gpu.numa_node == 0 and gpu.nvlink_island == 0 and gpu.nvlink_peers == ()
+    assert topo.nics == () and topo.links == ()
+    assert topo.sources == ("nvml", "sysfs", "nvidia-smi")
+    # nvidia-smi alone still finds the GPU and its NUMA node through the escapes.
+    smi = discover(config_for("h200-vm", sys_roots, sources=frozenset({"nvidia-smi"})))
+    assert [(g.index, g.numa_node) for g in smi.gpus] == [(0, 0)]
+    assert "\x1b[4m" in load("h200-vm", "nvidia-smi-topo.txt")  # the escapes are really there
 
 
 def test_discovered_topology_survives_the_wire(sys_roots: dict[str, Path]) -> None:

@@ -1,0 +1,520 @@
+#!/usr/bin/env bash
+# Prove Phalanx's real-hardware paths on one GPU machine and capture fixtures.
+#
+#   OUT=/some/dir bash scripts/gpu_node_check.sh            # on the GPU machine
+#   OUT=/tmp/gpucheck-out GPU_CHECK_DRY_RUN=1 bash scripts/gpu_node_check.sh   # anywhere
+#
+# Runs from a plain copy of the repo plus .devcarry/ (scripts/stage_device_carry.sh:
+# the third-party packages and etcd); nothing is installed. Stages, each logged
+# under a header; a failure is recorded and the script goes on where it can:
+#
+#   a  facts: uname, python, glibc, nvidia-smi (-q, topo -m), infiniband, NVML
+#      library, lscpu, numactl; which python can import the carry
+#   b  recording: python -m agent.topology.recording $OUT/rec (nvml.json,
+#      sysfs.json, nvidia-smi-topo.txt) — a fixture of this machine
+#   c  discovery: python -m agent --print-topology on the live machine
+#      ($OUT/rec/discovered.json) and again replaying the recordings of b:
+#      the two must be identical
+#   d  end to end: etcd + one coordinator (AZ a) + one real agent (real
+#      discovery, real member processes); a 1-member gang on all GPUs of the
+#      node runs scripts/gpu_member_check.py and must SUCCEED; a gang asking for
+#      more GPUs than exist must stay PENDING, `phalanx explain` says why, then
+#      it is cancelled; everything is stopped and no process may be left.
+#
+# Output: $OUT/summary.txt (one line per stage: PASS/FAIL/SKIP + reason, then
+# OVERALL), $OUT/log.txt (everything), $OUT/rec/{nvml.json,sysfs.json,
+# nvidia-smi-topo.txt,discovered.json}, $OUT/logs.tgz (etcd, coordinator,
+# agent and member logs, replayed topology, specs) — 7 files at most.
+# Exit code 0 iff no stage FAILed.
+#
+# GPU_CHECK_DRY_RUN=1: for a machine without a GPU. b is skipped; c and d use
+# the recorded fixture GPU_CHECK_FIXTURE (default tests/fixtures/topology/hgx-h100)
+# through --nvml-recording/--sysfs-recording, and the member command only prints
+# CUDA_VISIBLE_DEVICES (GPU_CHECK_MEMBER=real runs gpu_member_check.py anyway,
+# e.g. against stub CUDA/NVML libraries on LD_LIBRARY_PATH).
+# Other knobs: GPU_CHECK_PYTHON (interpreter to prefer), GPU_CHECK_BUDGET_S
+# (seconds for stages a-d, default 270; a late stage only gets what is left,
+# teardown and collection come on top, ~40 s at most).
+
+set -u -o pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO" || exit 1
+OUT=${OUT:-/tmp/gpucheck-out}
+DRY=${GPU_CHECK_DRY_RUN:-0}
+BUDGET=${GPU_CHECK_BUDGET_S:-270}
+FIXTURE=${GPU_CHECK_FIXTURE:-tests/fixtures/topology/hgx-h100}
+MEMBER_MODE=${GPU_CHECK_MEMBER:-$([ "$DRY" = 1 ] && echo print || echo real)}
+NODE=gpu0
+AZ=a
+RUN_ID=gpucheck-$$-$(date +%s)
+
+mkdir -p "$OUT/rec"
+LOG=$OUT/log.txt
+SUMMARY=$OUT/summary.txt
+: >"$LOG"
+: >"$SUMMARY"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpucheck.XXXXXX")
+mkdir -p "$WORK/tmp" "$WORK/logs"
+exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
+
+# The repo is not installed there: everything runs as `python -m` from the
+# repo root with the carried packages first; etcd from the carry first.
+export PYTHONPATH=$REPO/.devcarry/site:$REPO
+export PATH=$REPO/.devcarry/bin:$PATH
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export TMPDIR=$WORK/tmp   # python -m agent --sysfs-recording makes temp dirs there
+if [ ! -x "$REPO/.devcarry/bin/etcd" ] && [ -f "$REPO/.devcarry/bin/etcd.gz" ]; then
+    mkdir -p "$WORK/bin" && gzip -dc "$REPO/.devcarry/bin/etcd.gz" >"$WORK/bin/etcd" && chmod 755 "$WORK/bin/etcd"
+    export PATH=$WORK/bin:$PATH
+fi
+
+# NVML/CUDA user-space libraries: where the loader does not already find them
+# (a driver mounted under /usr/local/nvidia, say), put their folder on LD_LIBRARY_PATH.
+if ! ldconfig -p 2>/dev/null | grep 'libnvidia-ml.so.1 ' >/dev/null; then
+    for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/cuda/compat; do
+        if [ -e "$d/libnvidia-ml.so.1" ]; then
+            case ":${LD_LIBRARY_PATH:-}:" in *":$d:"*) ;; *) export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; NVLIB_NOTE=" (added $d: libnvidia-ml.so.1 is not in the ldconfig cache)" ;; esac
+            break
+        fi
+    done
+fi
+
+FAILED=0
+result() {  # STAGE PASS|FAIL|SKIP REASON...
+    local stage=$1 status=$2
+    shift 2
+    [ "$status" = FAIL ] && FAILED=1
+    printf '%-13s %-4s %s\n' "$stage" "$status" "$*" >>"$SUMMARY"
+    echo ">>> $stage: $status $*"
+}
+header() { echo; echo "================ [$1] $2   (t=${SECONDS}s)"; }
+left() { echo $((BUDGET - SECONDS)); }
+# tmo N: N seconds, or what is left of the budget if less (at least 5).
+tmo() { local l; l=$(left); [ "$l" -lt "$1" ] && { [ "$l" -lt 5 ] && echo 5 || echo "$l"; } || echo "$1"; }
+HAVE_TIMEOUT=$(command -v timeout >/dev/null && echo 1 || echo 0)
+to() {  # to SECONDS CMD...: run with a hard limit
+    local t=$1
+    shift
+    if [ "$HAVE_TIMEOUT" = 1 ]; then timeout -k 5 "$t" "$@"; else "$@"; fi
+}
+show() {  # show SECONDS CMD...: log the command, run it with a limit, log its rc
+    local t=$1 rc
+    shift
+    echo "--- \$ $*"
+    to "$t" "$@"
+    rc=$?
+    [ "$rc" = 0 ] || echo "--- (rc=$rc)"
+    return "$rc"
+}
+
+# --- processes we start, and their teardown --------------------------------------
+ETCD_PID="" COORD_PID="" AGENT_PID=""
+stop_pid() {  # stop_pid PID NAME GRACE [group]: SIGTERM, wait, SIGKILL
+    local pid=$1 name=$2 grace=$3 group=${4:-} i
+    [ -n "$pid" ] || return 0
+    kill -0 "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return 0; }
+    echo "stopping $name (pid $pid)"
+    if [ -n "$group" ]; then kill -TERM -- "-$pid" 2>/dev/null; else kill -TERM "$pid" 2>/dev/null; fi
+    for ((i = 0; i < grace * 10; i++)); do
+        kill -0 "$pid" 2>/dev/null || break
+        # a reaped child disappears; an orphaned one (etcd) may linger as a zombie
+        [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
+        sleep 0.1
+    done
+    if kill -0 "$pid" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; then
+        echo "$name did not stop in ${grace}s: SIGKILL"
+        if [ -n "$group" ]; then kill -KILL -- "-$pid" 2>/dev/null; else kill -KILL "$pid" 2>/dev/null; fi
+    fi
+    wait "$pid" 2>/dev/null
+    return 0
+}
+# Every process we start carries GPUCHECK_RUN=$RUN_ID in its environment, and
+# so do the members the agent starts (they inherit the agent's environment).
+run_pids() {
+    local p
+    for p in /proc/[0-9]*; do
+        p=${p#/proc/}
+        [ "$p" = "$$" ] && continue
+        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -x "GPUCHECK_RUN=$RUN_ID" >/dev/null && \
+            [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] && echo "$p"
+    done
+}
+TORN_DOWN=0
+teardown() {
+    [ "$TORN_DOWN" = 1 ] && return 0
+    TORN_DOWN=1
+    header teardown "stop agent (stops its members), coordinator, etcd"
+    stop_pid "$AGENT_PID" agent 15
+    stop_pid "$COORD_PID" coordinator 10
+    stop_pid "$ETCD_PID" etcd 10 group
+    local left_over
+    left_over=$(run_pids | tr '\n' ' ')
+    if [ -n "$left_over" ]; then
+        echo "left over after teardown:"
+        for p in $left_over; do echo "  $p: $(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | cut -c1-200)"; done
+        for p in $left_over; do kill -KILL "$p" 2>/dev/null; done
+        sleep 0.5
+        [ "$STARTED_ANY" = 1 ] && result d-teardown FAIL "processes left after SIGTERM, killed: $left_over"
+    elif [ "$STARTED_ANY" = 1 ]; then
+        result d-teardown PASS "agent, coordinator, etcd and members all gone"
+    fi
+    left_over=$(run_pids | tr '\n' ' ')
+    [ -z "$left_over" ] || echo "WARNING: still alive after SIGKILL: $left_over"
+}
+STARTED_ANY=0
+finish() {
+    local rc=$?
+    trap - EXIT INT TERM
+    teardown
+    header collect "logs into $OUT/logs.tgz"
+    [ -d "$WORK/agent-state/logs" ] && cp -r "$WORK/agent-state/logs" "$WORK/logs/members"
+    [ -f "$WORK/agent-state/members.json" ] && cp "$WORK/agent-state/members.json" "$WORK/logs/"
+    cp "$WORK"/*.json "$WORK"/*.txt "$WORK/logs/" 2>/dev/null
+    tar -C "$WORK" -czf "$OUT/logs.tgz" logs 2>/dev/null && tar -tzf "$OUT/logs.tgz" | sed 's/^/  /'
+    rm -rf "$WORK"
+    echo
+    if [ "$FAILED" = 0 ]; then echo "OVERALL       PASS" >>"$SUMMARY"; else echo "OVERALL       FAIL" >>"$SUMMARY"; fi
+    echo "================ summary (t=${SECONDS}s, $OUT)"
+    cat "$SUMMARY"
+    ls -la "$OUT" "$OUT/rec"
+    exec >&- 2>&-
+    wait "$TEE_PID" 2>/dev/null
+    [ "$FAILED" = 0 ] && exit 0 || exit 1
+}
+trap finish EXIT
+trap 'echo "interrupted"; FAILED=1; exit 1' INT TERM
+
+echo "gpu_node_check: repo $REPO, OUT $OUT, dry run $DRY, budget ${BUDGET}s, run $RUN_ID, started $(date -u +%FT%TZ)"
+
+# ================================================================= a. facts
+header a "facts"
+show 10 uname -a
+show 10 sh -c 'cat /etc/os-release 2>/dev/null | head -4; ldd --version 2>&1 | head -1; nproc; free -g 2>/dev/null | head -2'
+show 10 sh -c 'command -v python3; python3 --version; python3 -c "import sys; print(sys.executable, sys.prefix)"'
+SMI_OK=0
+if command -v nvidia-smi >/dev/null; then
+    show "$(tmo 30)" nvidia-smi && SMI_OK=1
+    show "$(tmo 30)" sh -c 'nvidia-smi -q | head -80'
+    show "$(tmo 30)" nvidia-smi topo -m
+    show "$(tmo 20)" nvidia-smi -L
+else
+    echo "--- nvidia-smi: not on PATH"
+fi
+show 10 sh -c 'ls -la /dev/nvidia* 2>&1 | head -20'
+show 10 sh -c 'ls -la /sys/class/infiniband/ 2>&1'
+show 10 sh -c 'ldconfig -p | grep -i -e libnvidia-ml -e libcuda'
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}${NVLIB_NOTE:-}"
+show 10 sh -c 'lscpu | head -20'
+if command -v numactl >/dev/null; then show 10 numactl -H; else echo "--- numactl: not installed"; fi
+show 10 sh -c "ls -la '$REPO/.devcarry' '$REPO/.devcarry/bin' 2>&1; cat '$REPO/.devcarry/README' 2>&1; du -sh '$REPO/.devcarry' 2>&1"
+show 10 sh -c 'command -v etcd && etcd --version'
+if [ "$SMI_OK" = 1 ]; then
+    result a-facts PASS "nvidia-smi: $(to 20 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | paste -sd';' -)"
+elif [ "$DRY" = 1 ]; then
+    result a-facts SKIP "dry run: no nvidia-smi expected ($(command -v nvidia-smi >/dev/null && echo 'nvidia-smi failed' || echo 'not installed'))"
+else
+    result a-facts FAIL "nvidia-smi $(command -v nvidia-smi >/dev/null && echo failed || echo 'not found')"
+fi
+
+# Which interpreter: the first that imports the whole carry (grpc's compiled
+# part exists for CPython 3.11 and 3.12 only).
+header a "python with the carried packages"
+PY="" PY_PLAIN=""
+for cand in ${GPU_CHECK_PYTHON:-} python3 python3.12 python3.11 /usr/bin/python3 /usr/local/bin/python3; do
+    c=$(command -v "$cand" 2>/dev/null) || continue
+    [ -z "$PY_PLAIN" ] && PY_PLAIN=$c
+    echo "--- $c: $("$c" --version 2>&1)"
+    if out=$(to 60 "$c" -c 'import grpc, aetcd, yaml, pynvml, google.protobuf, phalanx.cli, coordinator.server, agent.session, agent.process; print("grpc", grpc.__version__, grpc.__file__); print("protobuf", google.protobuf.__version__, google.protobuf.__file__)' 2>&1); then
+        echo "$out"
+        PY=$c
+        break
+    fi
+    echo "$out" | tail -3
+done
+if [ -n "$PY" ]; then
+    result a-python PASS "$PY ($("$PY" --version 2>&1)) imports phalanx + carried grpc/aetcd"
+else
+    result a-python FAIL "no interpreter imports the carry (carried grpc is built for CPython 3.11 and 3.12; found: ${PY_PLAIN:-no python3})"
+fi
+PYR=${PY:-$PY_PLAIN}   # for stdlib-only steps (recording needs only pynvml, carried as pure Python)
+
+# ================================================================= b. recording
+header b "recording: python -m agent.topology.recording $OUT/rec"
+if [ "$DRY" = 1 ]; then
+    result b-recording SKIP "dry run (no GPU here); c and d replay $FIXTURE"
+    REC=$FIXTURE
+elif [ -z "$PYR" ]; then
+    result b-recording FAIL "no python3"
+    REC=$OUT/rec
+else
+    REC=$OUT/rec
+    show "$(tmo 120)" "$PYR" -m agent.topology.recording "$OUT/rec" --description "phalanx gpu_node_check on $(uname -n) $(date -u +%F): $(to 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+    rc=$?
+    ls -la "$OUT/rec"
+    if [ "$rc" = 0 ] && [ -s "$OUT/rec/nvml.json" ] && [ -s "$OUT/rec/sysfs.json" ]; then
+        info=$("$PYR" -c '
+import json, sys
+n = json.load(open(sys.argv[1])); s = json.load(open(sys.argv[2]))
+gpus = [d for d in s["devices"] if "rdma" not in d]; nics = [d for d in s["devices"] if "rdma" in d]
+print("init_error=%s" % n["init_error"] if n.get("init_error") else "%d NVML GPUs (driver %s: %s), sysfs: %d GPU functions, %d RDMA devices"
+      % (len(n["devices"]), n.get("driver_version"), ", ".join(sorted({str(d.get("name")) for d in n["devices"]})), len(gpus), len(nics)))
+' "$OUT/rec/nvml.json" "$OUT/rec/sysfs.json" 2>&1)
+        if grep -q '"devices": \[\]' "$OUT/rec/nvml.json" || [[ $info == *init_error* ]]; then
+            result b-recording FAIL "NVML recorded no GPU: $info"
+        else
+            result b-recording PASS "$info; nvidia-smi-topo.txt $([ -s "$OUT/rec/nvidia-smi-topo.txt" ] && echo captured || echo MISSING)"
+        fi
+    else
+        result b-recording FAIL "recorder rc=$rc (see log)"
+    fi
+fi
+
+# ================================================================= c. discovery
+header c "discovery: live vs. replayed recordings"
+NGPUS=0
+summarize_topo() {
+    "$PYR" -c '
+import json, sys
+t = json.load(open(sys.argv[1]))
+g = t.get("gpus", [])
+print("%d GPUs [%s], %d NVLink islands, %d NICs, sources %s" % (len(g), ", ".join(sorted({x.get("model", "?") for x in g})),
+      len({x.get("nvlink_island") for x in g}), len(t.get("nics", [])), ",".join(t.get("sources", []))))
+' "$1" 2>&1
+}
+print_topology() {  # print_topology OUTFILE ARGS...: python -m agent --print-topology
+    local outfile=$1
+    shift
+    echo "--- \$ $PYR -m agent --az $AZ --etcd 127.0.0.1:1 --node $NODE --print-topology $*"
+    to "$(tmo 90)" "$PYR" -m agent --az "$AZ" --etcd 127.0.0.1:1 --node "$NODE" --print-topology "$@" >"$outfile" 2>"$WORK/print-topology.err"
+    local rc=$?
+    cat "$WORK/print-topology.err"
+    return "$rc"
+}
+SMI_FILE=""
+if [ -z "$PYR" ]; then
+    result c-discovery FAIL "no python3"
+    result c-replay SKIP "no python3"
+else
+    if [ "$DRY" = 1 ]; then
+        # "live" = the fixture's recordings, the way a fixture-fed agent sees them
+        SMI_FILE=$FIXTURE/nvidia-smi-topo.txt
+        live_args=(--nvml-recording "$FIXTURE/nvml.json" --sysfs-recording "$FIXTURE/sysfs.json")
+    else
+        live_args=()
+        if to "$(tmo 30)" nvidia-smi topo -m >"$WORK/nvidia-smi-topo-live.txt" 2>/dev/null && [ -s "$WORK/nvidia-smi-topo-live.txt" ]; then
+            SMI_FILE=$WORK/nvidia-smi-topo-live.txt
+        fi
+    fi
+    [ -n "$SMI_FILE" ] && live_args+=(--nvidia-smi-topo "$SMI_FILE")
+    if print_topology "$OUT/rec/discovered.json" "${live_args[@]}" && [ -s "$OUT/rec/discovered.json" ]; then
+        NGPUS=$("$PYR" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["gpus"]))' "$OUT/rec/discovered.json")
+        head -c 1500 "$OUT/rec/discovered.json"; echo " ..."
+        what=$(summarize_topo "$OUT/rec/discovered.json")
+        if [ "$NGPUS" -gt 0 ]; then result c-discovery PASS "$what"; else result c-discovery FAIL "no GPU discovered: $what"; fi
+    else
+        result c-discovery FAIL "python -m agent --print-topology failed: $(tail -1 "$WORK/print-topology.err")"
+        rm -f "$OUT/rec/discovered.json"
+    fi
+    # the same nvidia-smi input as the live run: the recorded matrix if there is one
+    replay_smi=$REC/nvidia-smi-topo.txt
+    [ -s "$replay_smi" ] || replay_smi=$SMI_FILE
+    replay_args=(--nvml-recording "$REC/nvml.json" --sysfs-recording "$REC/sysfs.json")
+    [ -n "$SMI_FILE" ] && [ -n "$replay_smi" ] && replay_args+=(--nvidia-smi-topo "$replay_smi")
+    if [ ! -s "$REC/nvml.json" ] || [ ! -s "$REC/sysfs.json" ]; then
+        result c-replay SKIP "no recordings to replay"
+    elif ! print_topology "$WORK/replayed.json" "${replay_args[@]}"; then
+        result c-replay FAIL "replay failed: $(tail -1 "$WORK/print-topology.err")"
+    elif [ ! -s "$OUT/rec/discovered.json" ]; then
+        result c-replay FAIL "replay ran ($(summarize_topo "$WORK/replayed.json")) but there is no live result to compare"
+    elif diff -u "$OUT/rec/discovered.json" "$WORK/replayed.json" >"$WORK/replay.diff"; then
+        result c-replay PASS "replaying nvml.json+sysfs.json gives the identical topology ($NGPUS GPUs)"
+    else
+        echo "--- live vs replayed differ:"
+        head -100 "$WORK/replay.diff"
+        result c-replay FAIL "replayed topology differs from live ($(grep -c '^[-+][^-+]' "$WORK/replay.diff") lines, diff in log)"
+    fi
+fi
+
+# ================================================================= d. end to end
+header d "end to end: etcd + coordinator + real agent + gangs"
+STARTED_ANY=0
+wait_line() {  # wait_line FILE PATTERN SECONDS PID: wait for a line, or the process to die
+    local file=$1 pattern=$2 secs=$3 pid=$4 i
+    for ((i = 0; i < secs * 10; i++)); do
+        grep -q "$pattern" "$file" 2>/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || { grep -q "$pattern" "$file" 2>/dev/null; return $?; }
+        sleep 0.1
+    done
+    return 1
+}
+px() { to "$(tmo "${PX_TIMEOUT:-30}")" "$PY" -m phalanx --address "$ADDR" --rpc-timeout 10 "$@"; }
+pxshow() { echo "--- \$ phalanx $*"; px "$@"; local rc=$?; [ "$rc" = 0 ] || echo "--- (rc=$rc)"; return "$rc"; }
+
+d_skip=""
+[ -z "$PY" ] && d_skip="no python imports the carried packages (grpc is built for CPython 3.11/3.12 only; see a-python)"
+[ -z "$d_skip" ] && [ "$NGPUS" -le 0 ] && d_skip="discovery found no GPU (stage c)"
+[ -z "$d_skip" ] && ! to 10 etcd --version >/dev/null 2>&1 && d_skip="etcd does not run here: $(etcd --version 2>&1 | tail -1)"
+[ -z "$d_skip" ] && [ "$(left)" -lt 90 ] && d_skip="only $(left)s of the ${BUDGET}s budget left"
+if [ -n "$d_skip" ]; then
+    result d-cluster SKIP "$d_skip"
+    result d-gang SKIP "$d_skip"
+    result d-explain SKIP "$d_skip"
+else
+    STARTED_ANY=1
+    timings=fast
+    # etcd through the project's own helper (same flags as phalanx up and the tests)
+    echo "--- starting etcd"
+    etcd_info=$(to 40 env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" <<'EOF'
+import sys
+from phalanx.etcd_server import EtcdServer
+s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2]).start()
+print(s.proc.pid, s.endpoint, flush=True)
+try:
+    s.wait_ready(30)
+except Exception as exc:
+    print("NOT-READY", exc, flush=True)
+    s.stop()
+EOF
+)
+    echo "$etcd_info"
+    ETCD_PID=$(echo "$etcd_info" | head -1 | awk '{print $1}')
+    EP=$(echo "$etcd_info" | head -1 | awk '{print $2}')
+    if [ -z "$EP" ] || [[ $etcd_info == *NOT-READY* ]]; then
+        result d-cluster FAIL "etcd did not start: $(echo "$etcd_info" | tail -1); $(tail -3 "$WORK/logs/etcd.log" 2>/dev/null)"
+    else
+        echo "etcd ready at $EP (pid $ETCD_PID)"
+        echo "--- starting coordinator a-c0"
+        env GPUCHECK_RUN="$RUN_ID" "$PY" -m coordinator --az "$AZ" --id a-c0 --etcd "$EP" --listen 127.0.0.1:0 \
+            --timings "$timings" >"$WORK/logs/coordinator.out" 2>"$WORK/logs/coordinator.log" &
+        COORD_PID=$!
+        if ! wait_line "$WORK/logs/coordinator.out" PHALANX_COORDINATOR_READY "$(tmo 40)" "$COORD_PID"; then
+            result d-cluster FAIL "coordinator not ready: $(tail -3 "$WORK/logs/coordinator.log")"
+        else
+            ADDR=$(grep -o 'address=[^ ]*' "$WORK/logs/coordinator.out" | head -1 | cut -d= -f2)
+            echo "coordinator ready at $ADDR (pid $COORD_PID)"
+            mkdir -p "$WORK/agent-state"
+            agent_args=(--az "$AZ" --etcd "$EP" --node "$NODE" --state-dir "$WORK/agent-state" --timings "$timings")
+            if [ "$DRY" = 1 ]; then
+                agent_args+=(--nvml-recording "$FIXTURE/nvml.json" --sysfs-recording "$FIXTURE/sysfs.json")
+            fi
+            [ -n "$SMI_FILE" ] && agent_args+=(--nvidia-smi-topo "$SMI_FILE")
+            echo "--- starting agent: python -m agent ${agent_args[*]}"
+            env GPUCHECK_RUN="$RUN_ID" "$PY" -m agent "${agent_args[@]}" >"$WORK/logs/agent.out" 2>"$WORK/logs/agent.log" &
+            AGENT_PID=$!
+            ready=0
+            if wait_line "$WORK/logs/agent.out" PHALANX_AGENT_READY "$(tmo 90)" "$AGENT_PID"; then
+                cat "$WORK/logs/agent.out"
+                # registered and ready, with all GPUs?
+                for ((i = 0; i < $(tmo 30) * 2; i++)); do
+                    n=$(px nodes -o json 2>/dev/null | "$PY" -c '
+import json, sys
+for n in json.load(sys.stdin):
+    t = n.get("topology", {})
+    if t.get("node") == sys.argv[1] and n.get("ready"):
+        print(len(t.get("gpus", [])))
+' "$NODE" 2>/dev/null)
+                    [ -n "$n" ] && { ready=1; break; }
+                    sleep 0.5
+                done
+            fi
+            if [ "$ready" != 1 ]; then
+                pxshow nodes
+                result d-cluster FAIL "agent not ready/registered: $(tail -3 "$WORK/logs/agent.log")"
+            else
+                pxshow status
+                pxshow nodes
+                pxshow topology
+                if [ "$n" = "$NGPUS" ]; then
+                    result d-cluster PASS "etcd $EP, coordinator $ADDR, agent $NODE ready with $n GPUs"
+                else
+                    result d-cluster FAIL "agent registered $n GPUs, discovery found $NGPUS"
+                fi
+
+                # --- gang 1: one member on all GPUs of the node
+                header d "gang gpu-check: 1 member x $NGPUS GPUs"
+                if [ "$MEMBER_MODE" = real ]; then
+                    member_cmd=("$PY" "$REPO/scripts/gpu_member_check.py")
+                else
+                    member_cmd=("$PY" -c 'import os; print(os.environ.get("CUDA_VISIBLE_DEVICES"))')
+                fi
+                "$PY" - "$WORK/gang-check.json" "$NGPUS" "$OUT/rec/discovered.json" "${member_cmd[@]}" <<'EOF'
+import json, sys
+path, gpus, topo, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+spec = {"name": "gpu-check", "members": 1, "resources": {"gpus": gpus},
+        "run": {"command": cmd, "env": {"GPU_CHECK_TOPOLOGY": topo}},
+        "policy": {"admission_timeout_s": 60, "max_restarts": 0, "start_timeout_s": 60}}
+open(path, "w").write(json.dumps(spec, indent=1) + "\n")
+EOF
+                cat "$WORK/gang-check.json"
+                echo "--- \$ phalanx submit gang-check.json"
+                GANG=$(px submit "$WORK/gang-check.json")
+                echo "$GANG"
+                if [ -z "$GANG" ]; then
+                    result d-gang FAIL "submit failed"
+                else
+                    PX_TIMEOUT=150 pxshow wait "$GANG" --for SUCCEEDED --timeout "$(tmo 120)"
+                    wrc=$?
+                    pxshow get "$GANG"
+                    echo "--- \$ phalanx logs $GANG --state-dir <agent state>"
+                    px logs "$GANG" --state-dir "$WORK/agent-state" >"$WORK/member.txt" 2>&1
+                    cat "$WORK/member.txt"
+                    placed=$(px get "$GANG" -o json 2>/dev/null | "$PY" -c '
+import json, sys
+g = json.load(sys.stdin)
+print(";".join("rank%s@%s gpus=%s" % (m.get("rank", 0), m.get("node"), ",".join(map(str, m.get("gpus", [])))) for m in g.get("placement", [])))' 2>/dev/null)
+                    if [ "$wrc" = 0 ]; then
+                        extra=""
+                        if [ "$MEMBER_MODE" = real ]; then
+                            grep -q "GPU_MEMBER_CHECK PASS" "$WORK/member.txt" && extra="member check PASS" || { extra="but no GPU_MEMBER_CHECK PASS line in the member log"; }
+                        else
+                            cvd=$(grep -v '^\[phalanx' "$WORK/member.txt" | tail -1)
+                            want=$(seq -s, 0 $((NGPUS - 1)))
+                            [ "$cvd" = "$want" ] && extra="member printed CUDA_VISIBLE_DEVICES=$cvd" || extra="but member printed CUDA_VISIBLE_DEVICES=$cvd, expected $want"
+                        fi
+                        case $extra in
+                            but*) result d-gang FAIL "gang $GANG SUCCEEDED ($placed) $extra" ;;
+                            *) result d-gang PASS "gang $GANG SUCCEEDED ($placed); $extra" ;;
+                        esac
+                    else
+                        pxshow explain "$GANG"
+                        result d-gang FAIL "gang $GANG did not succeed: $(px get "$GANG" 2>&1 | grep -E '^(state|reason):' | paste -sd' ' -); member: $(grep -E 'GPU_MEMBER_CHECK|FAIL|exit' "$WORK/member.txt" | tail -3 | cut -c1-300 | paste -sd'|' -)"
+                    fi
+                fi
+
+                # --- gang 2: more GPUs than the node has
+                header d "gang too-big: 2 members x $NGPUS GPUs (the node has $NGPUS)"
+                "$PY" -c '
+import json, sys
+json.dump({"name": "too-big", "members": 2, "resources": {"gpus": int(sys.argv[2])},
+           "run": {"command": ["true"]}, "policy": {"admission_timeout_s": 600}}, open(sys.argv[1], "w"))
+' "$WORK/gang-too-big.json" "$NGPUS"
+                echo "--- \$ phalanx submit gang-too-big.json"
+                BIG=$(px submit "$WORK/gang-too-big.json")
+                echo "$BIG"
+                if [ -z "$BIG" ]; then
+                    result d-explain FAIL "submit of too-big failed"
+                else
+                    sleep 2
+                    pxshow get "$BIG"
+                    px explain "$BIG" >"$WORK/explain.txt" 2>&1
+                    erc=$?
+                    echo "--- \$ phalanx explain $BIG"
+                    cat "$WORK/explain.txt"
+                    pxshow explain "$BIG" -o json >/dev/null
+                    pxshow cancel "$BIG" --reason "gpu_node_check done"
+                    crc=$?
+                    pxshow wait "$BIG" --for CANCELLED --timeout 15
+                    pxshow list
+                    why=$(sed -n 2p "$WORK/explain.txt" | cut -c1-300)
+                    if [ "$erc" = 0 ] && [[ $(sed -n 1p "$WORK/explain.txt") == *PENDING* ]] && [ "$crc" = 0 ]; then
+                        result d-explain PASS "too-big PENDING: $why; cancelled"
+                    else
+                        result d-explain FAIL "explain rc=$erc cancel rc=$crc: $(head -2 "$WORK/explain.txt" | paste -sd' ' - | cut -c1-300)"
+                    fi
+                fi
+            fi
+        fi
+    fi
+fi
+exit 0   # the EXIT trap tears down, collects and writes the summary
