@@ -68,15 +68,18 @@ def discover_topology(a: argparse.Namespace):
     from agent.topology.recording import ReplayNvml, write_sysfs
 
     nvml = ReplayNvml(json.loads(Path(a.nvml_recording).read_text())) if a.nvml_recording else None
-    sysfs_root = Path(a.sysfs_root)
-    if a.sysfs_recording:
-        sysfs_root = write_sysfs(json.loads(Path(a.sysfs_recording).read_text()), Path(tempfile.mkdtemp(prefix="phalanx-sysfs-")))
     smi = Path(a.nvidia_smi_topo).read_text() if a.nvidia_smi_topo else None
-    config = DiscoveryConfig(
-        node=a.node, az=a.az, region=a.region, spine=a.spine, leaf=a.leaf, rack=a.rack,
-        labels=parse_labels(a.labels, a.labels_file), sysfs_root=sysfs_root, nvml=nvml, nvidia_smi_topo=smi,
-    )
-    return discover(config)
+    # A replayed sysfs tree is only read during discovery (once, at start):
+    # it lives in a temporary directory removed right after.
+    with tempfile.TemporaryDirectory(prefix="phalanx-sysfs-") as tmp:
+        sysfs_root = Path(a.sysfs_root)
+        if a.sysfs_recording:
+            sysfs_root = write_sysfs(json.loads(Path(a.sysfs_recording).read_text()), Path(tmp))
+        config = DiscoveryConfig(
+            node=a.node, az=a.az, region=a.region, spine=a.spine, leaf=a.leaf, rack=a.rack,
+            labels=parse_labels(a.labels, a.labels_file), sysfs_root=sysfs_root, nvml=nvml, nvidia_smi_topo=smi,
+        )
+        return discover(config)
 
 
 async def amain(a: argparse.Namespace) -> int:
