@@ -130,3 +130,23 @@ async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local
     assert (await c.wait_state(running.id, TERMINAL, timeout=60)).state == pb.GANG_STATE_SUCCEEDED
     assert not [d for ev, d in group.history if ev == "fenced"]
     assert survivor.proc.poll() is None
+
+
+async def test_submission_whose_reply_is_lost_is_admitted_without_a_retry(local_cluster: LocalCluster) -> None:
+    """docs/chaos.md finding 2: the submission txn commits but its reply is
+    lost (failpoint ``leader.submit_reply_lost``), the client is told
+    UNAVAILABLE and never retries. The gang exists in etcd, so the leader must
+    still admit it: without a leader change and without a second submission."""
+    c = local_cluster
+    c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS": "leader.submit_reply_lost=on"})
+    leader = await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.submit(tiny("lost-reply", members=2, gpus=1, duration=0.3), key="once")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    (gang,) = [g for g in (await c.etcd_gangs()).values() if g.spec.name == "lost-reply"]
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert (await c.wait_leader(AZ)).epoch == leader.epoch  # admitted by the same leader
+    assert "applied although its reply was lost" in c.coordinators["a0"].log_path.read_text()
