@@ -106,7 +106,7 @@ class AzLeader:
     async def run(self) -> None:
         """Lead until the lease is lost or a fenced write fails."""
         try:
-            await self.rebuild()
+            await self._rebuild_while_valid()
             await self.twophase.recover()
             self.rebuilt.set()
             self._spawn(self.twophase.watch(), "twophase-watch")
@@ -167,8 +167,28 @@ class AzLeader:
         self.session.check()
 
     # -------------------------------------------------------------- rebuild
+    async def _rebuild_while_valid(self) -> None:
+        """``rebuild()``, retried while the lease holds: an etcd member that
+        times out (and makes the store move to another, docs/etcd-keys.md) is
+        no reason to give a fresh leadership up and make the AZ elect again
+        (docs/chaos.md finding 6). Reads only, so a retry is always safe."""
+        while True:
+            self.check_valid()
+            try:
+                await self.rebuild()
+                return
+            except StoreUnavailable as exc:
+                log.info("rebuild of %s (epoch %d): %s; retrying", self.az, self.epoch, exc)
+                self.gangs.clear()
+                self.reservations.clear()
+                self.nodes.clear()
+                self.liveness.clear()
+                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+
     async def rebuild(self) -> None:
         k = self.keys
+        if failpoints.on("leader.rebuild_unavailable"):
+            raise StoreUnavailable("failpoint leader.rebuild_unavailable")
         gang_kvs, _ = await self.store.get_prefix(k.gangs())
         res_kvs, _ = await self.store.get_prefix(k.reservations(self.az))
         node_kvs, _ = await self.store.get_prefix(k.nodes(self.az))

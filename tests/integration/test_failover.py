@@ -150,3 +150,26 @@ async def test_submission_whose_reply_is_lost_is_admitted_without_a_retry(local_
     assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
     assert (await c.wait_leader(AZ)).epoch == leader.epoch  # admitted by the same leader
     assert "applied although its reply was lost" in c.coordinators["a0"].log_path.read_text()
+
+
+async def test_new_leader_whose_rebuild_fails_keeps_its_leadership_and_retries(
+        local_cluster: LocalCluster, tmp_path) -> None:
+    """A fresh leader whose first reads fail (an etcd member timing out)
+    retries them while its lease holds instead of stepping down and making
+    the AZ elect again (docs/chaos.md finding 6)."""
+    c = local_cluster
+    fp = tmp_path / "failpoints"
+    fp.write_text("leader.rebuild_unavailable=on")
+    proc = c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS_FILE": str(fp)})
+    leader = await c.wait_leader(AZ)
+    deadline = time.monotonic() + 30
+    while proc.log_path.read_text().count("retrying") < 3:
+        assert time.monotonic() < deadline, proc.log_path.read_text()
+        await asyncio.sleep(0.1)
+    fp.write_text("")  # etcd answers again
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    g = await c.submit(tiny("after-retry", members=1, gpus=1, duration=0.2))
+    done = await c.wait_state(g.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert (await c.wait_leader(AZ)).epoch == leader.epoch  # never stepped down
