@@ -106,7 +106,7 @@ class AzLeader:
     async def run(self) -> None:
         """Lead until the lease is lost or a fenced write fails."""
         try:
-            await self.rebuild()
+            await self._rebuild_while_valid()
             await self.twophase.recover()
             self.rebuilt.set()
             self._spawn(self.twophase.watch(), "twophase-watch")
@@ -167,8 +167,28 @@ class AzLeader:
         self.session.check()
 
     # -------------------------------------------------------------- rebuild
+    async def _rebuild_while_valid(self) -> None:
+        """``rebuild()``, retried while the lease holds: an etcd member that
+        times out (and makes the store move to another, docs/etcd-keys.md) is
+        no reason to give a fresh leadership up and make the AZ elect again
+        (docs/chaos.md finding 6). Reads only, so a retry is always safe."""
+        while True:
+            self.check_valid()
+            try:
+                await self.rebuild()
+                return
+            except StoreUnavailable as exc:
+                log.info("rebuild of %s (epoch %d): %s; retrying", self.az, self.epoch, exc)
+                self.gangs.clear()
+                self.reservations.clear()
+                self.nodes.clear()
+                self.liveness.clear()
+                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+
     async def rebuild(self) -> None:
         k = self.keys
+        if failpoints.on("leader.rebuild_unavailable"):
+            raise StoreUnavailable("failpoint leader.rebuild_unavailable")
         gang_kvs, _ = await self.store.get_prefix(k.gangs())
         res_kvs, _ = await self.store.get_prefix(k.reservations(self.az))
         node_kvs, _ = await self.store.get_prefix(k.nodes(self.az))
@@ -231,10 +251,20 @@ class AzLeader:
             compares.append(absent(k.idempotency(idempotency_key)))
             ops.append(Put(k.idempotency(idempotency_key), {"id": gang_id}))
         self.check_valid()
-        res = await self.store.fenced_txn(
-            self.fence, [absent(k.gang(gang_id))] + compares, [Put(k.gang(gang_id), rec.to_dict())] + ops,
-            [Get(k.name(spec.name))] + ([Get(k.idempotency(idempotency_key))] if idempotency_key else []),
-        )
+        try:
+            res = await self.store.fenced_txn(
+                self.fence, [absent(k.gang(gang_id))] + compares, [Put(k.gang(gang_id), rec.to_dict())] + ops,
+                [Get(k.name(spec.name))] + ([Get(k.idempotency(idempotency_key))] if idempotency_key else []),
+            )
+            if failpoints.on("leader.submit_reply_lost") and res.succeeded:
+                raise StoreUnavailable("failpoint leader.submit_reply_lost: the submission's reply is lost")
+        except StoreUnavailable:
+            # The outcome is unknown: the txn may have committed although its
+            # reply was lost. The client is told UNAVAILABLE and may retry with
+            # its idempotency key (which finds the gang, below); if it never
+            # does, the gang must still be admitted, so learn the outcome.
+            self._spawn(self._learn_submit_outcome(gang_id), f"learn-submit-{gang_id}")
+            raise
         if not res.succeeded:
             if idempotency_key and res.results[1]:
                 existing = await self._by_idempotency(idempotency_key, spec)
@@ -254,6 +284,30 @@ class AzLeader:
         self.gangs[gang_id] = rec
         self.wake.set()
         return rec, True
+
+    async def _learn_submit_outcome(self, gang_id: str) -> None:
+        """After a submission txn with an unknown outcome (docs/chaos.md
+        finding 2): read ``gangs/<id>`` until etcd answers and, if the txn
+        applied, take the gang on as if its reply had arrived. The first read
+        waits one etcd timeout, so that a proposal still in flight when the
+        call gave up has been applied or dropped by then. If the leadership
+        ends first, the successor's rebuild finds the gang in etcd anyway."""
+        await asyncio.sleep(self.t.etcd_timeout_s)
+        while True:
+            self.check_valid()
+            try:
+                kv = await self.store.get(self.keys.gang(gang_id))
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+        if kv is None:
+            log.info("submission %s did not apply (reply lost)", gang_id)
+            return
+        rec = GangRecord.from_dict(kv.json(), kv.mod_revision)
+        if rec.owner_az == self.az and not rec.state.terminal and gang_id not in self.gangs:
+            log.info("submission %s applied although its reply was lost; admitting it", gang_id)
+            self.gangs[gang_id] = rec
+            self.wake.set()
 
     async def _by_idempotency(self, key: str, spec: GangSpec) -> GangRecord | None:
         kv = await self.store.get(self.keys.idempotency(key))

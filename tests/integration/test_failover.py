@@ -130,3 +130,46 @@ async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local
     assert (await c.wait_state(running.id, TERMINAL, timeout=60)).state == pb.GANG_STATE_SUCCEEDED
     assert not [d for ev, d in group.history if ev == "fenced"]
     assert survivor.proc.poll() is None
+
+
+async def test_submission_whose_reply_is_lost_is_admitted_without_a_retry(local_cluster: LocalCluster) -> None:
+    """docs/chaos.md finding 2: the submission txn commits but its reply is
+    lost (failpoint ``leader.submit_reply_lost``), the client is told
+    UNAVAILABLE and never retries. The gang exists in etcd, so the leader must
+    still admit it: without a leader change and without a second submission."""
+    c = local_cluster
+    c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS": "leader.submit_reply_lost=on"})
+    leader = await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.submit(tiny("lost-reply", members=2, gpus=1, duration=0.3), key="once")
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    (gang,) = [g for g in (await c.etcd_gangs()).values() if g.spec.name == "lost-reply"]
+    done = await c.wait_state(gang.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert (await c.wait_leader(AZ)).epoch == leader.epoch  # admitted by the same leader
+    assert "applied although its reply was lost" in c.coordinators["a0"].log_path.read_text()
+
+
+async def test_new_leader_whose_rebuild_fails_keeps_its_leadership_and_retries(
+        local_cluster: LocalCluster, tmp_path) -> None:
+    """A fresh leader whose first reads fail (an etcd member timing out)
+    retries them while its lease holds instead of stepping down and making
+    the AZ elect again (docs/chaos.md finding 6)."""
+    c = local_cluster
+    fp = tmp_path / "failpoints"
+    fp.write_text("leader.rebuild_unavailable=on")
+    proc = c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS_FILE": str(fp)})
+    leader = await c.wait_leader(AZ)
+    deadline = time.monotonic() + 30
+    while proc.log_path.read_text().count("retrying") < 3:
+        assert time.monotonic() < deadline, proc.log_path.read_text()
+        await asyncio.sleep(0.1)
+    fp.write_text("")  # etcd answers again
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    g = await c.submit(tiny("after-retry", members=1, gpus=1, duration=0.2))
+    done = await c.wait_state(g.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert (await c.wait_leader(AZ)).epoch == leader.epoch  # never stepped down
