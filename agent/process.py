@@ -507,6 +507,9 @@ class ProcessLauncher:
         # Filled in by adopt(): members in the state file that were gone, and
         # unaccounted processes that were killed.
         self.vanished: list[MemberKey] = []
+        # The handles of those vanished members (epoch, devices), so that the
+        # agent can report one whose end its shim recorded (docs/launcher.md).
+        self.vanished_handles: dict[MemberKey, MemberHandle] = {}
         self.orphans_killed: list[OrphanProcess] = []
         self._state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -673,6 +676,7 @@ class ProcessLauncher:
         self.orphans_killed = await self._kill_orphans()
         self._write_state()
         self.vanished = [rec.key for rec in vanished]
+        self.vanished_handles = {rec.key: rec.handle() for rec in vanished}
         for rec in vanished:
             key = rec.key
             code, ended = self._recorded_exit(key, rec.pid)

@@ -27,6 +27,7 @@ import grpc
 
 from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
 from agent.launcher import Launcher, MemberKey, MemberLaunch
+from agent.process import EXIT_UNKNOWN
 from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from coordinator.config import Timings
 from coordinator.store import Get, Store, StoreUnavailable
@@ -462,6 +463,24 @@ class Agent:
             if not m.phase.live:
                 self.members.pop(m.key, None)
 
+    def _keep_vanished(self, key: MemberKey, code: int) -> None:
+        """A member that ended while this agent was down, with the status its
+        shim recorded: keep it as an exited member, so the registration
+        reports how it ended (a success stays a success) instead of the
+        leader finding it missing ("member vanished"). Without a recorded
+        status there is nothing true to report: the leader's rule applies."""
+        handle = getattr(self.launcher, "vanished_handles", {}).get(key)
+        if handle is None or code == EXIT_UNKNOWN:
+            return
+        if code == EXIT_FENCED:
+            phase, reason = MemberPhase.STOPPED, "fenced by its shim while the agent was down"
+        elif code == 0:
+            phase, reason = MemberPhase.SUCCEEDED, "exited 0 while the agent was down"
+        else:
+            phase, reason = MemberPhase.FAILED, f"exited {code} while the agent was down"
+        self.members[key] = MemberRecord(key, phase, handle.epoch, handle.gpus, exit_code=code, reason=reason,
+                                         pid=handle.pid, at=time.time())
+
     async def _on_exit(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         rec = self.members.get(key)
         self.ledger.release(key)
@@ -474,6 +493,7 @@ class Agent:
             # as vanished): still an effect, so record when its devices were
             # known free, else the history shows it running forever.
             self._record("member_exited", key=str(key), epoch=0, code=code, phase="VANISHED", **when)
+            self._keep_vanished(key, code)
             return
         if code == EXIT_FENCED and self.lease is not None and not rec.stop_requested \
                 and self.fence.deadline() - time.monotonic() < SHIM_FENCE_TOLERANCE_S:

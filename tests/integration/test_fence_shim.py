@@ -550,3 +550,45 @@ async def test_member_of_a_killed_agent_is_fenced_by_its_shim(local_cluster: Loc
             agent.kill()
             agent.wait(10)
         agent.stdout.close()
+
+
+async def test_member_that_succeeds_while_its_agent_is_dead_counts_as_success(
+        local_cluster: LocalCluster, tmp_path: Path) -> None:
+    """The agent is SIGKILLed; its member exits 0 before any fence deadline;
+    the agent comes back. It reports the status the shim recorded, so the gang
+    SUCCEEDS instead of failing with "member vanished (agent restarted
+    without it)" (the chaos run agent-restart seed 1 showed that failure)."""
+    c = local_cluster
+    c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    state = tmp_path / "state-n0"
+    history = tmp_path / "hist-n0.jsonl"
+    agent = agent_proc(c, "n0", state, history)
+    try:
+        await c.wait_nodes_ready(AZ, 1)
+        go = tmp_path / "go"
+        g = await c.submit(pb.GangSpec(name="quiet-success", members=1, resources=pb.Resources(gpus=8),
+                                       run=pb.RunSpec(command=[sys.executable, "-c", GATED, str(go), "0"]),
+                                       policy=pb.Policy(max_restarts=0)))
+        await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+        agent.send_signal(signal.SIGKILL)
+        agent.wait(10)
+        agent.stdout.close()
+        go.touch()  # the member finishes while nobody watches it
+        record = None
+        deadline = time.monotonic() + WAIT_S
+        while record is None:
+            assert time.monotonic() < deadline, "the shim wrote no exit record"
+            record = next((read_exit_record(p) for p in (state / "logs").rglob("rank-0.exit")), None)
+            await asyncio.sleep(0.05)
+        assert record["code"] == 0 and not record["fenced"]
+        agent = agent_proc(c, "n0", state, history)
+        done = await c.wait_state(g.id, {pb.GANG_STATE_SUCCEEDED, pb.GANG_STATE_FAILED}, timeout=60)
+        assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+        assert done.incarnation == 1  # the first run counted: no restart
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait(10)
+        if not agent.stdout.closed:
+            agent.stdout.close()
