@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -54,7 +55,17 @@ def cluster_name(members: list[EtcdServer]) -> Iterator[str]:
     name = "t" + uuid.uuid4().hex[:10]
     yield name
     prefix = f"/phalanx/{name}/"
-    etcdctl(members, "del", "--prefix", prefix)
+    # A member resumed a moment ago may still be catching up (or calling an
+    # etcd election): the clean-up is not what is tested, so it may retry.
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            etcdctl(members, "del", "--prefix", prefix)
+            break
+        except subprocess.CalledProcessError as exc:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"cannot clean up {prefix}: {exc.stderr}") from None
+            time.sleep(0.5)
     assert etcdctl(members, "get", "--prefix", "--keys-only", prefix).strip() == ""
 
 
