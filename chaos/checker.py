@@ -339,8 +339,31 @@ def check_one_incarnation(h: History, ivs: Sequence[MemberInterval]) -> Check:
 # 4. no acknowledged submission lost
 
 
+def collected_gangs(h: History) -> dict[str, int]:
+    """Gangs deleted by retention (docs/etcd-keys.md "Retention"): gang id ->
+    revision of the delete of ``gangs/<id>``, for deletes whose last recorded
+    write of the record was a terminal state. Any other delete of a gang
+    record is not retention (and the gang counts as lost)."""
+    last: dict[str, EtcdEvent] = {}
+    out: dict[str, int] = {}
+    for e in sorted(h.etcd, key=lambda e: e.rev):
+        if not e.key.startswith("gangs/"):
+            continue
+        gid = e.key[len("gangs/"):]
+        if e.kind == "put":
+            last[gid] = e
+            out.pop(gid, None)
+        elif e.kind == "delete":
+            prev = last.get(gid)
+            if prev is not None and isinstance(prev.value, Mapping) and prev.value.get("state") in TERMINAL:
+                out[gid] = e.rev
+    return out
+
+
+
 def check_acked_not_lost(h: History) -> Check:
-    """Every acknowledged submission's gang exists in the final etcd state; one
+    """Every acknowledged submission's gang exists in the final etcd state (or
+    was collected by retention after it finished: ``collected_gangs``); one
     idempotency key never yields two gangs. Cross-AZ submissions are ordinary
     submissions (two-phase reservations): acknowledged ones must survive like
     any other, and a refusal as UNIMPLEMENTED (the pre-two-phase answer) is
@@ -349,13 +372,14 @@ def check_acked_not_lost(h: History) -> Check:
     if h.final is None:
         return 0, [Violation(4, "no final etcd state was recorded: cannot tell whether acknowledged gangs survive")]
     gangs = h.final.gangs
+    collected = collected_gangs(h)
     checked = 0
     for o in h.outcomes:
         if o.op not in SUBMIT_OPS:
             continue
         if o.acked:
             checked += 1
-            if o.gang_id not in gangs:
+            if o.gang_id not in gangs and o.gang_id not in collected:
                 kind = "cross-AZ gang" if o.op == "submit_cross_az" else "gang"
                 out.append(Violation(4, f"acknowledged {kind} {o.gang_id} ({o.name}, key {o.key}) is not in etcd",
                                      (f"acked {_t(h, o.end)} after {o.attempts} attempt(s) in {o.az}",), o.end))
@@ -592,7 +616,8 @@ def check_two_phase(h: History) -> Check:
 
     (a) one decision per (gang, incarnation): ``decisions/<gang>/<inc>`` is
         written once (create-if-absent), holds COMMIT or ABORT, and is never
-        rewritten nor deleted;
+        rewritten nor deleted, except with its finished gang's record in one
+        txn (retention);
     (b) COMMIT only if prepared everywhere: at the decision's revision every
         AZ of that incarnation's plan holds a PREPARED (or COMMITTED) record
         ``reservations/<az>/<gang>`` of exactly that incarnation;
@@ -605,6 +630,7 @@ def check_two_phase(h: History) -> Check:
     decided: dict[tuple[str, int], EtcdEvent] = {}  # the first write of each decision key
     gang_writes: dict[str, list[EtcdEvent]] = defaultdict(list)
     holds: dict[tuple[str, str], EtcdEvent] = {}  # (az, gang) -> current reservation write
+    collected = collected_gangs(h)
     for e in sorted(h.etcd, key=lambda e: e.rev):
         if e.kind == "put" and e.key.startswith("gangs/"):
             gang_writes[e.key[len("gangs/"):]].append(e)
@@ -634,6 +660,8 @@ def check_two_phase(h: History) -> Check:
             gid, inc = parsed
             first = decided.get(parsed)
             if e.kind == "delete":
+                if collected.get(gid) == e.rev:
+                    continue  # retention: deleted with its finished gang's record, in one txn
                 out.append(Violation(8, f"decision {gid}#{inc} deleted at rev {e.rev}: decisions are final",
                                      (f"first written at rev {first.rev}: {first.value}" if first else
                                       "never seen written",), e.mono))

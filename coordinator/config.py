@@ -55,6 +55,11 @@ class Timings:
     # Whole-gang restart backoff: base * 2^restarts, capped.
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 60.0
+    # A finished gang (SUCCEEDED, FAILED, CANCELLED) is deleted from etcd,
+    # with its idempotency key and decision keys, this long after it ended
+    # (docs/etcd-keys.md "Retention"). Until then GetGang shows it and a
+    # resubmission with its idempotency key returns it.
+    gang_retention_s: float = 7 * 24 * 3600.0
 
     @property
     def leader_validity_s(self) -> float:
@@ -63,6 +68,22 @@ class Timings:
 
     def restart_backoff(self, restarts: int) -> float:
         return min(self.restart_backoff_max_s, self.restart_backoff_s * (2 ** max(0, restarts)))
+
+    @property
+    def gc_interval_s(self) -> float:
+        """How often the owner leader sweeps for finished gangs past
+        retention: a gentle pace, so collection never competes with
+        admission (each sweep handles a bounded number of gangs)."""
+        return min(60.0, self.gang_retention_s / 10)
+
+    @property
+    def submit_retry_window_s(self) -> float:
+        """How long after its first attempt a well-behaved client may still
+        retry one submission (same idempotency key): across an etcd leader
+        change (which restarts lease TTLs) plus a failover, and the agents'
+        fence deadline. The chaos workload retries for this plus slack; the
+        SDK's default deadline (10 s) is below it."""
+        return 3 * self.lease_ttl_s + self.fence_after_s
 
     @property
     def replace_after_s(self) -> float:
@@ -109,6 +130,18 @@ class Timings:
              "vote_timeout_s must be below prepare_timeout_s (the owner normally decides before participants give up)")
         rule(self.owner_adopt_after_s > self.lease_ttl_s + self.campaign_retry_s,
              "owner_adopt_after_s must exceed lease_ttl_s + campaign_retry_s (a standby gets the chance to take over first)")
+        # A finished gang must outlive (a) every retry of its own submission:
+        # a gang created by a first attempt whose reply was lost may finish at
+        # once, and a retry after collection would run it a second time; and
+        # (b) every hold of it: a participant resolves a PREPARED hold within
+        # prepare_timeout_s and releases a COMMITTED one within
+        # replace_after_s of seeing the end. Both clocks start about when the
+        # gang ends, so the larger one counts. (The collector also checks
+        # holds in its txn; this keeps it from finding them.)
+        floor = max(self.submit_retry_window_s, self.replace_after_s + self.prepare_timeout_s)
+        rule(self.gang_retention_s > floor,
+             "gang_retention_s must exceed both 3*lease_ttl_s + fence_after_s (client submit retries) and "
+             f"fence_after_s + replace_margin_s + prepare_timeout_s (holds of a finished gang) ({self.gang_retention_s} <= {floor:g})")
         if errors:
             raise ConfigError("invalid timings: " + "; ".join(errors))
         return self
@@ -133,6 +166,10 @@ class Timings:
             owner_adopt_after_s=5.0,
             restart_backoff_s=0.2,
             restart_backoff_max_s=2.0,
+            # gang_retention_s stays at its default (7 days): the chaos
+            # checker reads every acknowledged gang back at the end of a run
+            # and `phalanx up` users read finished gangs long after. Tests of
+            # retention pass a short value of their own.
         ).validate()
 
 

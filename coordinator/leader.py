@@ -101,6 +101,9 @@ class AzLeader:
         from coordinator.twophase_driver import TwoPhaseDriver
 
         self.twophase = TwoPhaseDriver(self, peer_channel)
+        from coordinator.retention import GangCollector
+
+        self.collector = GangCollector(self)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
@@ -110,7 +113,9 @@ class AzLeader:
             await self.twophase.recover()
             self.rebuilt.set()
             self._spawn(self.twophase.watch(), "twophase-watch")
-            log.info("leader of %s (epoch %d): %d gangs, %d reservations, %d nodes", self.az, self.epoch, len(self.gangs), len(self.reservations), len(self.nodes))
+            self._spawn(self.collector.run(), "gang-collector")
+            log.info("leader of %s (epoch %d): %d gangs, %d finished, %d reservations, %d nodes", self.az, self.epoch,
+                     len(self.gangs), len(self.collector.finished), len(self.reservations), len(self.nodes))
             lost = asyncio.create_task(self.session.lost.wait())
             try:
                 while not self.stopped.is_set():
@@ -204,6 +209,7 @@ class AzLeader:
             if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
                 # (RESTARTING gangs are not terminal: they are kept too.)
                 self.gangs[g.id] = g
+            self.collector.note(g)  # finished gangs we own: collected after gang_retention_s
         for kv in node_kvs:
             n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
             self.nodes[n.name] = n
@@ -223,6 +229,7 @@ class AzLeader:
             kvs = res.results[0]
             if kvs:
                 cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
+                self.collector.note(cur)
                 if cur.owner_az != self.az:
                     self.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
                 elif not cur.state.terminal or cur.id in self.reservations:
@@ -230,7 +237,19 @@ class AzLeader:
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
         self.gangs[new.id] = written
+        self.collector.note(written)
         return written
+
+    def forget_gang(self, gang_id: str) -> None:
+        """The gang was collected (deleted from etcd after its retention):
+        drop whatever this leader still remembers of it."""
+        g = self.gangs.get(gang_id)
+        if g is not None and g.state.terminal and gang_id not in self.reservations:
+            del self.gangs[gang_id]
+        for key in [k for k in self.members if k[0] == gang_id]:
+            del self.members[key]
+        self.pending_reason.pop(gang_id, None)
+        self.twophase.forget(gang_id)
 
     # ----------------------------------------------------------- submission
     async def submit(self, spec: GangSpec, idempotency_key: str) -> tuple[GangRecord, bool]:
@@ -331,7 +350,8 @@ class AzLeader:
         if g is None:
             kv = await self.store.get(self.keys.gang(gang_id))
             if kv is None:
-                raise NotFound(f"id: no gang {gang_id!r}")
+                raise NotFound(f"id: no gang {gang_id!r} (finished gangs are deleted "
+                               f"gang_retention_s={self.t.gang_retention_s:g}s after they end)")
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
             if g.owner_az != self.az:
                 raise FailedPrecondition(f"gang {gang_id} is owned by {g.owner_az}, not {self.az}")

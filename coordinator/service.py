@@ -134,7 +134,8 @@ class GangServicer(ggrpc.GangServiceServicer):
             if name_kv is not None:
                 kv = await self.store.get(self.keys.gang(name_kv.json()["id"]))
         if kv is None:
-            raise NotFound(f"id: no gang {ident!r} (neither an id nor the name of a live gang)")
+            raise NotFound(f"id: no gang {ident!r}: neither an id nor the name of a live gang (finished gangs "
+                           f"are deleted gang_retention_s={self.c.config.timings.gang_retention_s:g}s after they end)")
         return GangRecord.from_dict(kv.json(), kv.mod_revision)
 
     @handled

@@ -170,10 +170,16 @@ class Compare:
     target: str  # "create" | "mod" | "version" | "value"
     result: str  # "==" | "!=" | ">" | "<"
     value: Any
+    # Compare every key under ``key`` (etcd >= 3.3 range compare): true when
+    # every key in the range satisfies it; an empty range compares as one
+    # absent key (version 0), so ``version == 0`` means "no key under it".
+    prefix: bool = False
 
     def to_pb(self) -> epb.Compare:
         result = {"==": epb.Compare.EQUAL, "!=": epb.Compare.NOT_EQUAL, ">": epb.Compare.GREATER, "<": epb.Compare.LESS}[self.result]
         c = epb.Compare(key=self.key.encode(), result=result)
+        if self.prefix:
+            c.range_end = prefix_end(self.key)
         if self.target == "create":
             c.target = epb.Compare.CREATE
             c.create_revision = self.value
@@ -194,6 +200,11 @@ class Compare:
 def absent(key: str) -> Compare:
     """Create-if-absent guard."""
     return Compare(key, "version", "==", 0)
+
+
+def none_under(prefix: str) -> Compare:
+    """No key starts with ``prefix``."""
+    return Compare(prefix, "version", "==", 0, prefix=True)
 
 
 def unchanged(kv: KV) -> Compare:
@@ -226,9 +237,10 @@ class Delete:
 class Get:
     key: str
     prefix: bool = False
+    keys_only: bool = False
 
     def to_pb(self) -> epb.RequestOp:
-        req = epb.RangeRequest(key=self.key.encode())
+        req = epb.RangeRequest(key=self.key.encode(), keys_only=self.keys_only)
         if self.prefix:
             req.range_end = prefix_end(self.key)
         return epb.RequestOp(request_range=req)
@@ -721,5 +733,5 @@ def jitter(base: float) -> float:
 __all__ = [
     "Compacted", "Compare", "Conflict", "Delete", "Endpoint", "EndpointRotation", "Fence", "Get",
     "InvalidEndpoint", "KV", "Keys", "NotLeader", "Op", "Put", "Store", "StoreUnavailable", "TxnResult",
-    "WatchEvent", "absent", "parse_endpoint", "parse_endpoints", "unchanged",
+    "WatchEvent", "absent", "none_under", "parse_endpoint", "parse_endpoints", "unchanged",
 ]

@@ -54,6 +54,7 @@ from coordinator.core.twophase import (
     Effect,
     Event,
     GangFinished,
+    GangForgotten,
     GangSubmitted,
     HoldReleased,
     HoldReleaseFailed,
@@ -1005,6 +1006,9 @@ class TwoPhaseDriver:
         elif key.startswith(k.gangs()):
             gang = key[len(k.gangs()):]
             if ev.kind == "delete":
+                # Collected by its owner past gang_retention_s (with its
+                # decision keys, whose deletes this watch ignores).
+                self.forget(gang)
                 return
             mine = self.l.gangs.get(gang)
             if mine is None and gang not in self.participant.holds and gang not in self.gang_cache:
@@ -1028,6 +1032,27 @@ class TwoPhaseDriver:
                 self.leader_seen[az] = -1.0  # has a leader
             else:
                 self.leader_seen[az] = self.now()  # leaderless since now
+
+    def forget(self, gang: str) -> None:
+        """``gangs/<gang>`` was deleted (retention): drop what this leader
+        remembers of it, participant and owner side. A gang still held here,
+        or whose owner state is not settled, is kept (the collector never
+        deletes a held gang; this is the belt to its braces)."""
+        if gang in self.participant.holds or gang in self.participant.parked:
+            return
+        o = self.owners.get(gang)
+        if o is not None and not o.phase.settled:
+            return
+        self.owners.pop(gang, None)
+        self.feed_participant(GangForgotten(stimulus_id=f"collected:{gang}", gang=gang))
+        self.gang_cache.pop(gang, None)
+        self.etcd_requests.pop(gang, None)
+        self.placements = {key: p for key, p in self.placements.items() if key[0] != gang}
+        for d in (self._hold_rev, self._published, self.local_reports, self.revoked_at,
+                  getattr(self, "dec_by_key", {})):
+            for key in [key for key in d if key[0] == gang]:
+                del d[key]
+        self.finished_fed = {key for key in self.finished_fed if key[0] != gang}
 
     # ------------------------------------------------------ owner-AZ loss
     async def adopt_orphans(self) -> None:

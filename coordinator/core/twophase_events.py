@@ -205,6 +205,24 @@ class InventoryChanged(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class GangForgotten(Event):
+    """``gangs/<gang>`` and its ``decisions/<gang>/*`` were deleted: the gang
+    finished long ago and its owner collected it (docs/etcd-keys.md
+    "Retention"). The participant forgets the decisions, incarnations and
+    finished attempts it remembers of it, so that its memory stays bounded in
+    a long leadership. Ignored while a hold, a parked prepare or a release of
+    the gang exists (the collector never deletes a gang that is still held).
+
+    Forgetting is safe because a Prepare for a gang reaches the core only
+    after the driver found its record ``RESERVING`` at that incarnation in
+    etcd (a remote owner) or from the owner's own live state (a local one):
+    a collected gang has neither. A new leader knows no more after its
+    recovery read."""
+
+    gang: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class ParticipantRecovered(Event):
     """A new leader of this AZ read its durable state once (one range read,
     DESIGN §1) and starts from it. ``reservations`` are this AZ's records,
@@ -525,7 +543,7 @@ ParticipantEvent = (
     PrepareReceived | HoldWritten | HoldWriteFailed | CommitWritten | CommitWriteFailed
     | HoldReleased | HoldReleaseFailed | CommitReceived | AbortReceived | DecisionObserved
     | DecisionCreated | DecisionCreateFailed | PrepareTimedOut | RetryDue | GangFinished
-    | InventoryChanged | ParticipantRecovered
+    | InventoryChanged | GangForgotten | ParticipantRecovered
 )
 OwnerEvent = (
     GangSubmitted | PlacementMade | PlacementFailed | AttemptWritten | AttemptWriteFailed

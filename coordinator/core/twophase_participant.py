@@ -42,6 +42,7 @@ from coordinator.core.twophase_events import (
     Effect,
     Event,
     GangFinished,
+    GangForgotten,
     HoldReleased,
     HoldReleaseFailed,
     HoldWriteFailed,
@@ -193,6 +194,8 @@ class ParticipantState:
                 return self._on_gang_finished(event, now)
             case InventoryChanged():
                 return self._on_inventory_changed(event, now)
+            case GangForgotten():
+                return self._on_gang_forgotten(event, now)
             case ParticipantRecovered():
                 return self._on_recovered(event, now)
         raise TypeError(f"participant {self.az}: unexpected event {type(event).__name__}")
@@ -590,6 +593,16 @@ class ParticipantState:
 
     def _on_inventory_changed(self, ev: InventoryChanged, now: float) -> list[Effect]:
         self._inventory = None if ev.nodes is None else slice_devices(normalize_slice(ev.nodes))
+        return []
+
+    def _on_gang_forgotten(self, ev: GangForgotten, now: float) -> list[Effect]:
+        gang = ev.gang
+        if gang in self._holds or gang in self._parked or any(k[0] == gang for k in self._releases):
+            return []  # still in use here: never forget a gang we act on
+        for key in [k for k in self._known if k[0] == gang]:
+            del self._known[key]
+        self._finished = {k for k in self._finished if k[0] != gang}
+        self._highest.pop(gang, None)
         return []
 
     def _on_recovered(self, ev: ParticipantRecovered, now: float) -> list[Effect]:

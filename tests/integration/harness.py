@@ -176,6 +176,16 @@ class LocalCluster:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"{gang_id} not in {states} after {timeout}s; last: {last}")
 
+    async def wait_deleted(self, key: str, timeout: float) -> bool:
+        """Poll until ``key`` is gone from etcd (e.g. collected by retention,
+        which is a periodic sweep, not an event)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if await self.store.get(key) is None:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
     async def etcd_gangs(self) -> dict[str, GangRecord]:
         kvs, _ = await self.store.get_prefix(self.store.keys.gangs())
         return {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in kvs)}

@@ -728,3 +728,38 @@ def test_load_reads_a_run_directory(tmp_path: Path) -> None:
 @pytest.mark.parametrize("n", list(checker.INVARIANTS))
 def test_every_invariant_is_reported_once(n: int) -> None:
     assert [r.number for r in checker.check(healthy()).results].count(n) == 1
+
+
+# ---------------------------------------------------------------------------
+# Retention: finished gangs collected by their owner (docs/etcd-keys.md)
+
+
+def test_two_phase_accepts_decisions_deleted_with_their_finished_gang() -> None:
+    collect = (EtcdEvent("delete", "gangs/x1", 60, T0 + 9.0), EtcdEvent("delete", "decisions/x1/1", 60, T0 + 9.0))
+    h = cross_az(etcd=xaz_events() + collect)
+    fin = final({g: v for g, v in h.final.gangs.items() if g != "x1"}, leaders=("a", "b"))  # type: ignore[union-attr]
+    v = checker.check(dataclasses.replace(h, final=fin))
+    assert v.ok, [x.render() for x in v.violations]
+
+
+def test_two_phase_flags_a_decision_deleted_apart_from_its_gang() -> None:
+    collect = (EtcdEvent("delete", "gangs/x1", 60, T0 + 9.0), EtcdEvent("delete", "decisions/x1/1", 61, T0 + 9.0))
+    h = cross_az(etcd=xaz_events() + collect)
+    fin = final({g: v for g, v in h.final.gangs.items() if g != "x1"}, leaders=("a", "b"))  # type: ignore[union-attr]
+    found = checker.check(dataclasses.replace(h, final=fin)).result(8).violations
+    assert len(found) == 1 and "decision x1#1 deleted at rev 61" in found[0].what
+
+
+def test_acked_not_lost_accepts_a_finished_gang_collected_by_retention() -> None:
+    h = add(healthy(), etcd=(EtcdEvent("delete", "gangs/g1", 30, T0 + 30.0),))
+    fin = final({"p-a": gang_value("p-a", "SUCCEEDED")})
+    assert violations(dataclasses.replace(h, final=fin), 4) == []
+
+
+def test_acked_not_lost_flags_a_live_gang_deleted() -> None:
+    # The record was RUNNING when it vanished: not retention.
+    h = add(healthy(), etcd=(gang("g2", 25, 25.0, "RUNNING"), EtcdEvent("delete", "gangs/g2", 30, T0 + 30.0)))
+    c, o = ack("g2", 24.0)
+    h = dataclasses.replace(h, calls=h.calls + (c,), outcomes=h.outcomes + (o,))
+    found = checker.check(h).result(4).violations
+    assert len(found) == 1 and "acknowledged gang g2" in found[0].what

@@ -27,6 +27,10 @@ def test_defaults_and_fast_profile_are_valid() -> None:
         ({"vote_timeout_s": 10.0}, "vote_timeout_s must be below prepare_timeout_s"),
         ({"owner_adopt_after_s": 5.0}, "owner_adopt_after_s must exceed lease_ttl_s"),
         ({"owner_adopt_after_s": 0.0}, "owner_adopt_after_s must be a positive number"),
+        # 3*5 + 12 = 27 s of client retries; 12 + 2 + 10 = 24 s of holds.
+        ({"gang_retention_s": 27.0}, "gang_retention_s must exceed both"),
+        ({"gang_retention_s": 20.0, "lease_ttl_s": 2, "keepalive_interval_s": 0.4}, "gang_retention_s must exceed both"),
+        ({"gang_retention_s": 0.0}, "gang_retention_s must be a positive number"),
     ],
     ids=lambda v: str(v)[:40],
 )
@@ -45,3 +49,23 @@ def test_coordinator_config_names_bad_fields() -> None:
         CoordinatorConfig(cluster="c", az="", coordinator_id="x", etcd=("e:1",)).validate()
     with pytest.raises(ConfigError, match="etcd must name"):
         CoordinatorConfig(cluster="c", az="a", coordinator_id="x", etcd=()).validate()
+
+
+def test_gang_retention_floor_is_the_larger_of_client_retries_and_holds() -> None:
+    t = Timings()
+    assert t.gang_retention_s == 7 * 24 * 3600
+    dataclasses.replace(t, gang_retention_s=27.5).validate()  # 3*5 + 12 = 27 > 12 + 2 + 10 = 24
+    slow_holds = dataclasses.replace(t, prepare_timeout_s=20.0)  # holds: 12 + 2 + 20 = 34
+    with pytest.raises(ConfigError, match="gang_retention_s"):
+        dataclasses.replace(slow_holds, gang_retention_s=30.0).validate()
+    dataclasses.replace(slow_holds, gang_retention_s=35.0).validate()
+
+
+def test_fast_profile_keeps_finished_gangs_as_long_as_the_default() -> None:
+    # The chaos checker reads every acknowledged gang back after a run.
+    assert Timings.fast().gang_retention_s == Timings().gang_retention_s
+
+
+def test_gang_collection_sweeps_at_a_gentle_pace() -> None:
+    assert Timings().gc_interval_s == 60.0
+    assert dataclasses.replace(Timings.fast(), gang_retention_s=12.0).gc_interval_s == 1.2

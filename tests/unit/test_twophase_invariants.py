@@ -261,7 +261,7 @@ def test_config_is_validated_together(kwargs: dict[str, Any], message: str) -> N
 # ------------------------------------------------------------------ purity
 
 CORE_FILES = sorted((REPO / "coordinator" / "core").glob("twophase*.py")) + [
-    REPO / "coordinator" / "core" / "ordering.py"]
+    REPO / "coordinator" / "core" / "ordering.py", REPO / "coordinator" / "core" / "retention.py"]
 FORBIDDEN = {"grpc", "aetcd", "etcd3", "asyncio", "time", "kubernetes", "socket", "threading", "random"}
 
 

@@ -27,6 +27,7 @@ from coordinator.core.twophase import (
     Effect,
     Event,
     GangFinished,
+    GangForgotten,
     HoldReleased,
     HoldReleaseFailed,
     HoldState,
@@ -368,6 +369,22 @@ ROWS = [
         [release()]),
     Row("release done: a late retry does nothing",
         [*written(), ev(AbortReceived, from_az="b"), ev(HoldReleased), ev(RetryDue)], []),
+    # --- retention: the gang was collected (gangs/ and decisions/ deleted)
+    Row("forgotten gang: nothing to do",
+        [*written(), ev(AbortReceived, from_az="b"), ev(HoldReleased), GangForgotten(stimulus_id="c", gang="g1")],
+        []),
+    # The core alone does not refuse a prepare for a gang it forgot (nor does
+    # a new leader, which never read its keys): the driver's etcd check of
+    # the gang record (unknown gang: FAILED_PRECONDITION) is what refuses it.
+    Row("forgotten gang's old incarnation is not refused by memory any more",
+        [GangForgotten(stimulus_id="c", gang="g1"), prepare(inc=1)], [write("g1", 1)],
+        decisions=[decided("g1", 1, Outcome.ABORT), decided("g1", 2, Outcome.COMMIT)], finished=[("g1", 2)]),
+    Row("forgetting a gang keeps other gangs' decisions",
+        [GangForgotten(stimulus_id="c", gang="g1"), prepare("g2")], [Vote("g2", 1, no="already aborted")],
+        decisions=[decided("g1", 1, Outcome.ABORT), decided("g2", 1, Outcome.ABORT)]),
+    Row("a held gang is never forgotten",
+        [*written(inc=3), GangForgotten(stimulus_id="c", gang="g1"), prepare(inc=2)],
+        [Vote("g1", 2, no="stale incarnation 2")]),
     # --- the single-AZ path through the same ledger
     Row("local reservation on free devices is written COMMITTED at once",
         [local()], [Is(WriteHold, {"gang": "g1", "commit": True})]),
@@ -474,3 +491,11 @@ def test_unexpected_event_type_is_a_driver_bug() -> None:
 def test_recovered_participant_remembers_incarnations_from_decisions() -> None:
     p = participant(decisions=[decided("g1", 4, Outcome.ABORT)])
     assert p.handle(prepare(inc=3), NOW) == [Vote("g1", 3, no="stale incarnation 3: already saw 4")]
+
+
+def test_forgetting_drops_everything_remembered_of_the_gang() -> None:
+    p = participant(decisions=[decided("g1", 1, Outcome.ABORT), decided("g1", 2, Outcome.COMMIT),
+                               decided("g2", 1, Outcome.COMMIT)], finished=[("g1", 2)])
+    assert p.handle(GangForgotten(stimulus_id="c", gang="g1"), NOW) == []
+    assert dict(p.known_decisions) == {("g2", 1): Outcome.COMMIT}
+    assert p.validate() == []

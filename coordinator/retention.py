@@ -1,0 +1,178 @@
+"""Garbage collection of finished gangs (docs/etcd-keys.md "Retention").
+
+Without it every finished gang, its ``idempotency/<key>`` and its cross-AZ
+``decisions/<gang>/<inc>`` keys stay in etcd for ever, and every leader's
+rebuild reads them all: etcd's space quota and the takeover time grow with
+the number of gangs ever submitted.
+
+The owner AZ's leader collects its own finished gangs, and only those
+(``gang.owner_az``): a ``GangCollector`` lives and dies with one
+``AzLeader``. It keeps a small index of the finished gangs it owns (filled by
+the rebuild and by every gang write of this leader), and every
+``Timings.gc_interval_s`` sweeps at most ``MAX_PER_SWEEP`` gangs that ended
+more than ``gang_retention_s`` ago (``core.retention.due_for_collection``),
+one fenced txn at a time, each well under etcd's 128 operations. A gang is
+deleted together with
+
+- its ``idempotency/<key>``, only if that key still names this gang;
+- every ``decisions/<gang>/*`` key (one range delete);
+
+and only if, in the same txn, its record is unchanged since we read it (a
+concurrent write wins), no AZ holds a reservation for it and no member
+summary of it is left (a participant that has not released it yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from coordinator.core.records import GangRecord
+from coordinator.core.retention import FinishedGang, due_for_collection
+from coordinator.election import LeaseLost
+from coordinator.store import Compare, Delete, Get, StoreUnavailable, absent, none_under
+from phalanx.errors import NotLeader
+
+if TYPE_CHECKING:
+    from coordinator.leader import AzLeader
+
+log = logging.getLogger(__name__)
+
+# Gangs one sweep collects at most: with the default one sweep a minute this
+# is ~290k gangs a day, far above any submission rate, while a backlog (a
+# fleet that just upgraded) drains without a burst of writes.
+MAX_PER_SWEEP = 200
+# Compares + operations per txn: half of etcd's --max-txn-ops (128), so a
+# batch never meets the limit whatever the number of AZs.
+TXN_BUDGET = 64
+
+
+class GangCollector:
+    def __init__(self, leader: "AzLeader"):
+        self.l = leader
+        self.az = leader.az
+        self.keys = leader.keys
+        self.finished: dict[str, FinishedGang] = {}  # owned, terminal, not yet collected
+        self.collected = 0  # this leadership's total (logged)
+
+    # ----------------------------------------------------------- the index
+    def note(self, g: GangRecord) -> None:
+        """Every gang record this leader reads or writes passes here."""
+        if g.owner_az == self.az and g.state.terminal:
+            self.finished[g.id] = FinishedGang.of(g)
+        else:
+            self.finished.pop(g.id, None)
+
+    def forget(self, gang_id: str) -> None:
+        """The gang is gone from etcd: drop it from this leader's memory."""
+        self.finished.pop(gang_id, None)
+        self.l.forget_gang(gang_id)
+
+    # ------------------------------------------------------------- sweeps
+    async def run(self) -> None:
+        """A leader task: sweep every gc_interval_s until the leadership ends."""
+        interval = self.l.t.gc_interval_s
+        while not self.l.stopped.is_set():
+            await asyncio.sleep(interval)
+            try:
+                await self.sweep()
+            except StoreUnavailable as exc:
+                # Every write is fenced and guarded: the next sweep retries.
+                log.info("gang collection in %s: %s", self.az, exc)
+            except (NotLeader, LeaseLost, asyncio.CancelledError):
+                raise  # the leadership ends (AzLeader._spawn)
+            except Exception:  # noqa: BLE001 - one bad record must not stop collection for good
+                log.exception("gang collection in %s failed; next sweep in %gs", self.az, interval)
+
+    def _held_here(self) -> set[str]:
+        """Gangs this leader still holds devices for (RELEASING, or a
+        two-phase hold it has not released)."""
+        return set(self.l.reservations) | set(self.l.twophase.participant.holds)
+
+    async def sweep(self) -> int:
+        """One sweep; returns how many gangs were collected."""
+        due = due_for_collection(self.finished.values(), az=self.az, now=self.l.wall(),
+                                 retention_s=self.l.t.gang_retention_s, limit=MAX_PER_SWEEP, held=self._held_here())
+        if not due:
+            return 0
+        k = self.keys
+        # Which gangs still have a reservation (any AZ) or a member summary:
+        # skipped now, and compared again in the txn.
+        self.l.check_valid()
+        snap = await self.l.store.txn([], [Get(k.reservations(), prefix=True, keys_only=True),
+                                           Get(k.member_summaries(), prefix=True, keys_only=True)])
+        reserved: set[str] = set()
+        azs: set[str] = {self.az}
+        for kv in snap.results[0]:
+            az, _, gang = kv.key[len(k.reservations()):].partition("/")
+            azs.add(az)
+            reserved.add(gang)
+        summarised = {kv.key[len(k.member_summaries()):].split("/", 1)[0] for kv in snap.results[1]}
+        due = [g for g in due if g.id not in reserved and g.id not in summarised]
+        collected = 0
+        batch: list[FinishedGang] = []
+        for g in due:
+            if batch and self._cost(batch + [g], azs) > TXN_BUDGET:
+                collected += await self._collect(batch, azs)
+                batch = []
+            batch.append(g)
+        if batch:
+            collected += await self._collect(batch, azs)
+        if collected:
+            self.collected += collected
+            log.info("collected %d finished gang(s) in %s (older than gang_retention_s=%gs; %d this leadership)",
+                     collected, self.az, self.l.t.gang_retention_s, self.collected)
+        return collected
+
+    @staticmethod
+    def _cost(batch: list[FinishedGang], azs: set[str]) -> int:
+        # Per gang: compares (record, summaries, one per AZ, idempotency key)
+        # and ops (record, decisions, idempotency key); plus the fence.
+        return 1 + sum(2 + len(azs | g.azs) + 1 + 3 for g in batch)
+
+    async def _collect(self, batch: list[FinishedGang], azs: set[str]) -> int:
+        """Delete ``batch`` in one fenced txn; on a lost compare, gang by gang
+        (so one gang changed concurrently does not hold the others back)."""
+        k = self.keys
+        # The idempotency keys, to delete each only while it names its gang.
+        reads = [Get(k.idempotency(g.idempotency_key)) for g in batch if g.idempotency_key]
+        self.l.check_valid()
+        idem = iter((await self.l.store.txn([], reads)).results if reads else ())
+        plans = []
+        for g in batch:
+            kvs = next(idem) if g.idempotency_key else ()
+            compares: list[Compare] = [
+                Compare(k.gang(g.id), "mod", "==", g.mod_revision),
+                none_under(k.member_summaries(g.id)),
+                *(absent(k.reservation(az, g.id)) for az in sorted(azs | g.azs)),
+            ]
+            ops: list = [Delete(k.gang(g.id)), Delete(k.decisions(g.id), prefix=True)]
+            if kvs and kvs[0].json().get("id") == g.id:
+                compares.append(Compare(kvs[0].key, "mod", "==", kvs[0].mod_revision))
+                ops.append(Delete(kvs[0].key))
+            plans.append((g, compares, ops))
+        if len(plans) > 1:
+            self.l.check_valid()
+            res = await self.l.store.fenced_txn(self.l.fence, [c for _, cs, _ in plans for c in cs],
+                                                [o for _, _, os_ in plans for o in os_])
+            if res.succeeded:
+                for g, _, _ in plans:
+                    self.forget(g.id)
+                return len(plans)
+        collected = 0
+        for g, compares, ops in plans:
+            self.l.check_valid()
+            res = await self.l.store.fenced_txn(self.l.fence, compares, ops, [Get(k.gang(g.id))])
+            if res.succeeded:
+                self.forget(g.id)
+                collected += 1
+                continue
+            kvs = res.results[0]
+            if not kvs:
+                self.forget(g.id)  # gone already
+            else:
+                cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
+                self.note(cur)  # changed (or still held somewhere): judged again next sweep
+                log.info("gang %s not collected: changed concurrently or still held", g.id)
+        return collected
