@@ -188,6 +188,7 @@ class AzLeader:
                 self.reservations.clear()
                 self.nodes.clear()
                 self.liveness.clear()
+                self.collector.finished.clear()
                 await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
 
     async def rebuild(self) -> None:
