@@ -19,6 +19,16 @@ GPUs (docs/launcher.md "Environment contract"). Standard library only.
 Exit 0 only if everything passed; 1 if a check failed; 2 if the machine has no
 usable CUDA driver (libcuda missing or cuInit failing). The last line is
 ``GPU_MEMBER_CHECK PASS|FAIL {json}``.
+
+``--hold SECONDS [--hold-mib MIB]`` (stage e of scripts/gpu_node_check.sh,
+fencing on the GPU): instead of the checks, make a context on every visible
+device, cuMemAlloc + cuMemsetD8 MIB (default 1024) on each, print
+``GPU_HOLD READY pid=<pid> devices=<uuid,...> mib=<MIB>`` and sleep holding the
+memory for SECONDS, then free it and exit 0 (``GPU_HOLD FAIL ...`` and exit 1,
+or 2 without a usable CUDA driver). SIGTERM kills it (default action): the
+driver releases the memory when the process is gone. With ``--no-cuda`` it
+touches no GPU: it prints the READY line with ``devices=<CUDA_VISIBLE_DEVICES>
+mib=0`` and just sleeps (dry runs on machines without a GPU).
 """
 
 from __future__ import annotations
@@ -324,5 +334,77 @@ def main() -> int:
     return finish(check)
 
 
+# --- hold mode (fencing on the GPU) ---------------------------------------------
+
+def hold_devices(cuda: Cuda, devices: list[dict[str, object]], mib: int) -> None:
+    """A context per device, ``mib`` MiB allocated and written on each; the
+    contexts and allocations stay until the process ends (or is killed)."""
+    size = mib << 20
+    for info in devices:
+        dev = ctypes.c_int(int(info["handle"]))
+        ctx = ctypes.c_void_p()
+        try:
+            cuda.call("cuCtxCreate_v2", ctypes.byref(ctx), 0, dev)
+        except CudaError as exc:
+            print(f"  cuCtxCreate_v2 unavailable ({exc}); using the primary context", flush=True)
+            cuda.call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+            cuda.call("cuCtxSetCurrent", ctx)
+        ptr = ctypes.c_uint64()
+        t0 = time.monotonic()
+        cuda.call(("cuMemAlloc_v2", "cuMemAlloc"), ctypes.byref(ptr), ctypes.c_size_t(size))
+        cuda.call(("cuMemsetD8_v2", "cuMemsetD8"), ctypes.c_uint64(ptr.value), ctypes.c_ubyte(PATTERN),
+                  ctypes.c_size_t(size))
+        cuda.call("cuCtxSynchronize")
+        info["held"] = (ctx, ptr)
+        print(f"  cuda:{info['ordinal']} {info['uuid']}: holding {mib} MiB at 0x{ptr.value:x} "
+              f"(alloc+memset {time.monotonic() - t0:.2f}s)", flush=True)
+
+
+def hold(seconds: float, mib: int, use_cuda: bool) -> int:
+    pid = os.getpid()
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    print(f"gpu_member_check --hold {seconds:g}: pid {pid} pgid {os.getpgid(0)} python {sys.version.split()[0]} "
+          f"CUDA_VISIBLE_DEVICES={cvd} PHALANX_GANG={os.environ.get('PHALANX_GANG')} "
+          f"RANK={os.environ.get('RANK')}", flush=True)
+    if not use_cuda:
+        devices_text, mib = cvd, 0
+    else:
+        try:
+            cuda = Cuda()
+            cuda.call("cuInit", 0)
+        except (OSError, CudaError) as exc:
+            print(f"GPU_HOLD FAIL no usable CUDA driver: {exc}", flush=True)
+            return 2
+        try:
+            devices = cuda_devices(Check(), cuda)
+            if not devices:
+                print("GPU_HOLD FAIL CUDA sees no device", flush=True)
+                return 1
+            hold_devices(cuda, devices, mib)
+        except CudaError as exc:
+            print(f"GPU_HOLD FAIL {exc}", flush=True)
+            return 1
+        devices_text = ",".join(str(d["uuid"]) for d in devices)
+    print(f"GPU_HOLD READY pid={pid} devices={devices_text} mib={mib}", flush=True)
+    deadline = time.monotonic() + seconds
+    while (rest := deadline - time.monotonic()) > 0:
+        time.sleep(min(rest, 1.0))
+    print(f"GPU_HOLD DONE held {seconds:g}s, exiting (the driver frees the memory)", flush=True)
+    return 0
+
+
+def parse_args(argv: list[str]):
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hold", type=float, metavar="SECONDS",
+                   help="allocate on every visible device, print GPU_HOLD READY, sleep SECONDS holding it")
+    p.add_argument("--hold-mib", type=int, default=1024, metavar="MIB", help="MiB per device (default 1024)")
+    p.add_argument("--no-cuda", action="store_true", help="with --hold: no CUDA at all, just sleep")
+    return p.parse_args(argv)
+
+
 if __name__ == "__main__":
+    _args = parse_args(sys.argv[1:])
+    if _args.hold is not None:
+        sys.exit(hold(_args.hold, _args.hold_mib, not _args.no_cuda))
     sys.exit(main())

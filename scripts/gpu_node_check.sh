@@ -20,6 +20,20 @@
 #      node runs scripts/gpu_member_check.py and must SUCCEED; a gang asking for
 #      more GPUs than exist must stay PENDING, `phalanx explain` says why, then
 #      it is cancelled; everything is stopped and no process may be left.
+#   e  fencing on the GPU (before the teardown): a 1-member gang on all GPUs
+#      runs gpu_member_check.py --hold (a context and 1 GiB cuMemAlloc+memset
+#      on every device, then `GPU_HOLD READY pid=.. devices=..` and sleep);
+#      once it is RUNNING and READY, nvidia-smi must show the memory (the
+#      member's pid in --query-compute-apps, or else memory.used up by >= 1 GiB
+#      per GPU vs. a baseline taken before the gang: containers often hide
+#      pids); then the agent is SIGKILLed (not the coordinator) and, polling
+#      every 0.2 s for fence_after_s + stop_grace_s + 15 s, the member's
+#      process group must vanish with an exit record (rank-0.exit) saying
+#      fenced=true, code 120 (its shim fenced it), and memory.used must come
+#      back within 128 MiB of the baseline. PASS iff fenced and released; the
+#      seconds from SIGKILL to member gone / memory released are printed as
+#      measurements. Then the agent is restarted on the same state dir
+#      (e-restart) and the gang's end state is printed (cancelled if live).
 #
 # Output: $OUT/summary.txt (one line per stage: PASS/FAIL/SKIP + reason, then
 # OVERALL), $OUT/log.txt (everything), $OUT/rec/{nvml.json,sysfs.json,
@@ -31,17 +45,21 @@
 # the recorded fixture GPU_CHECK_FIXTURE (default tests/fixtures/topology/hgx-h100)
 # through --nvml-recording/--sysfs-recording, and the member command only prints
 # CUDA_VISIBLE_DEVICES (GPU_CHECK_MEMBER=real runs gpu_member_check.py anyway,
-# e.g. against stub CUDA/NVML libraries on LD_LIBRARY_PATH).
+# e.g. against stub CUDA/NVML libraries on LD_LIBRARY_PATH); in e the member
+# only sleeps (--hold --no-cuda) and the GPU-memory checks are skipped, the
+# fencing flow itself runs the same.
 # Other knobs: GPU_CHECK_PYTHON (interpreter to prefer), GPU_CHECK_BUDGET_S
-# (seconds for stages a-d, default 270; a late stage only gets what is left,
-# teardown and collection come on top, ~40 s at most).
+# (seconds for stages a-e, default 240; a late stage only gets what is left,
+# e is skipped with under 60 s left and may overrun by ~60 s once the agent is
+# killed; teardown and collection come on top, ~40 s at most: ~5.5 min in the
+# worst case, ~30 s when all goes well).
 
 set -u -o pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO" || exit 1
 OUT=${OUT:-/tmp/gpucheck-out}
 DRY=${GPU_CHECK_DRY_RUN:-0}
-BUDGET=${GPU_CHECK_BUDGET_S:-270}
+BUDGET=${GPU_CHECK_BUDGET_S:-240}
 FIXTURE=${GPU_CHECK_FIXTURE:-tests/fixtures/topology/hgx-h100}
 MEMBER_MODE=${GPU_CHECK_MEMBER:-$([ "$DRY" = 1 ] && echo print || echo real)}
 NODE=gpu0
@@ -352,6 +370,7 @@ px() { to "$(tmo "${PX_TIMEOUT:-30}")" "$PY" -m phalanx --address "$ADDR" --rpc-
 pxshow() { echo "--- \$ phalanx $*"; px "$@"; local rc=$?; [ "$rc" = 0 ] || echo "--- (rc=$rc)"; return "$rc"; }
 
 d_skip=""
+CLUSTER_READY=0
 [ -z "$PY" ] && d_skip="no python imports the carried packages (grpc is built for CPython 3.11/3.12 only; see a-python)"
 [ -z "$d_skip" ] && [ "$NGPUS" -le 0 ] && d_skip="discovery found no GPU (stage c)"
 [ -z "$d_skip" ] && ! to 10 etcd --version >/dev/null 2>&1 && d_skip="etcd does not run here: $(etcd --version 2>&1 | tail -1)"
@@ -425,6 +444,7 @@ for n in json.load(sys.stdin):
                 pxshow status
                 pxshow nodes
                 pxshow topology
+                CLUSTER_READY=1
                 if [ "$n" = "$NGPUS" ]; then
                     result d-cluster PASS "etcd $EP, coordinator $ADDR, agent $NODE ready with $n GPUs"
                 else
@@ -515,6 +535,344 @@ json.dump({"name": "too-big", "members": 2, "resources": {"gpus": int(sys.argv[2
                 fi
             fi
         fi
+    fi
+fi
+# ================================================================= e. fencing on the GPU
+header e "fencing on the GPU: SIGKILL the agent under a gang that holds GPU memory"
+e_skip=""
+[ "$CLUSTER_READY" = 1 ] || e_skip="no running cluster (stage d)"
+[ -z "$e_skip" ] && [ "$(left)" -lt 60 ] && e_skip="only $(left)s of the ${BUDGET}s budget left"
+if [ -n "$e_skip" ]; then
+    result e-fence-gpu SKIP "$e_skip"
+else
+    # GPU memory through nvidia-smi only where the member really allocates
+    E_GPU=0
+    [ "$DRY" != 1 ] && [ "$MEMBER_MODE" = real ] && E_GPU=1
+    read -r FENCE_AFTER STOP_GRACE <<<"$("$PY" -c '
+import sys
+from coordinator.config import Timings
+t = getattr(Timings, sys.argv[1])()
+print(t.fence_after_s, t.stop_grace_s)' "${timings:-fast}")"
+    E_BOUND=$("$PY" -c 'import sys; print(float(sys.argv[1]) + float(sys.argv[2]) + 15)' "$FENCE_AFTER" "$STOP_GRACE")
+    HOLD_S=120 HOLD_MIB=1024
+    echo "timings ${timings:-fast}: fence_after_s=$FENCE_AFTER stop_grace_s=$STOP_GRACE -> poll bound ${E_BOUND}s after the SIGKILL"
+    if [ "$MEMBER_MODE" = real ]; then
+        hold_cmd=("$PY" "$REPO/scripts/gpu_member_check.py" --hold "$HOLD_S" --hold-mib "$HOLD_MIB")
+    else
+        hold_cmd=("$PY" "$REPO/scripts/gpu_member_check.py" --hold "$HOLD_S" --no-cuda)
+    fi
+    : >"$WORK/e-mem-baseline.txt"
+    if [ "$E_GPU" = 1 ]; then
+        echo "--- baseline before the gang"
+        show "$(tmo 20)" nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader
+        to "$(tmo 20)" nvidia-smi --query-gpu=uuid,memory.used --format=csv,noheader,nounits >"$WORK/e-mem-baseline.txt"
+        echo "--- \$ nvidia-smi --query-gpu=uuid,memory.used --format=csv,noheader,nounits"
+        cat "$WORK/e-mem-baseline.txt"
+    fi
+    "$PY" - "$WORK/gang-hold.json" "$NGPUS" "${hold_cmd[@]}" <<'EOF'
+import json, sys
+path, gpus, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+spec = {"name": "gpu-hold", "members": 1, "resources": {"gpus": gpus}, "run": {"command": cmd},
+        "policy": {"admission_timeout_s": 60, "max_restarts": 0, "start_timeout_s": 60}}
+open(path, "w").write(json.dumps(spec, indent=1) + "\n")
+EOF
+    cat "$WORK/gang-hold.json"
+    echo "--- \$ phalanx submit gang-hold.json"
+    HOLD=$(px submit "$WORK/gang-hold.json")
+    echo "$HOLD"
+    hold_log="" ready_line=""
+    if [ -z "$HOLD" ]; then
+        result e-fence-gpu FAIL "submit of gpu-hold failed"
+    else
+        PX_TIMEOUT=90 pxshow wait "$HOLD" --for RUNNING --timeout "$(tmo 60)"
+        n_polls=$(($(tmo 60) * 5))
+        for ((i = 0; i < n_polls; i++)); do
+            hold_log=$(ls "$WORK/agent-state/logs/$HOLD"/*/rank-0.log 2>/dev/null | tail -1)
+            if [ -n "$hold_log" ]; then
+                ready_line=$(grep -m1 '^GPU_HOLD READY' "$hold_log")
+                [ -n "$ready_line" ] && break
+                grep -q '^GPU_HOLD FAIL' "$hold_log" && break
+                [ -e "${hold_log%.log}.exit" ] && break
+            fi
+            sleep 0.2
+        done
+        pxshow get "$HOLD"
+        echo "--- member log ${hold_log:-<none>}"
+        [ -n "$hold_log" ] && cat "$hold_log"
+    fi
+    if [ -n "$HOLD" ] && [ -z "$ready_line" ]; then
+        result e-fence-gpu FAIL "gang $HOLD: no GPU_HOLD READY line: $(px get "$HOLD" 2>&1 | grep -E '^(state|reason):' | paste -sd' ' -); member: $(grep -E 'GPU_HOLD|FAIL|exit' "$hold_log" 2>/dev/null | tail -3 | cut -c1-300 | paste -sd'|' -)"
+    elif [ -n "$HOLD" ]; then
+        MPID=$(echo "$ready_line" | sed -n 's/.* pid=\([0-9]*\).*/\1/p')
+        HOLD_DEVS=$(echo "$ready_line" | sed -n 's/.* devices=\([^ ]*\).*/\1/p')
+        echo "member pid $MPID holds ${HOLD_DEVS}; agent pid $AGENT_PID"
+        # One program: the last look before, the SIGKILL, and the polling after,
+        # so that every time is measured from the same instant.
+        to 80 "$PY" - "$AGENT_PID" "$MPID" "${hold_log%.log}.exit" "$E_BOUND" "$E_GPU" "$WORK/e-mem-baseline.txt" \
+            "$HOLD_MIB" "$WORK/agent-state/fence-lease" "$HOLD_DEVS" "$FENCE_AFTER" "$STOP_GRACE" >"$WORK/e-monitor.txt" 2>&1 <<'EOF'
+import json, os, signal, subprocess, sys, threading, time
+
+agent_pid, mpid, exit_file, bound = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+gpu, base_file, hold_mib, lease_file = sys.argv[5] == "1", sys.argv[6], int(sys.argv[7]), sys.argv[8]
+devs = [d for d in sys.argv[9].split(",") if d]
+fence_after, grace = float(sys.argv[10]), float(sys.argv[11])
+NEAR_MIB = 128   # "back near the baseline"
+
+
+def say(*a):
+    print(*a, flush=True)
+
+
+def verdict(status, text):
+    say(f"E_VERDICT {status} {text}")
+    sys.exit(0)
+
+
+def stat(pid):  # (state, pgrp) or None
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return rest[0], int(rest[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def group(pgid):  # live (non-zombie) processes of the group
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            st = stat(int(d))
+            if st and st[1] == pgid and st[0] != "Z":
+                out.append(int(d))
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
+
+
+def smi(query, units=False):
+    fmt = "--format=csv,noheader,nounits" if not units else "--format=csv,noheader"
+    try:
+        r = subprocess.run(["nvidia-smi", query, fmt], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    return (r.stdout if r.returncode == 0 else None), (r.stdout + r.stderr).strip()
+
+
+def parse_mem(text):  # {uuid: MiB}
+    out = {}
+    for line in (text or "").splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2:
+            try:
+                out[parts[0]] = int(float(parts[1]))
+            except ValueError:
+                pass
+    return out
+
+
+def apps():  # [(pid, used, uuid)], raw text
+    text, raw = smi("--query-compute-apps=pid,used_memory,gpu_uuid", units=True)
+    rows = []
+    for line in (text or "").splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            rows.append((int(parts[0]), parts[1], parts[2]))
+    return rows, raw
+
+
+def read_lease():
+    try:
+        return float(open(lease_file).read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+st = stat(mpid)
+if st is None:
+    verdict("FAIL", f"member pid {mpid} is gone before the agent was killed")
+pgid = st[1]
+say(f"member pid {mpid} (state {st[0]}), process group {pgid}: {cmdline(pgid)}")
+for p in group(pgid):
+    say(f"  group member {p}: {cmdline(p)}")
+if "shim.py" not in cmdline(pgid) and "agent.shim" not in cmdline(pgid):
+    say(f"WARNING: the group leader {pgid} does not look like agent/shim.py")
+
+base, pid_mode, mem_up, held = {}, False, False, ""
+if gpu:
+    base = parse_mem(open(base_file).read())
+    rows, raw = apps()
+    say("--- before the SIGKILL: nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader")
+    say(raw or "(no compute apps listed)")
+    text, raw = smi("--query-gpu=uuid,memory.used")
+    now = parse_mem(text)
+    say("--- before the SIGKILL: nvidia-smi --query-gpu=uuid,memory.used (MiB; baseline -> now)")
+    for u in devs:
+        say(f"  {u}: {base.get(u)} -> {now.get(u)}")
+    listed = {u for p, _, u in rows if p == mpid}
+    pid_mode = bool(devs) and set(devs) <= listed
+    mem_up = bool(devs) and all(u in base and u in now and now[u] - base[u] >= hold_mib for u in devs)
+    say(f"member pid {mpid} listed by nvidia-smi on {len(listed)}/{len(devs)} of its devices; "
+        f"memory.used up by >= {hold_mib} MiB on all: {mem_up}")
+    if not (pid_mode or mem_up):
+        held = "not visible"
+    else:
+        held = "pid listed by nvidia-smi" if pid_mode else "memory.used rise (pid not listed by nvidia-smi)"
+    if not devs or any(u not in base for u in devs):
+        say(f"WARNING: devices {devs} vs nvidia-smi baseline {sorted(base)}")
+
+lease = read_lease()
+t0 = time.monotonic()
+try:
+    os.kill(agent_pid, signal.SIGKILL)
+except OSError as exc:
+    verdict("FAIL", f"cannot SIGKILL the agent {agent_pid}: {exc}")
+lease_age = None if lease is None else t0 - lease
+say(f"SIGKILL agent pid {agent_pid} at mono {t0:.3f}; lease age then "
+    + ("none" if lease_age is None else f"{lease_age:.2f}s") + f" (fence at age > {fence_after}s)")
+
+t_released, samples, stop = None, [], threading.Event()
+
+
+def watch_gpu():
+    global t_released
+    while not stop.is_set():
+        text, _ = smi("--query-gpu=uuid,memory.used")
+        m = parse_mem(text)
+        gone_pid = True
+        if pid_mode:
+            rows, _ = apps()
+            gone_pid = all(p != mpid for p, _, _ in rows)
+        t = time.monotonic() - t0
+        samples.append((round(t, 2), [m.get(u) for u in devs]))
+        if m and all(u in m and u in base and m[u] - base[u] < NEAR_MIB for u in devs) and gone_pid:
+            t_released = t  # when the query that saw it returned: an upper bound
+            return
+        stop.wait(0.2)
+
+
+thread = None
+if gpu:
+    thread = threading.Thread(target=watch_gpu, daemon=True)
+    thread.start()
+t_member, t_gone, rec, t_rec = None, None, None, None
+while time.monotonic() - t0 < bound:
+    t = time.monotonic() - t0
+    if t_member is None and (stat(mpid) is None or stat(mpid)[0] == "Z"):
+        t_member = t
+    if t_gone is None and not group(pgid):
+        t_gone = t
+    if rec is None and os.path.exists(exit_file):
+        try:
+            rec = json.load(open(exit_file))
+            t_rec = t
+        except (OSError, ValueError):
+            pass
+    if t_gone is not None and rec is not None and (thread is None or not thread.is_alive()):
+        break
+    time.sleep(0.2)
+stop.set()
+if thread is not None:
+    thread.join(12)
+if gpu:
+    say("memory.used samples after the SIGKILL (s, MiB per device): "
+        + " ".join(f"{t}:{'/'.join(map(str, m))}" for t, m in (samples if len(samples) <= 12 else samples[:10]))
+        + ("" if len(samples) <= 12 else " ... " + " ".join(f"{t}:{'/'.join(map(str, m))}" for t, m in samples[-2:])
+           + f" ({len(samples)} samples)"))
+    rows, raw = apps()
+    say("--- after: nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader")
+    say(raw or "(no compute apps listed)")
+say(f"exit record {exit_file}: {json.dumps(rec)}")
+left = group(pgid)
+if left:
+    say(f"still alive in group {pgid} after {bound}s: " + "; ".join(f"{p} {cmdline(p)}" for p in left))
+
+fmt = lambda t: "-" if t is None else f"{t:.2f}s"
+shim_t = None
+if rec and isinstance(rec.get("ended_mono"), (int, float)):
+    shim_t = rec["ended_mono"] - t0
+measured = (f"SIGKILL->member gone {fmt(t_gone)} (member pid exited {fmt(t_member)}, shim's exit record ended_mono "
+            f"{fmt(shim_t)}; lease age at kill {fmt(lease_age)}, fence_after {fence_after:g}s + grace {grace:g}s)")
+problems = []
+if rec is None:
+    problems.append(f"no exit record within {bound:g}s")
+elif not (rec.get("fenced") is True and rec.get("code") == 120):
+    problems.append(f"exit record not fenced/120: fenced={rec.get('fenced')} code={rec.get('code')}")
+elif rec.get("pid") != pgid:
+    problems.append(f"exit record pid {rec.get('pid')} != shim pid {pgid}")
+if t_gone is None:
+    problems.append(f"member's process group {pgid} still alive after {bound:g}s")
+if gpu:
+    if held == "not visible":
+        problems.append(f"the held memory was not visible before the kill (no pid in compute apps, memory.used not up by {hold_mib} MiB)")
+    if t_released is None:
+        problems.append(f"GPU memory not back within {NEAR_MIB} MiB of the baseline after {bound:g}s")
+    gpu_text = (f"GPU memory ({hold_mib} MiB x {len(devs)} GPU, seen via {held}) released after {fmt(t_released)}")
+else:
+    gpu_text = "GPU memory checks skipped (dry run: the member only sleeps, no CUDA)"
+if rec is not None and rec.get("fenced") is True:
+    head = f"member fenced by its shim (exit record code={rec.get('code')} fenced=true)"
+else:
+    head = "member NOT fenced by its shim"
+text = f"{head}; {measured}; {gpu_text}"
+verdict("FAIL" if problems else "PASS", text + ("" if not problems else " -- " + "; ".join(problems)))
+EOF
+        cat "$WORK/e-monitor.txt"
+        echo "--- member log after the kill"
+        cat "$hold_log"
+        v=$(grep '^E_VERDICT ' "$WORK/e-monitor.txt" | tail -1)
+        if [ -z "$v" ]; then
+            result e-fence-gpu FAIL "monitor gave no verdict: $(tail -2 "$WORK/e-monitor.txt" | paste -sd'|' -)"
+        else
+            v=${v#E_VERDICT }
+            result e-fence-gpu "${v%% *}" "gang $HOLD, agent SIGKILLed: ${v#* }"
+        fi
+    fi
+    if [ -n "$ready_line" ] && kill -0 "$AGENT_PID" 2>/dev/null && [ "$(awk '{print $3}' "/proc/$AGENT_PID/stat" 2>/dev/null)" != Z ]; then
+        echo "the agent (pid $AGENT_PID) was not killed: no restart"
+        pxshow cancel "$HOLD" --reason "gpu_node_check stage e failed"
+    elif [ -n "$ready_line" ]; then
+        wait "$AGENT_PID" 2>/dev/null
+        echo "killed agent (pid $AGENT_PID) reaped: status $?"
+        AGENT_PID=""
+        # the agent again, same state dir, so that teardown works as before
+        header e "restart the agent (same state dir) and let the gang end"
+        echo "--- starting agent again: python -m agent ${agent_args[*]}"
+        env GPUCHECK_RUN="$RUN_ID" "$PY" -m agent "${agent_args[@]}" >"$WORK/logs/agent2.out" 2>"$WORK/logs/agent2.log" &
+        AGENT_PID=$!
+        if wait_line "$WORK/logs/agent2.out" PHALANX_AGENT_READY "$(tmo 60)" "$AGENT_PID"; then
+            agent2="agent restarted (pid $AGENT_PID)"
+            cat "$WORK/logs/agent2.out"
+        else
+            agent2="agent restart NOT ready: $(tail -2 "$WORK/logs/agent2.log" | paste -sd'|' - | cut -c1-200)"
+        fi
+        echo "$agent2"
+        grep -i -E 'vanish|exit record|adopt' "$WORK/logs/agent2.log" | head -5
+        PX_TIMEOUT=45 pxshow wait "$HOLD" --for FAILED,SUCCEEDED,CANCELLED --timeout "$(tmo 30)"
+        pxshow get "$HOLD"
+        fin=$(px get "$HOLD" 2>&1 | grep -E '^(state|reason):' | sed 's/  */ /g' | paste -sd' ' -)
+        case $fin in
+            "state: FAILED"* | "state: SUCCEEDED"* | "state: CANCELLED"*) ended=1 ;;
+            *) ended=0 ;;
+        esac
+        if [ "$ended" = 0 ]; then
+            pxshow cancel "$HOLD" --reason "gpu_node_check stage e done"
+            pxshow wait "$HOLD" --for CANCELLED,FAILED,SUCCEEDED --timeout "$(tmo 15)"
+            fin="$fin -> $(px get "$HOLD" 2>&1 | grep -E '^state:' | sed 's/  */ /g')"
+        fi
+        if [[ $agent2 == "agent restarted"* ]]; then
+            result e-restart PASS "$agent2; gang $HOLD $([ "$ended" = 1 ] && echo ended || echo 'still live, cancelled'): $fin"
+        else
+            result e-restart FAIL "$agent2; gang $HOLD: $fin"
+        fi
+    fi
+    if [ -n "$HOLD" ] && [ -z "$ready_line" ]; then
+        pxshow cancel "$HOLD" --reason "gpu_node_check stage e failed"
     fi
 fi
 exit 0   # the EXIT trap tears down, collects and writes the summary
