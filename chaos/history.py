@@ -113,6 +113,9 @@ class AgentEvent:
     code: int | None = None
     phase: str = ""
     detail: str = ""
+    # For an exit the agent learnt of late (the member ended while the agent
+    # was down): when it learnt of it; ``mono`` is then the shim's recorded end.
+    reported_mono: float | None = None
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,7 @@ def agent_event(d: Mapping[str, Any]) -> AgentEvent:
         code=int(code) if code is not None else None,
         phase=str(d.get("phase", "")),
         detail=str(d.get("reason", "") or d.get("leader", "") or ""),
+        reported_mono=float(d["reported_mono"]) if d.get("reported_mono") is not None else None,
     )
 
 

@@ -31,7 +31,7 @@ from tests.chaos.test_netns_infra import ours, pid_alive, root_state
 
 pytestmark = pytest.mark.chaos
 
-SMOKE = ("leader-pause", "partition-az", "agent-restart")
+SMOKE = ("leader-pause", "partition-az", "agent-restart", "agent-down")
 
 
 def assert_nothing_left(r: RunResult) -> None:
@@ -68,6 +68,13 @@ def test_scenario_holds_every_invariant(name: str, tmp_path: Path) -> None:
                    and any(s < e.mono for s in restarts)
                    and any(x.event == "member_started" and x.key == e.key and x.mono < min(restarts) for x in h.agents)]
         assert adopted, "no member outlived its agent's restart"
+    if name == "agent-down":
+        # Members of the dead agent were stopped by their shims; the agent,
+        # back, recorded their end at the time the shim wrote it, not at its
+        # own return (agent/shim.py exit record).
+        late = [e for e in h.agents if e.event == "member_exited" and e.reported_mono is not None
+                and e.reported_mono > e.mono]
+        assert late, "no member's end was reported from its shim's exit record"
     assert_nothing_left(r)
 
 
