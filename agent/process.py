@@ -510,6 +510,7 @@ class ProcessLauncher:
         # The handles of those vanished members (epoch, devices), so that the
         # agent can report one whose end its shim recorded (docs/launcher.md).
         self.vanished_handles: dict[MemberKey, MemberHandle] = {}
+        self.vanished_exits: dict[MemberKey, dict[str, Any]] = {}  # their shims' exit records
         self.orphans_killed: list[OrphanProcess] = []
         self._state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -669,14 +670,17 @@ class ProcessLauncher:
                 vanished.append(rec)
                 continue
             self._members[rec.key] = member
-            member.task = asyncio.get_running_loop().create_task(
-                self._watch(member), name=f"member-watch {rec.key}")
             adopted.append(rec.handle())
             log.info("adopted member %s pid=%d", rec.key, rec.pid)
         self.orphans_killed = await self._kill_orphans()
         self._write_state()
         self.vanished = [rec.key for rec in vanished]
         self.vanished_handles = {rec.key: rec.handle() for rec in vanished}
+        self.vanished_exits = {}
+        for rec in vanished:
+            record = read_exit_record(member_exit_path(self._state_dir, rec.key))
+            if record is not None and record["pid"] == rec.pid:
+                self.vanished_exits[rec.key] = record
         for rec in vanished:
             key = rec.key
             code, ended = self._recorded_exit(key, rec.pid)
@@ -684,6 +688,14 @@ class ProcessLauncher:
             log.warning("member %s ended while the agent was down: %s", key, how)
             _append_log_line(self.log_path(key), f"vanished {key} while the agent was down: {how}")
             await self._report(key, code, ended)
+        # Watch the adopted members only now, when adopt() returns without
+        # another await: the caller records them before any of their exits
+        # can be reported (an exit reported earlier would find no record).
+        loop = asyncio.get_running_loop()
+        for h in adopted:
+            member = self._members.get(h.key)
+            if member is not None and member.task is None:
+                member.task = loop.create_task(self._watch(member), name=f"member-watch {h.key}")
         return adopted
 
     async def close(self) -> None:

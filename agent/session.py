@@ -470,16 +470,21 @@ class Agent:
         leader finding it missing ("member vanished"). Without a recorded
         status there is nothing true to report: the leader's rule applies."""
         handle = getattr(self.launcher, "vanished_handles", {}).get(key)
-        if handle is None or code == EXIT_UNKNOWN:
+        record = getattr(self.launcher, "vanished_exits", {}).get(key)
+        if handle is None or record is None or code == EXIT_UNKNOWN:
             return
-        if code == EXIT_FENCED:
+        if record["fenced"]:
             phase, reason = MemberPhase.STOPPED, "fenced by its shim while the agent was down"
+        elif record["signalled"]:
+            # Stopped (drain, revoke, our own fencing) just before the agent
+            # died: an interrupted run even if it exited 0.
+            phase, reason = MemberPhase.STOPPED, f"stopped by a signal (exit {code}) while the agent was down"
         elif code == 0:
             phase, reason = MemberPhase.SUCCEEDED, "exited 0 while the agent was down"
         else:
             phase, reason = MemberPhase.FAILED, f"exited {code} while the agent was down"
         self.members[key] = MemberRecord(key, phase, handle.epoch, handle.gpus, exit_code=code, reason=reason,
-                                         pid=handle.pid, at=time.time())
+                                         pid=handle.pid, at=float(record["ended_wall"]))
 
     async def _on_exit(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         rec = self.members.get(key)

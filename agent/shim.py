@@ -145,14 +145,14 @@ class LeaseWriter:
 # --------------------------------------------------------------------------- #
 
 def write_exit_record(path: Path | str, *, code: int, fenced: bool, pid: int,
-                      ended_mono: float, ended_wall: float) -> None:
+                      ended_mono: float, ended_wall: float, signalled: bool = False) -> None:
     """Atomically write the exit record (tmp + rename; one small JSON object).
     ``code`` follows the Popen convention (negative: killed by that signal)."""
     import json  # only here: the shim's hot loop never needs it
 
     path = Path(path)
     doc = {"format": EXIT_RECORD_FORMAT, "code": int(code), "fenced": bool(fenced), "pid": int(pid),
-           "ended_mono": float(ended_mono), "ended_wall": float(ended_wall)}
+           "ended_mono": float(ended_mono), "ended_wall": float(ended_wall), "signalled": bool(signalled)}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="ascii") as f:
         f.write(json.dumps(doc) + "\n")
@@ -179,7 +179,7 @@ def read_exit_record(path: Path | str) -> dict[str, object] | None:
     if not (isinstance(code, int) and isinstance(pid, int) and math.isfinite(ended_mono)):
         return None
     return {"code": code, "fenced": bool(doc.get("fenced")), "pid": pid,
-            "ended_mono": ended_mono, "ended_wall": ended_wall}
+            "ended_mono": ended_mono, "ended_wall": ended_wall, "signalled": bool(doc.get("signalled"))}
 
 
 # --------------------------------------------------------------------------- #
@@ -278,25 +278,30 @@ def _exit_like(code: int) -> None:
 
 def run(cmd: list[str], lease: str, fence_after: float, grace: float,
         exit_file: str | None = None) -> int:
-    code, fenced = _supervise(cmd, lease, fence_after, grace)
+    state: dict[str, object] = {"child": None, "pending": [], "fencing": False, "signalled": False}
+    code, fenced = _supervise(cmd, lease, fence_after, grace, state)
     if exit_file:
         try:
+            # signalled: a stop (SIGTERM/SIGINT/SIGHUP) reached the member, so
+            # even a 0 status is an interrupted run, not a finished one.
             write_exit_record(exit_file, code=code, fenced=fenced, pid=os.getpid(),
-                              ended_mono=time.monotonic(), ended_wall=time.time())
+                              ended_mono=time.monotonic(), ended_wall=time.time(),
+                              signalled=bool(state["signalled"]))
         except OSError as exc:
             # Not fatal: the agent then reports the status as unknown.
             _log(f"cannot write exit record {exit_file}: {exc}")
     return code
 
 
-def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float) -> tuple[int, bool]:
+def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float,
+               state: dict[str, object]) -> tuple[int, bool]:
     """Run the member; (status to end with, whether we fenced it)."""
     started = time.monotonic()
-    state: dict[str, object] = {"child": None, "pending": [], "fencing": False}
 
     def forward(sig: int, _frame: object) -> None:
         if state["fencing"]:
             return  # our own group-wide SIGTERM, or too late to matter
+        state["signalled"] = True
         child = state["child"]
         if child is None:
             state["pending"].append(sig)  # type: ignore[union-attr]

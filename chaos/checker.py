@@ -339,11 +339,19 @@ def check_one_incarnation(h: History, ivs: Sequence[MemberInterval]) -> Check:
 # 4. no acknowledged submission lost
 
 
+# The recorder sees events late, never early: a terminal write seen late can
+# make a legitimate collection look up to this much earlier than retention.
+RETENTION_LAG_TOLERANCE_S = 2.0
+
+
 def collected_gangs(h: History) -> dict[str, int]:
     """Gangs deleted by retention (docs/etcd-keys.md "Retention"): gang id ->
     revision of the delete of ``gangs/<id>``, for deletes whose last recorded
-    write of the record was a terminal state. Any other delete of a gang
-    record is not retention (and the gang counts as lost)."""
+    write of the record was a terminal state at least the run's
+    ``gang_retention_s`` earlier. Any other delete of a gang record is not
+    retention (and the gang counts as lost): with the default retention of
+    seven days, no delete in a chaos run is."""
+    retention = float(h.params.timings.get("gang_retention_s", 7 * 24 * 3600.0))
     last: dict[str, EtcdEvent] = {}
     out: dict[str, int] = {}
     for e in sorted(h.etcd, key=lambda e: e.rev):
@@ -355,7 +363,8 @@ def collected_gangs(h: History) -> dict[str, int]:
             out.pop(gid, None)
         elif e.kind == "delete":
             prev = last.get(gid)
-            if prev is not None and isinstance(prev.value, Mapping) and prev.value.get("state") in TERMINAL:
+            if (prev is not None and isinstance(prev.value, Mapping) and prev.value.get("state") in TERMINAL
+                    and e.mono - prev.mono >= retention - RETENTION_LAG_TOLERANCE_S):
                 out[gid] = e.rev
     return out
 

@@ -46,6 +46,8 @@ MAX_PER_SWEEP = 200
 # Compares + operations per txn: half of etcd's --max-txn-ops (128), so a
 # batch never meets the limit whatever the number of AZs.
 TXN_BUDGET = 64
+# Pause between sweeps while a backlog drains (a sweep hit MAX_PER_SWEEP).
+BACKLOG_PAUSE_S = 1.0
 
 
 class GangCollector:
@@ -54,6 +56,7 @@ class GangCollector:
         self.az = leader.az
         self.keys = leader.keys
         self.finished: dict[str, FinishedGang] = {}  # owned, terminal, not yet collected
+        self.seen_mono: dict[str, float] = {}  # gang -> when this leader first saw it finished
         self.collected = 0  # this leadership's total (logged)
 
     # ----------------------------------------------------------- the index
@@ -61,22 +64,33 @@ class GangCollector:
         """Every gang record this leader reads or writes passes here."""
         if g.owner_az == self.az and g.state.terminal:
             self.finished[g.id] = FinishedGang.of(g)
+            # When *this* process first knew it finished (monotonic): the
+            # record's wall time comes from another replica's clock, so a
+            # skewed or stepped clock must not shorten a client's retry window.
+            self.seen_mono.setdefault(g.id, self.l.mono())
         else:
             self.finished.pop(g.id, None)
+            self.seen_mono.pop(g.id, None)
 
     def forget(self, gang_id: str) -> None:
         """The gang is gone from etcd: drop it from this leader's memory."""
         self.finished.pop(gang_id, None)
+        self.seen_mono.pop(gang_id, None)
         self.l.forget_gang(gang_id)
 
     # ------------------------------------------------------------- sweeps
     async def run(self) -> None:
         """A leader task: sweep every gc_interval_s until the leadership ends."""
         interval = self.l.t.gc_interval_s
+        pause = interval
         while not self.l.stopped.is_set():
-            await asyncio.sleep(interval)
+            await asyncio.sleep(pause)
+            pause = interval
             try:
-                await self.sweep()
+                if await self.sweep() >= MAX_PER_SWEEP:
+                    # A backlog: keep draining at a bounded pace instead of
+                    # MAX_PER_SWEEP a minute, which a busy fleet outruns.
+                    pause = BACKLOG_PAUSE_S
             except StoreUnavailable as exc:
                 # Every write is fenced and guarded: the next sweep retries.
                 log.info("gang collection in %s: %s", self.az, exc)
@@ -87,14 +101,25 @@ class GangCollector:
 
     def _held_here(self) -> set[str]:
         """Gangs this leader still holds devices for (RELEASING, or a
-        two-phase hold it has not released)."""
-        return set(self.l.reservations) | set(self.l.twophase.participant.holds)
+        two-phase hold it has not released), or whose two-phase owner state
+        is not settled (it could still write a decision for them)."""
+        unsettled = {g for g, o in self.l.twophase.owners.items() if not o.phase.settled}
+        return set(self.l.reservations) | set(self.l.twophase.participant.holds) | unsettled
+
+    def _recently_seen(self) -> set[str]:
+        """Gangs this leader has known finished for less than a client's
+        submit retry window, on its own monotonic clock."""
+        now, window = self.l.mono(), self.l.t.submit_retry_window_s
+        return {g for g, t in self.seen_mono.items() if now - t < window}
+
+    def _due(self, held: set[str], limit: int) -> list[FinishedGang]:
+        return due_for_collection(self.finished.values(), az=self.az, now=self.l.wall(),
+                                  retention_s=self.l.t.gang_retention_s, limit=limit,
+                                  held=held | self._recently_seen())
 
     async def sweep(self) -> int:
         """One sweep; returns how many gangs were collected."""
-        due = due_for_collection(self.finished.values(), az=self.az, now=self.l.wall(),
-                                 retention_s=self.l.t.gang_retention_s, limit=MAX_PER_SWEEP, held=self._held_here())
-        if not due:
+        if not self._due(self._held_here(), limit=1):
             return 0
         k = self.keys
         # Which gangs still have a reservation (any AZ) or a member summary:
@@ -109,7 +134,12 @@ class GangCollector:
             azs.add(az)
             reserved.add(gang)
         summarised = {kv.key[len(k.member_summaries()):].split("/", 1)[0] for kv in snap.results[1]}
-        due = [g for g in due if g.id not in reserved and g.id not in summarised]
+        # The cap applies after this filter: gangs held elsewhere (another
+        # AZ's leaderless participant, say) must not fill every sweep and
+        # starve the collectable ones behind them.
+        due = self._due(self._held_here() | reserved | summarised, limit=MAX_PER_SWEEP)
+        if not due:
+            return 0
         collected = 0
         batch: list[FinishedGang] = []
         for g in due:

@@ -542,12 +542,19 @@ class Store:
             return StoreUnavailable(f"etcd unavailable during {what}: {exc.code().name}: {exc.details()}")
         return StoreUnavailable(f"etcd refused {what}: {exc.code().name}: {exc.details()}")
 
-    async def _call(self, method: Callable[[_Member], Any], req: Any, what: str, timeout: float | None = None) -> Any:
+    async def _call(self, method: Callable[[_Member], Any], req: Any, what: str, timeout: float | None = None,
+                    *, blame_timeout: bool = True) -> Any:
+        """One call on the current member. ``blame_timeout=False``: a
+        DEADLINE_EXCEEDED is not held against the member (a large range read
+        may simply be slow; moving would also break every open watch). A
+        member that really stopped answering is found by the next short call
+        or lease keepalive."""
         member, index, generation = self._pin()
         try:
             return await method(member)(req, timeout=timeout or self.timeout, metadata=_METADATA)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in _FAILOVER:
+            blame = exc.code() in _FAILOVER and (blame_timeout or exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED)
+            if blame:
                 self._member_failed(index, generation, f"{what}: {exc.code().name}")
             raise self._translate(exc, f"{what} (at {member.endpoint})") from None
 
@@ -558,7 +565,8 @@ class Store:
 
     async def get_prefix(self, prefix: str, *, keys_only: bool = False, limit: int = 0) -> tuple[list[KV], int]:
         req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), keys_only=keys_only, limit=limit)
-        resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0))
+        resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0),
+                                blame_timeout=False)
         return [_kv(m) for m in resp.kvs], resp.header.revision
 
     async def revision(self) -> int:
@@ -710,8 +718,11 @@ class LeaseKeepAlive:
             self.close()
             code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
             # No answer in time, a refused stream, or an ended one: this
-            # member is not keeping our lease alive, try the next one.
-            if code is None or code in _FAILOVER:
+            # member is not keeping our lease alive, try the next one. A
+            # timeout shorter than a normal request's (the lease's last
+            # moments) says nothing about the member.
+            short = isinstance(exc, asyncio.TimeoutError) and timeout < self.store.timeout
+            if (code is None or code in _FAILOVER) and not short:
                 why = code.name if code is not None else type(exc).__name__
                 self.store._member_failed(index, generation, f"lease keepalive: {why}")
             if isinstance(exc, StoreUnavailable):

@@ -254,8 +254,33 @@ def test_exit_record_holds_the_status_the_shim_ends_with(tmp_path: Path, shims: 
     got = read_exit_record(record)
     assert got is not None, record.read_text() if record.exists() else "no exit record written"
     assert got["code"] == expected and got["fenced"] is False and got["pid"] == s.proc.pid
+    assert got["signalled"] is False
     # CLOCK_MONOTONIC is system-wide: the shim's end lies inside our window.
     assert before <= got["ended_mono"] <= after
+
+
+def test_exit_record_says_a_stop_signal_reached_the_member(tmp_path: Path, shims: list[Shim]) -> None:
+    """A member that exits 0 on SIGTERM was interrupted, not finished: the
+    record says ``signalled`` so that a restarted agent reports it STOPPED."""
+    lease = Lease(tmp_path / "lease")
+    lease.start()
+    record = tmp_path / "rank-0.exit"
+    pidfile = tmp_path / "pid"
+    graceful = ("import os, signal, sys, time\n"
+                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+                "p = sys.argv[1]; open(p + '.tmp', 'w').write(str(os.getpid())); os.replace(p + '.tmp', p)\n"
+                "time.sleep(300)\n")
+    try:
+        s = Shim(tmp_path, [sys.executable, "-c", graceful, str(pidfile)], fence_after=5.0, lease=lease.path,
+                 exit_file=record)
+        shims.append(s)
+        child_pid(pidfile)
+        os.kill(s.proc.pid, signal.SIGTERM)
+        assert s.wait() == 0
+    finally:
+        lease.stop()
+    got = read_exit_record(record)
+    assert got is not None and got["code"] == 0 and got["signalled"] is True and got["fenced"] is False
 
 
 def test_exit_record_of_a_fenced_member(tmp_path: Path, shims: list[Shim]) -> None:

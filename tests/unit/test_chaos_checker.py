@@ -734,9 +734,15 @@ def test_every_invariant_is_reported_once(n: int) -> None:
 # Retention: finished gangs collected by their owner (docs/etcd-keys.md)
 
 
+def short_retention(h, retention_s: float = 0.5):
+    """The run's timings with a retention short enough for these histories."""
+    params = dataclasses.replace(h.params, timings={**h.params.timings, "gang_retention_s": retention_s})
+    return dataclasses.replace(h, params=params)
+
+
 def test_two_phase_accepts_decisions_deleted_with_their_finished_gang() -> None:
     collect = (EtcdEvent("delete", "gangs/x1", 60, T0 + 9.0), EtcdEvent("delete", "decisions/x1/1", 60, T0 + 9.0))
-    h = cross_az(etcd=xaz_events() + collect)
+    h = short_retention(cross_az(etcd=xaz_events() + collect))
     fin = final({g: v for g, v in h.final.gangs.items() if g != "x1"}, leaders=("a", "b"))  # type: ignore[union-attr]
     v = checker.check(dataclasses.replace(h, final=fin))
     assert v.ok, [x.render() for x in v.violations]
@@ -744,16 +750,26 @@ def test_two_phase_accepts_decisions_deleted_with_their_finished_gang() -> None:
 
 def test_two_phase_flags_a_decision_deleted_apart_from_its_gang() -> None:
     collect = (EtcdEvent("delete", "gangs/x1", 60, T0 + 9.0), EtcdEvent("delete", "decisions/x1/1", 61, T0 + 9.0))
-    h = cross_az(etcd=xaz_events() + collect)
+    h = short_retention(cross_az(etcd=xaz_events() + collect))
     fin = final({g: v for g, v in h.final.gangs.items() if g != "x1"}, leaders=("a", "b"))  # type: ignore[union-attr]
     found = checker.check(dataclasses.replace(h, final=fin)).result(8).violations
     assert len(found) == 1 and "decision x1#1 deleted at rev 61" in found[0].what
 
 
 def test_acked_not_lost_accepts_a_finished_gang_collected_by_retention() -> None:
-    h = add(healthy(), etcd=(EtcdEvent("delete", "gangs/g1", 30, T0 + 30.0),))
+    h = short_retention(add(healthy(), etcd=(EtcdEvent("delete", "gangs/g1", 30, T0 + 30.0),)), 10.0)
     fin = final({"p-a": gang_value("p-a", "SUCCEEDED")})
     assert violations(dataclasses.replace(h, final=fin), 4) == []
+
+
+@pytest.mark.parametrize("retention_s", [None, 60.0])  # the default (7 days), or longer than the gap
+def test_acked_not_lost_flags_a_finished_gang_deleted_before_its_retention(retention_s) -> None:
+    h = add(healthy(), etcd=(EtcdEvent("delete", "gangs/g1", 30, T0 + 30.0),))
+    if retention_s is not None:
+        h = short_retention(h, retention_s)
+    fin = final({"p-a": gang_value("p-a", "SUCCEEDED")})
+    found = violations(dataclasses.replace(h, final=fin), 4)
+    assert len(found) == 1 and "acknowledged gang g1" in found[0].what
 
 
 def test_acked_not_lost_flags_a_live_gang_deleted() -> None:
