@@ -491,9 +491,12 @@ class Store:
         return self
 
     async def close(self) -> None:
+        """Close every member's channel, even if closing one fails."""
         members, self._members = self._members, []
-        for m in members:
-            await m.channel.close()
+        results = await asyncio.gather(*(m.channel.close() for m in members), return_exceptions=True)
+        for m, r in zip(members, results):
+            if isinstance(r, Exception):
+                log.warning("closing the channel to etcd member %s: %r", m.endpoint, r)
 
     async def __aenter__(self) -> "Store":
         return await self.connect()

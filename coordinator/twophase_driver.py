@@ -91,7 +91,7 @@ from coordinator.core.twophase import (
     WriteHold,
 )
 from coordinator.election import observe
-from coordinator.store import Compacted, Delete, Get, Put, StoreUnavailable, absent
+from coordinator.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
 from phalanx import failpoints
 from phalanx.errors import Conflict, NotLeader
 from phalanx.model import GangState, MemberPhase
@@ -782,11 +782,19 @@ class TwoPhaseDriver:
             return
         self._publishing.add(key_)
         try:
-            res = await self._fenced([], [Put(self.keys.member_summary(gang, self.az), body)])
+            # Only while our hold's record exists in etcd too: a publish that
+            # lands after the hold's release would leave an orphan summary,
+            # which nobody deletes and which keeps the gang from ever being
+            # collected (docs/etcd-keys.md "Retention").
+            held = Compare(self.keys.reservation(self.az, gang), "version", ">", 0)
+            res = await self._fenced([held], [Put(self.keys.member_summary(gang, self.az), body)])
         finally:
             self._publishing.discard(key_)
         if res is None:
             log.info("member summary of %s in %s: write timed out", gang, self.az)
+            return
+        if not res.succeeded:
+            log.info("member summary of %s in %s not written: the hold is released", gang, self.az)
             return
         self._published[key_] = body
         if self._summary(gang, inc) != body:
