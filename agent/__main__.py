@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nvidia-smi-topo", default="", help="a file with `nvidia-smi topo -m` output (fallback source)")
     p.add_argument("--simulate-members", action="store_true", help="members are timers, not processes")
     p.add_argument("--state-dir", default=os.environ.get("PHALANX_STATE_DIR", ""))
+    p.add_argument("--log-retention-s", type=float, default=7 * 24 * 3600.0,
+                   help="delete member logs and exit records this long after their last write, "
+                        "once none of that incarnation's members runs here (default 7 days)")
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
     p.add_argument("--history", default="")
     p.add_argument("--print-topology", action="store_true", help="discover, print the topology as JSON and exit")
@@ -102,7 +105,8 @@ async def amain(a: argparse.Namespace) -> int:
 
         def factory(on_exit):  # type: ignore[no-redef]
             return ProcessLauncher(state_dir, agent_id, on_exit, fence_lease=fence_lease,
-                                   fence_after_s=timings.fence_after_s, fence_grace_s=timings.stop_grace_s)
+                                   fence_after_s=timings.fence_after_s, fence_grace_s=timings.stop_grace_s,
+                                   log_retention_s=a.log_retention_s)
 
     store = await Store(a.etcd, a.cluster, timeout=timings.etcd_timeout_s).connect()
     history = None

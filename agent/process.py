@@ -30,15 +30,17 @@ import contextlib
 import inspect
 import json
 import logging
+import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Coroutine, Iterator, Mapping
+from typing import Any, Collection, Coroutine, Iterable, Iterator, Mapping
 
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
 from agent.shim import read_exit_record
@@ -85,6 +87,10 @@ POLL_INTERVAL_S = 0.2
 # and reporting anyway (a process in uninterruptible sleep, e.g. stuck in a GPU
 # driver, can outlive SIGKILL; the agent must not hang on it).
 DEFAULT_KILL_TIMEOUT_S = 10.0
+# Member logs and exit records of an incarnation are deleted this long after
+# the last write to them, once none of its members runs here (disk use of a
+# long-lived node must not grow with every member it ever ran).
+DEFAULT_LOG_RETENTION_S = 7 * 24 * 3600.0
 
 
 # --------------------------------------------------------------------------- #
@@ -179,6 +185,30 @@ def member_exit_path(state_dir: Path, key: MemberKey) -> Path:
     """``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.exit``: the shim's
     exit record (agent/shim.py), next to the member's log."""
     return member_log_path(state_dir, key).with_suffix(".exit")
+
+
+def stale_log_dirs(listing: Iterable[tuple[str, int, float]], *, live: Collection[tuple[str, int]],
+                   now: float, retention_s: float) -> list[tuple[str, int]]:
+    """Pure: of ``(gang, incarnation, newest mtime)`` log directories, those
+    to delete: not a running member's, and untouched for ``retention_s``. A
+    directory whose mtime lies in the future (clock step) is kept."""
+    return sorted((gang, inc) for gang, inc, newest in listing
+                  if (gang, inc) not in live and now - newest > retention_s)
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        return [p for p in path.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.stat().st_mtime
+    for child in path.iterdir():
+        with contextlib.suppress(OSError):
+            newest = max(newest, child.stat().st_mtime)
+    return newest
 
 
 def read_log(
@@ -485,6 +515,7 @@ class ProcessLauncher:
         fence_lease: Path | None = None,
         fence_after_s: float = 12.0,
         fence_grace_s: float = 5.0,
+        log_retention_s: float = DEFAULT_LOG_RETENTION_S,
     ) -> None:
         if not agent_id:
             raise ValueError("agent_id must be non-empty: it marks this agent's members")
@@ -501,8 +532,12 @@ class ProcessLauncher:
         self._fence_lease = Path(fence_lease) if fence_lease is not None else None
         self._fence_after_s = fence_after_s
         self._fence_grace_s = fence_grace_s
+        if not (log_retention_s > 0 and math.isfinite(log_retention_s)):
+            raise ValueError(f"log_retention_s must be a positive number of seconds, got {log_retention_s}")
+        self._log_retention_s = log_retention_s
         self._members: dict[MemberKey, _Member] = {}
         self._side_tasks: set[asyncio.Task[None]] = set()
+        self._pruning = False
         self._closed = False
         # Filled in by adopt(): members in the state file that were gone, and
         # unaccounted processes that were killed.
@@ -696,7 +731,44 @@ class ProcessLauncher:
             member = self._members.get(h.key)
             if member is not None and member.task is None:
                 member.task = loop.create_task(self._watch(member), name=f"member-watch {h.key}")
+        if not self._pruning:
+            self._pruning = True
+            self._spawn(self._prune_loop())
         return adopted
+
+    # -- log retention ------------------------------------------------------ #
+
+    def prune_logs(self, now: float | None = None) -> list[Path]:
+        """Delete ``logs/<gang>/<incarnation>/`` directories (member logs and
+        exit records) whose newest file is older than the log retention and
+        none of whose members runs here; returns the directories removed."""
+        now = time.time() if now is None else now
+        live = {(k.gang, k.incarnation) for k in self._members}
+        root = self._state_dir / "logs"
+        listing: list[tuple[str, int, float]] = []
+        for gang_dir in _subdirs(root):
+            for inc_dir in _subdirs(gang_dir):
+                if inc_dir.name.isdigit():
+                    listing.append((gang_dir.name, int(inc_dir.name), _newest_mtime(inc_dir)))
+        removed = []
+        for gang, inc in stale_log_dirs(listing, live=live, now=now, retention_s=self._log_retention_s):
+            path = root / gang / str(inc)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+            with contextlib.suppress(OSError):
+                (root / gang).rmdir()  # only when that was its last incarnation
+        if removed:
+            log.info("removed %d member log director%s older than %gs", len(removed),
+                     "y" if len(removed) == 1 else "ies", self._log_retention_s)
+        return removed
+
+    async def _prune_loop(self) -> None:
+        while True:
+            try:
+                self.prune_logs()
+            except OSError as exc:  # a full or read-only disk must not stop the agent
+                log.warning("member log retention: %s", exc)
+            await asyncio.sleep(min(3600.0, self._log_retention_s / 10))
 
     async def close(self) -> None:
         """Stop watching; members keep running (an agent restart adopts them)."""

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 import sys
 import uuid
 from pathlib import Path
@@ -27,6 +28,7 @@ from agent.process import (
     STATE_FILE,
     ProcessLauncher,
     read_log,
+    stale_log_dirs,
 )
 
 # Launcher A's Popen objects are dropped by close() while their members run on
@@ -488,3 +490,43 @@ async def test_state_file_of_another_agent_is_neither_adopted_nor_reported(harne
     assert alive(handle.pid)
     assert [p.name.startswith(f"{STATE_FILE}.foreign-") for p in harness.state_dir.iterdir()
             if p.name != STATE_FILE and p.is_file()] == [True]
+
+
+# log retention
+
+
+@pytest.mark.parametrize("listing,live,expected", [
+    ([("a", 1, 0.0)], set(), [("a", 1)]),                       # old, nobody runs it: removed
+    ([("a", 1, 0.0)], {("a", 1)}, []),                          # old but a member still runs
+    ([("a", 1, 950.0)], set(), []),                             # written 50 s ago: kept
+    ([("a", 1, 2000.0)], set(), []),                            # mtime in the future (clock step): kept
+    ([("b", 2, 0.0), ("a", 1, 0.0), ("a", 2, 990.0)], {("b", 1)}, [("a", 1), ("b", 2)]),
+])
+def test_stale_log_dirs(listing, live, expected) -> None:
+    assert stale_log_dirs(listing, live=live, now=1000.0, retention_s=100.0) == expected
+
+
+async def test_prune_removes_old_logs_of_ended_members_only(harness: Harness) -> None:
+    launcher, exits = harness.launcher(log_retention_s=3600.0)
+    await launcher.adopt()
+    done = await harness.start(launcher, launch((sys.executable, "-c", "print('done')"), gang="old"))
+    assert await exits.wait(done.key) == 0
+    running = await harness.start(launcher, launch((sys.executable, "-c", "import time; time.sleep(60)"),
+                                                   gang="live"))
+    recent = await harness.start(launcher, launch((sys.executable, "-c", "pass"), gang="recent"))
+    assert await exits.wait(recent.key) == 0
+    long_ago = time.time() - 2 * 3600
+    for key in (done.key, running.key):  # both last written two hours ago
+        d = launcher.log_path(key).parent
+        for f in [d, *d.iterdir()]:
+            os.utime(f, (long_ago, long_ago))
+    removed = launcher.prune_logs()
+    assert removed == [launcher.log_path(done.key).parent]
+    assert not (harness.state_dir / "logs" / "old").exists()  # its last incarnation: the gang dir goes too
+    assert launcher.log_path(running.key).exists() and launcher.log_path(recent.key).exists()
+    assert read_log(harness.state_dir, "old") == []
+
+
+def test_log_retention_must_be_positive(harness: Harness) -> None:
+    with pytest.raises(ValueError, match="log_retention_s"):
+        harness.launcher(log_retention_s=0.0)
