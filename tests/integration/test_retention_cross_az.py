@@ -5,36 +5,17 @@ about it from etcd alone, and keep admitting cross-AZ gangs."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import grpc
 import pytest
 
-from coordinator.config import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+from tests.integration.test_retention import RETENTION, cluster  # noqa: F401 - the fixture, shared
 
 pytestmark = pytest.mark.integration
 AZS = ("az-a", "az-b")
-RETENTION = 12.0  # the shortest the fast timings allow: a sweep every 1.2 s
-
-
-def short_retention() -> Timings:
-    return dataclasses.replace(Timings.fast(), gang_retention_s=RETENTION).validate()
-
-
-@pytest.fixture
-async def cluster(etcd_endpoint, cluster_name, tmp_path):
-    c = LocalCluster(etcd_endpoint, cluster_name, tmp_path, timings=short_retention())
-    await c.start()
-    try:
-        yield c
-    finally:
-        await c.close()
-
-
 def cross(name: str) -> pb.GangSpec:
     # 2 x 8 GPUs over two AZs of one 8-GPU node each: one member per AZ.
     return tiny(name, members=2, gpus=8, duration=0.3, topology=pb.TopologyConstraint(allow_cross_az=True))
