@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORWARDED = "x-phalanx-forwarded"
+# WatchGang resumes a broken etcd watch this many times in a row (a move to
+# another etcd member breaks it once) before answering UNAVAILABLE.
+WATCH_RESUMES = 5
+WATCH_RESUME_PAUSE_S = 0.2
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -181,9 +185,11 @@ class GangServicer(ggrpc.GangServiceServicer):
             return
         key = self.keys.gang(rec.id)
         start = rec.mod_revision + 1
+        breaks = 0  # consecutive broken watches without an event in between
         while True:
             try:
                 async for batch in self.store.watch_prefix(key, start, exact=True):
+                    breaks = 0
                     for ev in batch:
                         start = ev.revision + 1
                         if ev.kind == "delete":
@@ -204,7 +210,15 @@ class GangServicer(ggrpc.GangServiceServicer):
                     return
                 start = rec.mod_revision + 1
             except StoreUnavailable as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                # A watch breaks when the store moves to another etcd member
+                # (docs/etcd-keys.md "Endpoints and failover"): resume from the
+                # last revision here, so the client's stream survives; give up
+                # only when etcd keeps failing.
+                breaks += 1
+                if breaks > WATCH_RESUMES:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                    return
+                await asyncio.sleep(WATCH_RESUME_PAUSE_S)
 
     async def _az_state(self, az: str) -> tuple[dict[str, NodeRecord], DeviceLedger]:
         node_kvs, _ = await self.store.get_prefix(self.keys.nodes(az))

@@ -248,3 +248,52 @@ async def test_unreachable_member_first_in_the_list_costs_one_call(members: list
             await store.get(store.keys.gang("x"))
         assert store.current_endpoint == members[0].endpoint
         assert await store.get(store.keys.gang("x")) is None
+
+
+async def test_watch_gang_stream_survives_its_coordinator_moving_to_another_member(
+        members: list[EtcdServer], cluster_name: str, tmp_path) -> None:
+    """A client's WatchGang stream is served by a watch on the coordinator's
+    current etcd member; when that member stops answering, the coordinator's
+    store moves and breaks the watch, and WatchGang resumes it from the last
+    revision: the client sees the gang's next state on the same stream."""
+    import grpc
+
+    from phalanx.v1 import gang_pb2 as gpb
+    from phalanx.v1 import types_pb2 as pb
+    from tests.integration.harness import LocalCluster, tiny
+
+    t = dataclasses.replace(
+        Timings.fast(), lease_ttl_s=3, keepalive_interval_s=0.5, etcd_timeout_s=0.5, step_down_margin_s=0.5,
+        fence_after_s=5.0,
+    ).validate()
+    ordered = follower_first(members)
+    victim = ordered[0]
+    c = LocalCluster(",".join(m.endpoint for m in ordered), cluster_name, tmp_path, timings=t)
+    c.store = Store([m.endpoint for m in ordered[1:]], cluster_name, timeout=2.0)  # the test's own reads
+    await c.start()
+    try:
+        coord = c.start_coordinator("az-a", "a0")
+        await c.wait_leader("az-a")
+        g = await c.submit(tiny("watched", members=1, gpus=1))  # no agents: it stays PENDING
+        stream = c.stub().WatchGang(gpb.WatchGangRequest(id=g.id))
+        first = await stream.read()
+        assert first.gang.state == pb.GANG_STATE_PENDING
+        with paused(victim):
+            deadline = time.monotonic() + 30
+            while "did not answer" not in coord.log_path.read_text():
+                assert time.monotonic() < deadline, "the coordinator's store never left the paused member"
+                await asyncio.sleep(0.1)
+            while True:  # the cancel needs a leader: retry while one is (re-)elected
+                try:
+                    await c.stub().CancelGang(gpb.CancelGangRequest(id=g.id, reason="watched"), timeout=5)
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    assert exc.code() == grpc.StatusCode.UNAVAILABLE and time.monotonic() < deadline, exc
+                    await asyncio.sleep(0.2)
+            last = first
+            while last.gang.state != pb.GANG_STATE_CANCELLED:
+                last = await asyncio.wait_for(stream.read(), 30)
+                assert last is not grpc.aio.EOF, "the stream ended before the gang's end"
+        assert last.gang.id == g.id and last.revision > first.revision
+    finally:
+        await c.close()
