@@ -711,14 +711,11 @@ class ProcessLauncher:
         self._write_state()
         self.vanished = [rec.key for rec in vanished]
         self.vanished_handles = {rec.key: rec.handle() for rec in vanished}
-        self.vanished_exits = {}
-        for rec in vanished:
-            record = read_exit_record(member_exit_path(self._state_dir, rec.key))
-            if record is not None and record["pid"] == rec.pid:
-                self.vanished_exits[rec.key] = record
+        self.vanished_exits = {rec.key: record for rec in vanished
+                               if (record := self._exit_record(rec.key, rec.pid)) is not None}
         for rec in vanished:
             key = rec.key
-            code, ended = self._recorded_exit(key, rec.pid)
+            code, ended = _recorded_status(self.vanished_exits.get(key))
             how = f"code={code}" if ended is not None else "status unknown (no exit record)"
             log.warning("member %s ended while the agent was down: %s", key, how)
             _append_log_line(self.log_path(key), f"vanished {key} while the agent was down: {how}")
@@ -857,7 +854,7 @@ class ProcessLauncher:
                 code = m.popen.wait()
             else:
                 # Not our child: only its shim's exit record can tell the status.
-                code, ended = self._recorded_exit(m.record.key, m.record.pid)
+                code, ended = _recorded_status(self._exit_record(m.record.key, m.record.pid))
             m.exited.set()
             if not await _wait_group_gone(pgid, self._kill_timeout_s):
                 log.error("member %s: process group %d survived SIGKILL for %.1fs; "
@@ -906,13 +903,10 @@ class ProcessLauncher:
                 os.close(m.pidfd)
             m.pidfd = None
 
-    def _recorded_exit(self, key: MemberKey, pid: int) -> tuple[int, float | None]:
-        """(status, CLOCK_MONOTONIC end) from the member's shim exit record;
-        (``EXIT_UNKNOWN``, None) when there is none for this pid."""
+    def _exit_record(self, key: MemberKey, pid: int) -> dict[str, Any] | None:
+        """The member's shim exit record, if there is one written by ``pid``."""
         rec = read_exit_record(member_exit_path(self._state_dir, key))
-        if rec is None or rec["pid"] != pid:
-            return EXIT_UNKNOWN, None
-        return int(rec["code"]), float(rec["ended_mono"])  # type: ignore[arg-type]
+        return rec if rec is not None and rec["pid"] == pid else None
 
     async def _report(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         try:
@@ -945,6 +939,14 @@ class ProcessLauncher:
             # Not fatal: a member missing from the file is killed as an orphan
             # after a restart, which is the safe direction.
             log.exception("cannot write state file %s", self.state_path)
+
+
+def _recorded_status(record: Mapping[str, Any] | None) -> tuple[int, float | None]:
+    """(status, CLOCK_MONOTONIC end) from a shim exit record;
+    (``EXIT_UNKNOWN``, None) without one."""
+    if record is None:
+        return EXIT_UNKNOWN, None
+    return int(record["code"]), float(record["ended_mono"])
 
 
 def _key_from_env(env: Mapping[str, str]) -> MemberKey | None:

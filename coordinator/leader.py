@@ -176,7 +176,8 @@ class AzLeader:
         """``rebuild()``, retried while the lease holds: an etcd member that
         times out (and makes the store move to another, docs/etcd-keys.md) is
         no reason to give a fresh leadership up and make the AZ elect again
-        (docs/chaos.md finding 6). Reads only, so a retry is always safe."""
+        (docs/chaos.md finding 6). ``rebuild()`` reads everything before it
+        changes any state, so a failed attempt leaves nothing to undo."""
         while True:
             self.check_valid()
             try:
@@ -184,14 +185,10 @@ class AzLeader:
                 return
             except StoreUnavailable as exc:
                 log.info("rebuild of %s (epoch %d): %s; retrying", self.az, self.epoch, exc)
-                self.gangs.clear()
-                self.reservations.clear()
-                self.nodes.clear()
-                self.liveness.clear()
-                self.collector.finished.clear()
                 await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
 
     async def rebuild(self) -> None:
+        # All reads first: an etcd error leaves this leader's state untouched.
         k = self.keys
         if failpoints.on("leader.rebuild_unavailable"):
             raise StoreUnavailable("failpoint leader.rebuild_unavailable")
