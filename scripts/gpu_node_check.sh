@@ -367,6 +367,27 @@ wait_line() {  # wait_line FILE PATTERN SECONDS PID: wait for a line, or the pro
     return 1
 }
 px() { to "$(tmo "${PX_TIMEOUT:-30}")" "$PY" -m phalanx --address "$ADDR" --rpc-timeout 10 "$@"; }
+
+# submit_one_member_gang NAME ENV CMD...: write $WORK/NAME.json (1 member on
+# all $NGPUS GPUs, no restart; ENV is "" or KEY=VALUE for the member), show
+# it on stderr (the log), submit it, print the gang id (empty on failure).
+submit_one_member_gang() {
+    local name=$1 env=$2; shift 2
+    "$PY" - "$WORK/$name.json" "$name" "$NGPUS" "$env" "$@" <<'EOF'
+import json, sys
+path, name, gpus, env, cmd = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
+run = {"command": cmd}
+if env:
+    key, _, value = env.partition("=")
+    run["env"] = {key: value}
+spec = {"name": name, "members": 1, "resources": {"gpus": gpus}, "run": run,
+        "policy": {"admission_timeout_s": 60, "max_restarts": 0, "start_timeout_s": 60}}
+open(path, "w").write(json.dumps(spec, indent=1) + "\n")
+EOF
+    cat "$WORK/$name.json" >&2
+    echo "--- \$ phalanx submit $name.json" >&2
+    px submit "$WORK/$name.json"
+}
 pxshow() { echo "--- \$ phalanx $*"; px "$@"; local rc=$?; [ "$rc" = 0 ] || echo "--- (rc=$rc)"; return "$rc"; }
 
 d_skip=""
@@ -458,17 +479,7 @@ for n in json.load(sys.stdin):
                 else
                     member_cmd=("$PY" -c 'import os; print(os.environ.get("CUDA_VISIBLE_DEVICES"))')
                 fi
-                "$PY" - "$WORK/gang-check.json" "$NGPUS" "$OUT/rec/discovered.json" "${member_cmd[@]}" <<'EOF'
-import json, sys
-path, gpus, topo, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
-spec = {"name": "gpu-check", "members": 1, "resources": {"gpus": gpus},
-        "run": {"command": cmd, "env": {"GPU_CHECK_TOPOLOGY": topo}},
-        "policy": {"admission_timeout_s": 60, "max_restarts": 0, "start_timeout_s": 60}}
-open(path, "w").write(json.dumps(spec, indent=1) + "\n")
-EOF
-                cat "$WORK/gang-check.json"
-                echo "--- \$ phalanx submit gang-check.json"
-                GANG=$(px submit "$WORK/gang-check.json")
+                GANG=$(submit_one_member_gang gpu-check "GPU_CHECK_TOPOLOGY=$OUT/rec/discovered.json" "${member_cmd[@]}")
                 echo "$GANG"
                 if [ -z "$GANG" ]; then
                     result d-gang FAIL "submit failed"
@@ -569,16 +580,7 @@ print(t.fence_after_s, t.stop_grace_s)' "${timings:-fast}")"
         echo "--- \$ nvidia-smi --query-gpu=uuid,memory.used --format=csv,noheader,nounits"
         cat "$WORK/e-mem-baseline.txt"
     fi
-    "$PY" - "$WORK/gang-hold.json" "$NGPUS" "${hold_cmd[@]}" <<'EOF'
-import json, sys
-path, gpus, cmd = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-spec = {"name": "gpu-hold", "members": 1, "resources": {"gpus": gpus}, "run": {"command": cmd},
-        "policy": {"admission_timeout_s": 60, "max_restarts": 0, "start_timeout_s": 60}}
-open(path, "w").write(json.dumps(spec, indent=1) + "\n")
-EOF
-    cat "$WORK/gang-hold.json"
-    echo "--- \$ phalanx submit gang-hold.json"
-    HOLD=$(px submit "$WORK/gang-hold.json")
+    HOLD=$(submit_one_member_gang gpu-hold "" "${hold_cmd[@]}")
     echo "$HOLD"
     hold_log="" ready_line=""
     if [ -z "$HOLD" ]; then

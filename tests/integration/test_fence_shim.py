@@ -525,95 +525,104 @@ async def test_vanished_member_without_exit_record_is_unknown(tmp_path: Path, la
 # agent-down in miniature: the agent is SIGKILLed, its member is fenced anyway
 # --------------------------------------------------------------------------- #
 
-async def test_member_of_a_killed_agent_is_fenced_by_its_shim(local_cluster: LocalCluster, tmp_path: Path) -> None:
-    c = local_cluster
-    c.start_coordinator(AZ, "a0")
-    await c.wait_leader(AZ)
-    state = tmp_path / "state-n0"
-    history = tmp_path / "hist-n0.jsonl"
-    agent = agent_proc(c, "n0", state, history)
+class NodeAgent:
+    """The one real agent process of a test node: SIGKILLed and started again
+    on the same state dir and history, like a crashing DaemonSet pod."""
+
+    def __init__(self, c: LocalCluster, tmp_path: Path) -> None:
+        self.c, self.state, self.history = c, tmp_path / "state-n0", tmp_path / "hist-n0.jsonl"
+        self.proc = agent_proc(c, "n0", self.state, self.history)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+    def restart(self) -> None:
+        self.proc = agent_proc(self.c, "n0", self.state, self.history)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        if not self.proc.stdout.closed:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+async def node_agent(local_cluster: LocalCluster, tmp_path: Path):
+    """A leader for AZ and one ready node whose agent the test may kill."""
+    local_cluster.start_coordinator(AZ, "a0")
+    await local_cluster.wait_leader(AZ)
+    agent = NodeAgent(local_cluster, tmp_path)
     try:
-        await c.wait_nodes_ready(AZ, 1)
-        pidfile = tmp_path / "member-pid"
-        g = await c.submit(pb.GangSpec(name="orphaned", members=1, resources=pb.Resources(gpus=8),
-                                       run=pb.RunSpec(command=member_cmd(pidfile))))
-        await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
-        for _ in range(400):
-            if pidfile.exists():
-                break
-            await asyncio.sleep(0.05)
-        member = int(pidfile.read_text())
-        st = read_proc_stat(member)
-        assert st is not None and st.alive
-        shim_pid = st.pgid  # the shim leads the member's group
-        assert member in shim_children(shim_pid)
-        assert read_lease(state / LEASE_FILE) is not None, "the agent publishes its lease"
-        agent.send_signal(signal.SIGKILL)
-        agent.wait(10)
-        # No agent any more: only the shim can end the member.
-        deadline = time.monotonic() + c.timings.fence_after_s + c.timings.stop_grace_s + WAIT_S
-        while alive(member) or group_alive(shim_pid):
-            assert time.monotonic() < deadline, "the member of a dead agent was never fenced"
-            await asyncio.sleep(0.1)
-        gone_by = time.monotonic()
-        logs = list((state / "logs").rglob("rank-0.log"))
-        assert logs and "phalanx-shim: FENCED: no valid leader contact for" in logs[0].read_text()
-        # The agent comes back: it reports the member with the status and the
-        # time its shim recorded (the history's ``mono``), not its own return.
-        agent.stdout.close()
-        agent = agent_proc(c, "n0", state, history)
-        key = f"{g.id}#1/r0"
-        deadline = time.monotonic() + WAIT_S
-        while not (exited := [e for e in events(history) if e["event"] == "member_exited" and key in e["key"]]):
-            assert time.monotonic() < deadline, "the restarted agent never reported the fenced member"
-            await asyncio.sleep(0.1)
-        (ev,) = exited
-        assert ev["code"] == EXIT_FENCED and ev["phase"] == "VANISHED"
-        assert ev["mono"] <= gone_by < ev["reported_mono"]
+        await local_cluster.wait_nodes_ready(AZ, 1)
+        yield agent
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(10)
-        agent.stdout.close()
+        agent.close()
+
+
+async def test_member_of_a_killed_agent_is_fenced_by_its_shim(local_cluster: LocalCluster, node_agent: NodeAgent,
+                                                              tmp_path: Path) -> None:
+    c, agent = local_cluster, node_agent
+    pidfile = tmp_path / "member-pid"
+    g = await c.submit(pb.GangSpec(name="orphaned", members=1, resources=pb.Resources(gpus=8),
+                                   run=pb.RunSpec(command=member_cmd(pidfile))))
+    await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    for _ in range(400):
+        if pidfile.exists():
+            break
+        await asyncio.sleep(0.05)
+    member = int(pidfile.read_text())
+    st = read_proc_stat(member)
+    assert st is not None and st.alive
+    shim_pid = st.pgid  # the shim leads the member's group
+    assert member in shim_children(shim_pid)
+    assert read_lease(agent.state / LEASE_FILE) is not None, "the agent publishes its lease"
+    agent.kill()
+    # No agent any more: only the shim can end the member.
+    deadline = time.monotonic() + c.timings.fence_after_s + c.timings.stop_grace_s + WAIT_S
+    while alive(member) or group_alive(shim_pid):
+        assert time.monotonic() < deadline, "the member of a dead agent was never fenced"
+        await asyncio.sleep(0.1)
+    gone_by = time.monotonic()
+    logs = list((agent.state / "logs").rglob("rank-0.log"))
+    assert logs and "phalanx-shim: FENCED: no valid leader contact for" in logs[0].read_text()
+    # The agent comes back: it reports the member with the status and the
+    # time its shim recorded (the history's ``mono``), not its own return.
+    agent.restart()
+    key = f"{g.id}#1/r0"
+    deadline = time.monotonic() + WAIT_S
+    while not (exited := [e for e in events(agent.history) if e["event"] == "member_exited" and key in e["key"]]):
+        assert time.monotonic() < deadline, "the restarted agent never reported the fenced member"
+        await asyncio.sleep(0.1)
+    (ev,) = exited
+    assert ev["code"] == EXIT_FENCED and ev["phase"] == "VANISHED"
+    assert ev["mono"] <= gone_by < ev["reported_mono"]
 
 
 async def test_member_that_succeeds_while_its_agent_is_dead_counts_as_success(
-        local_cluster: LocalCluster, tmp_path: Path) -> None:
+        local_cluster: LocalCluster, node_agent: NodeAgent, tmp_path: Path) -> None:
     """The agent is SIGKILLed; its member exits 0 before any fence deadline;
     the agent comes back. It reports the status the shim recorded, so the gang
     SUCCEEDS instead of failing with "member vanished (agent restarted
     without it)" (the chaos run agent-restart seed 1 showed that failure)."""
-    c = local_cluster
-    c.start_coordinator(AZ, "a0")
-    await c.wait_leader(AZ)
-    state = tmp_path / "state-n0"
-    history = tmp_path / "hist-n0.jsonl"
-    agent = agent_proc(c, "n0", state, history)
-    try:
-        await c.wait_nodes_ready(AZ, 1)
-        go = tmp_path / "go"
-        g = await c.submit(pb.GangSpec(name="quiet-success", members=1, resources=pb.Resources(gpus=8),
-                                       run=pb.RunSpec(command=[sys.executable, "-c", GATED, str(go), "0"]),
-                                       policy=pb.Policy(max_restarts=0)))
-        await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
-        agent.send_signal(signal.SIGKILL)
-        agent.wait(10)
-        agent.stdout.close()
-        go.touch()  # the member finishes while nobody watches it
-        record = None
-        deadline = time.monotonic() + WAIT_S
-        while record is None:
-            assert time.monotonic() < deadline, "the shim wrote no exit record"
-            record = next((read_exit_record(p) for p in (state / "logs").rglob("rank-0.exit")), None)
-            await asyncio.sleep(0.05)
-        assert record["code"] == 0 and not record["fenced"]
-        agent = agent_proc(c, "n0", state, history)
-        done = await c.wait_state(g.id, {pb.GANG_STATE_SUCCEEDED, pb.GANG_STATE_FAILED}, timeout=60)
-        assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
-        assert done.incarnation == 1  # the first run counted: no restart
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(10)
-        if not agent.stdout.closed:
-            agent.stdout.close()
+    c, agent = local_cluster, node_agent
+    go = tmp_path / "go"
+    g = await c.submit(pb.GangSpec(name="quiet-success", members=1, resources=pb.Resources(gpus=8),
+                                   run=pb.RunSpec(command=[sys.executable, "-c", GATED, str(go), "0"]),
+                                   policy=pb.Policy(max_restarts=0)))
+    await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
+    agent.kill()
+    go.touch()  # the member finishes while nobody watches it
+    record = None
+    deadline = time.monotonic() + WAIT_S
+    while record is None:
+        assert time.monotonic() < deadline, "the shim wrote no exit record"
+        record = next((read_exit_record(p) for p in (agent.state / "logs").rglob("rank-0.exit")), None)
+        await asyncio.sleep(0.05)
+    assert record["code"] == 0 and not record["fenced"]
+    agent.restart()
+    done = await c.wait_state(g.id, {pb.GANG_STATE_SUCCEEDED, pb.GANG_STATE_FAILED}, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert done.incarnation == 1  # the first run counted: no restart

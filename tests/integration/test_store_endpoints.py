@@ -79,6 +79,15 @@ def follower_first(members: list[EtcdServer]) -> list[EtcdServer]:
     return [victim] + [m for m in members if m is not victim]
 
 
+def one_failed_keepalive_timings() -> Timings:
+    """Timings that allow exactly one failed keepalive (rule 1 of
+    docs/timing.md): 2*0.5 + 0.5 <= 3 - 0.5."""
+    return dataclasses.replace(
+        Timings.fast(), lease_ttl_s=3, keepalive_interval_s=0.5, etcd_timeout_s=0.5, step_down_margin_s=0.5,
+        fence_after_s=5.0,
+    ).validate()
+
+
 @contextlib.contextmanager
 def paused(member: EtcdServer) -> Iterator[None]:
     member.signal(signal.SIGSTOP)
@@ -165,12 +174,7 @@ async def test_lease_kept_alive_by_ping_survives_a_paused_member(members: list[E
 
 
 async def test_leader_keeps_its_leadership_across_a_paused_member(members: list[EtcdServer], cluster_name: str) -> None:
-    # Timings that allow exactly one failed keepalive (rule 1 of
-    # docs/timing.md): 2*0.5 + 0.5 <= 3 - 0.5.
-    t = dataclasses.replace(
-        Timings.fast(), lease_ttl_s=3, keepalive_interval_s=0.5, etcd_timeout_s=0.5, step_down_margin_s=0.5,
-        fence_after_s=5.0,
-    ).validate()
+    t = one_failed_keepalive_timings()
     ordered = follower_first(members)
     victim = ordered[0]
     async with Store([m.endpoint for m in ordered], cluster_name, timeout=t.etcd_timeout_s) as store:
@@ -262,10 +266,7 @@ async def test_watch_gang_stream_survives_its_coordinator_moving_to_another_memb
     from phalanx.v1 import types_pb2 as pb
     from tests.integration.harness import LocalCluster, tiny
 
-    t = dataclasses.replace(
-        Timings.fast(), lease_ttl_s=3, keepalive_interval_s=0.5, etcd_timeout_s=0.5, step_down_margin_s=0.5,
-        fence_after_s=5.0,
-    ).validate()
+    t = one_failed_keepalive_timings()
     ordered = follower_first(members)
     victim = ordered[0]
     c = LocalCluster(",".join(m.endpoint for m in ordered), cluster_name, tmp_path, timings=t)
