@@ -1,0 +1,209 @@
+"""Every bound on what may reach etcd, and every identifier alphabet, in one table.
+
+docs/limits.md prints this table with the arithmetic behind it. Pure: no I/O.
+The spec validation (``phalanx.spec``), the coordinator's servicers
+(``coordinator.service``, ``coordinator.agents``) and the record types
+(``coordinator.core.records``) all check against these names, so a bound
+changes in one place.
+
+Sizes of free text are counted as the bytes the value takes in its stored
+JSON record (``json.dumps`` with ASCII escapes, as ``coordinator.store.encode``
+writes it): an empty string still costs its quotes and comma, and a control
+character or a non-ASCII one costs its ``\\uXXXX`` escape. That is what etcd
+has to store and send, so that is what is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Mapping
+
+# --- etcd's own limits (defaults of etcd 3.5) --------------------------------
+
+# --max-request-bytes: the largest put or txn etcd accepts.
+ETCD_MAX_REQUEST_BYTES = 1536 * 1024
+# Our client's receive limit (coordinator.store: grpc.max_receive_message_length):
+# the largest range reply a coordinator can read in one call.
+RANGE_REPLY_BYTES = 8 * 1024 * 1024
+
+# --- identifiers: one alphabet each, matched with re.fullmatch ----------------
+
+# A DNS label (RFC 1123): gang names, queues, gang ids. Lowercase only, so a
+# name cannot have a look-alike that differs in case.
+DNS_LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
+MAX_GANG_NAME_LEN = 53  # + "-<8 hex>" keeps the id a DNS label (63)
+MAX_GANG_ID_LEN = 63
+MAX_QUEUE_LEN = 63
+# Node names: a host name as `hostname` prints it (letters of either case,
+# digits, '.', '_', '-'; no '/', it is a key path segment).
+NODE_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+MAX_NODE_NAME_LEN = 63
+# Environment variable names (POSIX portable).
+ENV_KEY = r"[A-Za-z_][A-Za-z0-9_]*"
+MAX_ENV_KEY_LEN = 256
+# Kubernetes label keys: an optional DNS-subdomain prefix and '/', then a name.
+LABEL_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+LABEL_KEY = r"(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?/)?" + LABEL_NAME
+MAX_LABEL_KEY_LEN = 253 + 1 + 63
+# Label values and the network location names a node reports (region, AZ,
+# spine, leaf, rack, NVLink domain): "" or a label name.
+LABEL_VALUE = r"(?:" + LABEL_NAME + r")?"
+MAX_LABEL_VALUE_LEN = 63
+# Idempotency keys (a UUID, a job name with a counter, base64 without '/').
+IDEMPOTENCY_KEY = r"[A-Za-z0-9._:+=@-]+"
+MAX_IDEMPOTENCY_KEY_LEN = 128
+# Agent ids, GPU UUIDs and models, PCI bus ids, NIC names and the like: short
+# printable ASCII without '/' (no control characters, nothing that renders
+# differently from what it is).
+TOKEN = r"[!-.0-~](?:[ -.0-~]*[!-.0-~])?"  # printable ASCII, no '/', no edge spaces
+MAX_AGENT_ID_LEN = 128
+MAX_TOKEN_LEN = 64
+MAX_NIC_NAME_LEN = 32
+
+_COMPILED: dict[str, re.Pattern[str]] = {}
+
+
+def _rx(pattern: str) -> re.Pattern[str]:
+    rx = _COMPILED.get(pattern)
+    if rx is None:
+        rx = _COMPILED[pattern] = re.compile(pattern)
+    return rx
+
+
+def name_error(value: Any, pattern: str, max_len: int, what: str, *, required: bool = True) -> str | None:
+    """Why ``value`` is not a valid identifier (``None`` if it is). Full-match
+    semantics: a trailing newline, a NUL or a look-alike letter is refused."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value:
+        return "is required" if required else None
+    if len(value) > max_len:
+        return f"must be at most {max_len} characters, got {len(value)}"
+    if _rx(pattern).fullmatch(value) is None:
+        return f"must be {what}, got {value!r}"
+    return None
+
+
+DNS_LABEL_WHAT = "a DNS label (lowercase letters a-z, digits, '-' inside)"
+NODE_NAME_WHAT = "a node name (letters, digits, '.', '_', '-' inside; no '/')"
+ENV_KEY_WHAT = "an environment variable name (letters, digits, '_'; not starting with a digit)"
+LABEL_KEY_WHAT = "a label key ([dns-prefix/]name of letters, digits, '.', '_', '-')"
+LABEL_VALUE_WHAT = "a label value (letters, digits, '.', '_', '-' inside)"
+IDEMPOTENCY_KEY_WHAT = "letters, digits and . _ : + = @ -"
+TOKEN_WHAT = "printable ASCII without '/' or control characters"
+
+# --- gang spec -------------------------------------------------------------
+
+MAX_MEMBERS = 4096
+MAX_GPUS_PER_MEMBER = 72  # one GB200 NVL72 domain
+MAX_NICS_PER_MEMBER = 32
+MAX_GPU_MODEL_LEN = MAX_TOKEN_LEN
+MAX_COMMAND_ARGS = 4096
+MAX_ENV_VARS = 1024
+# run.command and run.env together, as stored (JSON bytes).
+MAX_RUN_BYTES = 64 * 1024
+# The whole spec as stored in the gang record (JSON bytes): run plus the rest.
+MAX_STORED_SPEC_BYTES = MAX_RUN_BYTES + 8 * 1024
+
+# --- free text ---------------------------------------------------------------
+
+MAX_CANCEL_REASON_BYTES = 1024  # UTF-8 bytes of CancelGangRequest.reason
+# A record's `reason` (written by a leader from its own words, a cancel
+# reason or an agent's exit report) is clipped to this many characters when
+# the record is written: at most 6 JSON bytes each.
+MAX_REASON_CHARS = 2048
+MAX_MEMBER_REASON_BYTES = 1024  # an agent's member report, at registration
+
+# --- node topology (nodes/<az>/<node>) ----------------------------------------
+
+MAX_GPUS_PER_NODE = 128
+MAX_NICS_PER_NODE = 64
+MAX_LINKS_PER_NODE = 2048  # GPU<->NIC pairs reported
+MAX_LABELS_PER_NODE = 64
+MAX_SOURCES_PER_NODE = 16
+MAX_GPU_INDEX = 1023
+MAX_MEMBERS_PER_REGISTRATION = 1024
+# The whole node record as stored. A real 8-GPU, 8-NIC node is ~6 KiB.
+MAX_NODE_RECORD_BYTES = 256 * 1024
+
+# --- whole records and writes -------------------------------------------------
+
+# The txn that reserves a gang writes its gang record (spec + placement) and
+# its reservation record (node -> devices) together: both must fit one etcd
+# request with room for compares, keys and framing.
+MAX_RESERVATION_TXN_BYTES = 1280 * 1024
+# No gang record can be larger than that txn.
+MAX_GANG_RECORD_BYTES = MAX_RESERVATION_TXN_BYTES
+# Fixed part of a gang record besides spec, placement and reason (id,
+# state, owner AZ, timestamps, counters, idempotency key, JSON keys).
+GANG_RECORD_FIXED_BYTES = 1024
+MAX_AZ_NAME_LEN = 63
+
+# --- paged reads ---------------------------------------------------------------
+
+# Keys per range call of a paged read (coordinator.store.Store.get_prefix_paged).
+# A page that would exceed RANGE_REPLY_BYTES is read again at half the size,
+# down to one key (every record is far below RANGE_REPLY_BYTES).
+PAGE_KEYS = 512
+
+
+def json_bytes(value: Any) -> int:
+    """Bytes ``value`` takes in a stored record (coordinator.store.encode)."""
+    return len(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
+
+
+def list_bytes(items: Iterable[Any]) -> int:
+    """JSON bytes of a list: every element's bytes plus its comma, so an
+    empty string still costs 3 bytes."""
+    return json_bytes(list(items))
+
+
+def map_bytes(items: Mapping[str, Any]) -> int:
+    return json_bytes(dict(items))
+
+
+def _max_member_json(gpus: int, nics: int) -> tuple[int, int]:
+    """JSON bytes of the largest placement entry and reservation node entry of
+    a member with ``gpus`` GPUs and ``nics`` NICs (names at their maximum,
+    indices at their widest)."""
+    node = "n" * MAX_NODE_NAME_LEN
+    member = {
+        "rank": MAX_MEMBERS - 1,
+        "az": "a" * MAX_AZ_NAME_LEN,
+        "node": node,
+        "gpus": [MAX_GPU_INDEX] * gpus,
+        "nics": ["x" * MAX_NIC_NAME_LEN] * nics,
+    }
+    entry = {node: {"gpus": [MAX_GPU_INDEX] * gpus, "nics": ["x" * MAX_NIC_NAME_LEN] * nics}}
+    return json_bytes([member]) - 1, json_bytes(entry) - 1  # "[...]"/"{...}" -> one element and its comma
+
+
+def reservation_txn_bound(members: int, gpus: int, nics: int, spec_bytes: int) -> int:
+    """An upper bound on the bytes of the reservation txn of a gang of this
+    shape: its gang record (fixed part, spec, clipped reason, placement of
+    every member) plus its reservation record (one node entry per member at
+    worst), with every name at its maximum length."""
+    per_member, per_node = _max_member_json(gpus, nics)
+    reason = 6 * MAX_REASON_CHARS + 2
+    return GANG_RECORD_FIXED_BYTES + spec_bytes + reason + members * (per_member + per_node) + GANG_RECORD_FIXED_BYTES
+
+
+def max_members_of_shape(gpus: int, nics: int, spec_bytes: int) -> int:
+    """The most members a gang of this shape may have (see reservation_txn_bound)."""
+    per_member, per_node = _max_member_json(gpus, nics)
+    fixed = reservation_txn_bound(0, gpus, nics, spec_bytes)
+    return max(0, min(MAX_MEMBERS, (MAX_RESERVATION_TXN_BYTES - fixed) // (per_member + per_node)))
+
+
+def clip(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying that it was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 40  # room for the marker (at most 40 characters)
+    return text[:keep] + f"... ({len(text) - keep} more characters)"
+
+
+def size_error(field_: str, size: int, limit: int, unit: str = "bytes") -> str:
+    """The one wording of an oversized field: the field, the limit, the size."""
+    return f"{field_}: {size} {unit}, more than the limit of {limit} {unit}"
