@@ -1,7 +1,9 @@
 """Start and stop a real etcd server process (for `phalanx up`, tests, chaos).
 
 Uses the `etcd` binary on PATH (Debian package etcd-server; scripts/setup.sh
-installs it). No client library here: readiness is polled on /health.
+installs it). No client library here: readiness is polled on /health. The
+server is started with ``phalanx.procs.spawn``: it dies with the process that
+started it, however that one ends.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from phalanx import procs
 
 
 class EtcdNotFound(RuntimeError):
@@ -50,6 +54,9 @@ class EtcdServer:
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
     netns: str | None = None  # run inside `ip netns exec NETNS`
+    # False only for a script whose starter exits while etcd keeps serving
+    # (scripts/gpu_node_check.sh stops it by pid itself).
+    die_with_parent: bool = True
     proc: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
@@ -104,9 +111,18 @@ class EtcdServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
-        self.proc = subprocess.Popen(
-            self.command(), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        # Dies with whoever started it (SIGKILL: etcd's data is fsynced, so a
+        # kill is as safe as a power cut), even if that one is SIGKILLed itself.
+        try:
+            if self.die_with_parent:
+                self.proc = procs.spawn(self.command(), stdout=out, stderr=subprocess.STDOUT, env=env)
+            else:
+                self.proc = subprocess.Popen(
+                    self.command(), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child holds its own copy
         return self
 
     def healthy(self, timeout: float = 1.0) -> bool:

@@ -1,6 +1,8 @@
 """``phalanx up``: a whole multi-AZ cluster on one machine, for trying Phalanx.
 
-Starts (each in its own process group, output in ``<state-dir>/logs/``):
+docs/local-cluster.md describes it for users. Starts (each in its own
+session, output in ``<state-dir>/logs/``, every one through
+``phalanx.procs.spawn`` so that it dies with ``up`` however ``up`` dies):
 
 - etcd (``phalanx.etcd_server.EtcdServer`` under ``<state-dir>/etcd``) unless
   ``--etcd`` points at one;
@@ -8,15 +10,19 @@ Starts (each in its own process group, output in ``<state-dir>/logs/``):
   (``python -m coordinator``) and one process of K simulated node agents
   (``python -m agent.sim``);
 
-then prints ``PHALANX_ADDRESS=host:port,...`` (every coordinator) once every AZ
-has a leader, and, unless ``--no-workload``, submits the specs in
-``examples/`` in a loop and prints a progress line every ~2 s.
+then prints ``PHALANX_CLUSTER=name`` and ``PHALANX_ADDRESS=host:port,...``
+(every coordinator) once every AZ has a leader elected in this run, and,
+unless ``--no-workload``, submits the specs in ``examples/`` in a loop and
+prints a progress line every ~2 s.
 
-Ctrl-C / SIGTERM: stop the workload, SIGTERM every child group, wait, SIGKILL
-stragglers, stop etcd, remove the state dir if ``up`` created it (a
-``--state-dir`` given by the user is kept, etcd data included, so the next
-``up`` with the same dir finds its gangs again). Exit code 0 after a clean
-shutdown, 1 when start-up failed, 2 for bad flags.
+Ctrl-C / SIGTERM / SIGHUP, or a closed stdout: stop the workload, SIGTERM
+every child group, wait, SIGKILL stragglers, stop etcd, remove the state dir
+if ``up`` created it (a ``--state-dir`` given by the user is kept, etcd data
+included, so the next ``up`` with the same dir finds its gangs again). A state
+dir ``up`` created under the temp dir holds an owner file; the next ``up``
+removes such a dir once its owner is dead (SIGKILL leaves it behind). Exit
+code 0 after a clean shutdown, 1 when start-up failed, an unexpected error or
+a closed stdout stopped it, 2 for bad flags.
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import re
+import secrets
+import select
 import shutil
 import signal
 import socket
@@ -35,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +52,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from phalanx import failpoints, procs
 from phalanx.client import AsyncClient, is_terminal, state_name
 from phalanx.errors import AlreadyExists, PhalanxError, Unimplemented
 from phalanx.etcd_server import EtcdServer, free_port
@@ -62,6 +73,30 @@ ADMITTED_STATES = frozenset(
 PROGRESS_EVERY_S = 2.0
 POLL_EVERY_S = 1.0
 
+# State dirs `up` creates itself: <temp dir>/phalanx-up-XXXX, each with an
+# owner file naming the `up` process (pid and kernel start time, so a reused
+# pid never passes for the owner). The next `up` removes the dirs of dead
+# owners that no live process still uses.
+STATE_DIR_PREFIX = "phalanx-up-"
+OWNER_FILE = "phalanx-up.owner"
+# A kept --state-dir remembers its cluster name, so the next `up` on it finds
+# its gangs again without --cluster.
+CLUSTER_FILE = "cluster"
+DEFAULT_CLUSTER_PREFIX = "local"
+
+# --launch runs every member as two real processes (its fencing shim and the
+# member). On a small machine hundreds of them make every CLI call slow, so
+# the sample workload keeps at most this many members live (pending ones
+# included) and no gang bigger than half of it.
+LAUNCH_MEMBER_BUDGET = max(4, 2 * (os.cpu_count() or 1))
+# The sample member under --launch: programs every POSIX machine has (no
+# train.py, no torchrun); it prints what Phalanx gave it, then sleeps.
+SAMPLE_MEMBER_COMMAND = [
+    "/bin/sh", "-c",
+    'echo "rank=$RANK world=$WORLD_SIZE gang=$PHALANX_GANG node=$PHALANX_NODE '
+    'master=$MASTER_ADDR:$MASTER_PORT"; sleep "$SAMPLE_SECONDS"; echo "rank=$RANK done"',
+]
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--azs", type=int, default=3, help="number of AZs (az-a, az-b, ...), default 3")
@@ -73,10 +108,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-workload", action="store_true", help="start the cluster only")
     p.add_argument("--launch", action="store_true", help="agents launch members as real processes")
     p.add_argument("--state-dir", default="", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
-    p.add_argument("--cluster", default="local", help="cluster name (etcd key prefix), default local")
+    p.add_argument(
+        "--cluster", default="",
+        help="cluster name (etcd key prefix); default: the one a kept --state-dir remembers, else local-<random>",
+    )
     p.add_argument(
         "--base-port", type=int, default=7070,
-        help="first coordinator port (then +1, ...; a taken port falls back to a free one); 0: free ports only",
+        help="first coordinator port (then +1, ...; a taken port is replaced by a free one, with a warning); "
+        "0: free ports only",
     )
     p.add_argument("--gangs-per-az", type=int, default=3, help="workload: live gangs kept per AZ, default 3")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for the cluster to come up")
@@ -116,8 +155,8 @@ class UpConfig:
         count = a.azs * a.coordinators_per_az
         if a.base_port != 0 and not 1024 <= a.base_port <= 65535 - count:
             raise ValueError(f"--base-port must be 0 or between 1024 and {65535 - count}, got {a.base_port}")
-        if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", a.cluster or ""):
-            raise ValueError(f"--cluster must be a DNS label, got {a.cluster!r}")
+        if a.cluster and not valid_cluster_name(a.cluster):
+            raise ValueError(f"--cluster must be a DNS label (a-z, 0-9, '-', at most 63), got {a.cluster!r}")
         if not a.start_timeout > 0:
             raise ValueError(f"--start-timeout must be positive, got {a.start_timeout}")
         return cls(
@@ -135,6 +174,21 @@ class UpConfig:
             gangs_per_az=a.gangs_per_az,
             start_timeout=a.start_timeout,
         )
+
+
+def valid_cluster_name(name: str) -> bool:
+    return len(name) <= 63 and re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?", name) is not None
+
+
+def choose_cluster_name(given: str, remembered: str, token: str) -> str:
+    """``--cluster`` if given, else the name a kept state dir remembers, else
+    ``local-<token>``: two local clusters never share a name by accident (the
+    CLI's default address could otherwise answer from the other one)."""
+    if given:
+        return given
+    if remembered and valid_cluster_name(remembered):
+        return remembered
+    return f"{DEFAULT_CLUSTER_PREFIX}-{token}"
 
 
 def normalize_etcd(value: str) -> str:
@@ -162,9 +216,18 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def replaced_ports(base: int, ports: list[int]) -> list[tuple[int, int]]:
+    """(asked, taken instead) for every port of ``ports`` that is not
+    ``base + i``; none with base 0 (nothing was asked for)."""
+    if not base:
+        return []
+    return [(base + i, p) for i, p in enumerate(ports) if p != base + i]
+
+
 def pick_ports(base: int, count: int) -> list[int]:
     """``base, base+1, ...`` so PHALANX_ADDRESS is the same from run to run;
-    any taken port (or all, with base 0) replaced by a free one."""
+    any taken port (or all, with base 0) replaced by a free one
+    (``replaced_ports`` says which, for the warning)."""
     ports: list[int] = []
     for i in range(count):
         port = base + i if base else 0
@@ -202,11 +265,15 @@ class Child:
         with open(self.log_path, "ab") as out:
             self._log_offset = out.tell()
             self._log_text = ""
-            # start_new_session: our own process group, so the terminal's
-            # Ctrl-C reaches only `up`, which then shuts children down in order.
-            self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+            # A session of its own (procs.spawn's default): the terminal's
+            # Ctrl-C reaches only `up`, which then shuts children down in
+            # order. Should `up` die without doing so, the kernel signals the
+            # child: agents get SIGTERM (they stop their members first, within
+            # their stop grace), coordinators SIGKILL (their leader keys
+            # expire with their leases).
+            self.proc = procs.spawn(
+                self.argv, die_with_parent=procs.TERM if self.kind == "agents" else procs.KILL,
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
             )
         self.starts += 1
         self.is_ready = False
@@ -265,7 +332,10 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def build_children(cfg: UpConfig, etcd: str, ports: list[int], logs: Path, agents_dir: Path) -> list[Child]:
+def build_children(
+    cfg: UpConfig, etcd: str, ports: list[int], logs: Path, agents_dir: Path, cluster: str = ""
+) -> list[Child]:
+    cluster = cluster or cfg.cluster
     children: list[Child] = []
     port_iter = iter(ports)
     for az in cfg.azs:
@@ -275,17 +345,22 @@ def build_children(cfg: UpConfig, etcd: str, ports: list[int], logs: Path, agent
                 Child(
                     name=cid, kind="coordinator", az=az,
                     argv=[
-                        sys.executable, "-m", "coordinator", "--cluster", cfg.cluster, "--az", az, "--id", cid,
+                        sys.executable, "-m", "coordinator", "--cluster", cluster, "--az", az, "--id", cid,
                         "--etcd", etcd, "--listen", f"127.0.0.1:{next(port_iter)}",
                     ],
                     log_path=logs / f"{cid}.log",
                     ready=re.compile(rf"^PHALANX_COORDINATOR_READY id={re.escape(cid)} az=\S+ address=(\S+)\s*$", re.M),
                 )
             )
-    for az in cfg.azs:
+    # Every AZ's agents share this host: each AZ process gets its own block of
+    # rendezvous ports (split again per node), so MASTER_PORTs never collide.
+    from coordinator.core.rendezvous import DEFAULT_PORTS, split_port_range
+
+    blocks = split_port_range(*DEFAULT_PORTS, len(cfg.azs))
+    for az, block in zip(cfg.azs, blocks):
         argv = [
-            sys.executable, "-m", "agent.sim", "--cluster", cfg.cluster, "--az", az, "--etcd", etcd,
-            "--nodes", str(cfg.nodes_per_az),
+            sys.executable, "-m", "agent.sim", "--cluster", cluster, "--az", az, "--etcd", etcd,
+            "--nodes", str(cfg.nodes_per_az), "--rendezvous-ports", "%d-%d" % block,
         ]
         if cfg.spines is not None:
             argv += ["--spines", str(cfg.spines)]
@@ -310,47 +385,216 @@ class StartupFailed(Exception):
     pass
 
 
+class StdoutClosed(Exception):
+    """Nobody reads ``up``'s output any more (a closed pipe, a hung-up
+    terminal): shut down cleanly, as SIGPIPE would have stopped it, but
+    without leaving anything behind."""
+
+
+class LineOut:
+    """Writes whole lines to one stream and never raises: the first write
+    that fails (EPIPE from a closed pipe, EIO from a hung-up terminal, a
+    closed file) marks the stream dead, points its descriptor at /dev/null
+    (so the interpreter's final flush cannot fail either) and calls
+    ``on_broken`` once. Clean-up must run whatever happened to the reader."""
+
+    def __init__(self, stream: TextIO, on_broken: Any = None):
+        self.stream = stream
+        self.broken = False
+        self.on_broken = on_broken
+
+    def line(self, text: str) -> None:
+        if self.broken:
+            return
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except Exception:  # EPIPE, EIO, a closed file, no stream at all (fd 1 closed)
+            self.mark_broken()
+
+    def check(self) -> None:
+        """Notice a reader that went away while we had nothing to write: the
+        write end of a pipe without readers polls POLLERR (a hung-up terminal
+        POLLHUP); a regular file never does."""
+        if self.broken:
+            return
+        try:
+            fd = self.stream.fileno()
+        except (OSError, ValueError, AttributeError):
+            return  # not a real descriptor (tests' StringIO): nothing to poll
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        try:
+            events = poller.poll(0)
+        except OSError:
+            return
+        if any(ev & (select.POLLERR | select.POLLHUP | select.POLLNVAL) for _, ev in events):
+            self.mark_broken()
+
+    def mark_broken(self) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        try:
+            fd = self.stream.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, fd)
+            finally:
+                os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+        if self.on_broken is not None:
+            self.on_broken()
+
+
+@dataclass(frozen=True)
+class LeaderSeen:
+    """One AZ's leader as ClusterStatus reports it."""
+
+    az: str
+    leader_id: str
+    address: str
+    epoch: int
+
+
+def leaders_of_this_run(
+    seen: list[LeaderSeen], azs: tuple[str, ...], baseline_revision: int, addresses: set[str]
+) -> tuple[set[str], dict[str, LeaderSeen]]:
+    """(AZs whose leader was elected in this run, AZs whose leader key is an
+    older one). A leader of this run is one of this run's coordinators
+    (its address) whose key was created after ``baseline_revision``, the
+    etcd revision read before any of them started: a leader key of an
+    earlier run on the same etcd (a kept --state-dir, an --etcd shared
+    across runs) carries the same ids and, with fixed ports, the same
+    addresses, but never a newer epoch (an epoch is the key's create
+    revision)."""
+    ours: set[str] = set()
+    stale: dict[str, LeaderSeen] = {}
+    for s in seen:
+        if s.az not in azs:
+            continue
+        if s.epoch > baseline_revision and s.address in addresses:
+            ours.add(s.az)
+        else:
+            stale[s.az] = s
+    return ours, stale
+
+
 class Up:
     def __init__(self, cfg: UpConfig, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
         self.cfg = cfg
-        self.out = out
-        self.err = err
+        self.out = LineOut(out, on_broken=self._stdout_broken)
+        self.err = LineOut(err)
         self.state_dir = Path()
         self.created_state_dir = False
+        self.owner_written = False
+        self.cluster = cfg.cluster
         self.etcd: EtcdServer | None = None
+        self.etcd_reported = False
         self.children: list[Child] = []
         self.addresses: list[str] = []
+        self.baseline_revision = 0
         self.hurry = False  # a second Ctrl-C: skip the grace period
+        self.stdout_closed = False
+        self.stop_requested = False
+        self.shutting_down = False
+        self.main_task: asyncio.Task[Any] | None = None
 
     def say(self, text: str) -> None:
-        print(f"phalanx up: {text}", file=self.out, flush=True)
+        self.out.line(f"phalanx up: {text}")
 
     def warn(self, text: str) -> None:
-        print(f"phalanx up: {text}", file=self.err, flush=True)
+        self.err.line(f"phalanx up: {text}")
+
+    def emit(self, text: str) -> None:
+        """A bare line on stdout (PHALANX_ADDRESS=..., progress)."""
+        self.out.line(text)
+
+    def request_stop(self, why: str) -> None:
+        """A signal or a closed stdout: the first cancels the main task, which
+        then shuts everything down in order; any later one (or one that comes
+        while shutdown already runs, after a failed start) only drops the
+        grace period. Never cancels the shutdown itself."""
+        if self.stop_requested or self.shutting_down:
+            self.hurry = self.hurry or self.stop_requested
+            self.stop_requested = True
+            return
+        self.stop_requested = True
+        self.say(f"{why}: shutting down")
+        if self.main_task is not None and not self.main_task.done():
+            self.main_task.cancel()
+
+    def _stdout_broken(self) -> None:
+        # Called from inside a write (maybe in the signal handler's say, maybe
+        # deep in the workload): flag it and let request_stop do the rest.
+        if not self.stdout_closed:
+            self.stdout_closed = True
+            self.warn("stdout closed (nobody reads it any more)")
+            self.request_stop("stdout closed")
 
     async def main(self) -> int:
-        """Start, serve until cancelled (signal), always clean up."""
+        """Start, serve until cancelled (signal, closed stdout), always clean up."""
+        self.main_task = asyncio.current_task()
         code = 0
+        keep_logs = False
         try:
             await self.start()
             await self.serve()
         except asyncio.CancelledError:
-            pass  # the signal handler cancelled us: a normal shutdown
+            pass  # a signal or a closed stdout cancelled us: a normal shutdown
         except StartupFailed as exc:
             self.warn(f"error: {exc}")
             code = 1
+            keep_logs = True
+        except Exception as exc:
+            # A bug: one error line, the traceback for the report, and still
+            # the whole clean-up below.
+            self.warn(f"error: unexpected {type(exc).__name__}: {exc}; shutting down")
+            for line in traceback.format_exc().rstrip().splitlines():
+                self.err.line(line)
+            code = 1
         finally:
-            await self.shutdown(keep_logs=code != 0)
+            self.shutting_down = True
+            await self.shutdown(keep_logs=keep_logs)
+        if self.stdout_closed and code == 0:
+            code = 1
         return code
 
-    async def start(self) -> None:
+    # -- state dir ------------------------------------------------------------------
+
+    def _make_state_dir(self) -> None:
         cfg = self.cfg
+        root = Path(tempfile.gettempdir())
+        for path, why in reap_stale_state_dirs(root):
+            self.say(f"removed {path} ({why})")
         if cfg.state_dir:
             self.state_dir = Path(cfg.state_dir).resolve()
             self.state_dir.mkdir(parents=True, exist_ok=True)
+            owner = read_owner(self.state_dir)
+            if owner is not None and owner_alive(owner) and owner.get("pid") != os.getpid():
+                raise StartupFailed(
+                    f"--state-dir {self.state_dir} is in use by another phalanx up (pid {owner.get('pid')})"
+                )
         else:
-            self.state_dir = Path(tempfile.mkdtemp(prefix="phalanx-up-"))
+            self.state_dir = Path(tempfile.mkdtemp(prefix=STATE_DIR_PREFIX, dir=root))
             self.created_state_dir = True
+        write_owner(self.state_dir, cluster=self.cluster)
+        self.owner_written = True
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self._make_state_dir()
+        remembered = ""
+        if not self.created_state_dir:
+            try:
+                remembered = (self.state_dir / CLUSTER_FILE).read_text().strip()
+            except OSError:
+                pass
+        self.cluster = choose_cluster_name(cfg.cluster, remembered, secrets.token_hex(3))
+        if not self.created_state_dir:
+            (self.state_dir / CLUSTER_FILE).write_text(self.cluster + "\n")
+        write_owner(self.state_dir, cluster=self.cluster)
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         kept = "kept" if not self.created_state_dir else "removed on exit"
@@ -365,34 +609,61 @@ class Up:
                 raise StartupFailed(f"cannot start etcd: {exc}") from None
             await self._wait_etcd(self.etcd)
             etcd = self.etcd.endpoint
-            self.say(f"etcd at {etcd}")
+            self.say(f"etcd at {etcd} (pid {self.etcd.proc.pid if self.etcd.proc else '?'})")
         else:
             self.say(f"using etcd at {etcd}")
+        deadline = time.monotonic() + cfg.start_timeout
+        # Before any coordinator of ours can campaign: a leader key created
+        # after this revision is one of this run's.
+        self.baseline_revision = await self._read_revision(etcd, deadline)
 
-        ports = pick_ports(cfg.base_port, len(cfg.azs) * cfg.coordinators_per_az)
-        self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents")
+        count = len(cfg.azs) * cfg.coordinators_per_az
+        ports = pick_ports(cfg.base_port, count)
+        replaced = replaced_ports(cfg.base_port, ports)
+        if replaced:
+            self.warn(
+                f"warning: asked for ports {cfg.base_port}-{cfg.base_port + count - 1}; "
+                f"{', '.join(str(a) for a, _ in replaced)} taken, using "
+                f"{', '.join(f'{a}->{t}' for a, t in replaced)} instead"
+            )
+        self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents", self.cluster)
         env = child_env()
         for child in self.children:
             child.start(env)
         self.say(
-            f"started {', '.join(cfg.azs)} (cluster {cfg.cluster!r}), each with {cfg.coordinators_per_az} "
+            f"started {', '.join(cfg.azs)} (cluster {self.cluster!r}), each with {cfg.coordinators_per_az} "
             f"coordinator(s) and {cfg.nodes_per_az} simulated node(s); waiting for leaders"
         )
-        deadline = time.monotonic() + cfg.start_timeout
         await self._wait_children_ready(env, deadline)
-        addresses = [c.address for c in self.children if c.kind == "coordinator"]
-        await self._wait_leaders(addresses, deadline)
-        # Exactly one such line, flushed: scripts and tests wait for it.
-        print(f"PHALANX_ADDRESS={','.join(addresses)}", file=self.out, flush=True)
-        self.addresses = addresses
-        if cfg.launch:
-            self.say(f"member logs: phalanx logs GANG --state-dir {self.state_dir / 'agents'}")
+        self.addresses = [c.address for c in self.children if c.kind == "coordinator"]
+        await self._wait_leaders(self.addresses, deadline)
+        self.emit(f"PHALANX_CLUSTER={self.cluster}")
+        self.emit(f"PHALANX_ADDRESS={','.join(self.addresses)}")
+
+    async def _read_revision(self, etcd: str, deadline: float) -> int:
+        from coordinator.store import Store  # the coordinators' own etcd client
+
+        last: Exception | None = None
+        async with Store(etcd, self.cluster, timeout=2.0) as store:
+            while time.monotonic() < deadline:
+                self._check_etcd_alive()
+                try:
+                    return await store.revision()
+                except Exception as exc:  # StoreUnavailable & co: etcd not answering yet
+                    last = exc
+                await asyncio.sleep(0.5)
+        raise StartupFailed(f"etcd at {etcd} did not answer within {self.cfg.start_timeout:g}s: {last}")
+
+    def _check_etcd_alive(self) -> None:
+        etcd = self.etcd
+        if etcd is not None and etcd.proc is not None and etcd.proc.poll() is not None:
+            self.etcd_reported = True
+            raise StartupFailed(f"etcd (pid {etcd.proc.pid}) exited with code {etcd.proc.returncode}; see {etcd.log_path}")
 
     async def _wait_etcd(self, etcd: EtcdServer) -> None:
         deadline = time.monotonic() + min(self.cfg.start_timeout, 60.0)
         while time.monotonic() < deadline:
-            if etcd.proc is not None and etcd.proc.poll() is not None:
-                raise StartupFailed(f"etcd exited with code {etcd.proc.returncode}; see {etcd.log_path}")
+            self._check_etcd_alive()
             # healthy() blocks for up to its timeout: keep it off the loop.
             if await asyncio.to_thread(etcd.healthy, 0.5):
                 return
@@ -401,6 +672,7 @@ class Up:
 
     async def _wait_children_ready(self, env: dict[str, str], deadline: float) -> None:
         while True:
+            self._check_etcd_alive()
             pending = [c for c in self.children if not c.check_ready()]
             if not pending:
                 return
@@ -411,8 +683,12 @@ class Up:
                 # A coordinator that died before serving most likely lost a
                 # race for its port: try again on a fresh one, twice at most.
                 if c.kind == "coordinator" and c.starts < 3:
+                    asked = c.argv[-1]
                     c.argv[-1] = f"127.0.0.1:{free_port()}"
-                    self.warn(f"{c.name} exited with code {code} before serving; retrying on {c.argv[-1]}")
+                    self.warn(
+                        f"warning: {c.name} exited with code {code} before serving on {asked} "
+                        f"(port taken?); retrying on {c.argv[-1]}"
+                    )
                     c.start(env)
                     continue
                 raise StartupFailed(
@@ -426,22 +702,38 @@ class Up:
     async def _wait_leaders(self, addresses: list[str], deadline: float) -> None:
         wanted = set(self.cfg.azs)
         missing = wanted
+        stale: dict[str, LeaderSeen] = {}
+        told_stale: set[str] = set()
         async with AsyncClient(addresses, timeout=5.0) as client:
             while True:
                 try:
                     st = await client.status()
-                    missing = wanted - {az.az for az in st.azs if az.has_leader}
+                    seen = [LeaderSeen(az.az, az.leader_id, az.leader_address, az.epoch) for az in st.azs if az.has_leader]
+                    ours, stale = leaders_of_this_run(seen, self.cfg.azs, self.baseline_revision, set(addresses))
+                    missing = wanted - ours
                     if not missing:
                         return
+                    for az in sorted(set(stale) & missing - told_stale):
+                        s = stale[az]
+                        told_stale.add(az)
+                        self.say(
+                            f"{az}: leader key of an earlier run ({s.leader_id} at {s.address}, epoch {s.epoch}) "
+                            "still held; waiting for its lease to expire"
+                        )
                 except PhalanxError:
                     pass  # not serving yet, or etcd unreachable for a moment
+                self._check_etcd_alive()
                 for c in self.children:
                     if not c.alive():
                         raise StartupFailed(f"{c.name} exited with code {c.proc.returncode if c.proc else None}; see {c.log_path}")
                 if time.monotonic() > deadline:
+                    why = "; ".join(
+                        f"{az}: only the leader key of an earlier run ({stale[az].leader_id}, epoch {stale[az].epoch})"
+                        for az in sorted(missing) if az in stale
+                    )
                     raise StartupFailed(
-                        f"no leader after {self.cfg.start_timeout:g}s in {', '.join(sorted(missing))} "
-                        "(is etcd reachable? see the coordinator logs)"
+                        f"no leader of this run after {self.cfg.start_timeout:g}s in {', '.join(sorted(missing))} "
+                        f"({why or 'is etcd reachable? see the coordinator logs'})"
                     )
                 await asyncio.sleep(0.2)
 
@@ -454,6 +746,9 @@ class Up:
         try:
             while True:
                 self._report_exits()
+                self.out.check()
+                if failpoints.on("up.serve_error"):
+                    raise RuntimeError("failpoint up.serve_error")
                 if workload is not None and workload.done() and not workload.cancelled():
                     exc = workload.exception()
                     if exc is not None:
@@ -466,16 +761,26 @@ class Up:
                 await asyncio.gather(workload, return_exceptions=True)
 
     def _report_exits(self) -> None:
+        """One line per process of ours that died while serving (etcd
+        included); its log holds the why."""
         for c in self.children:
             if c.proc is not None and not c.reported_exit and c.proc.poll() is not None:
                 c.reported_exit = True
-                self.warn(f"warning: {c.name} exited with code {c.proc.returncode}; last lines of {c.log_path}:\n{c.log_tail(10)}")
+                self.warn(f"warning: {c.name} (pid {c.pid}) exited with code {c.proc.returncode}; see {c.log_path}")
+        etcd = self.etcd
+        if etcd is not None and etcd.proc is not None and not self.etcd_reported and etcd.proc.poll() is not None:
+            self.etcd_reported = True
+            self.warn(
+                f"warning: etcd (pid {etcd.proc.pid}) exited with code {etcd.proc.returncode}; "
+                f"the cluster cannot work without it; see {etcd.log_path}"
+            )
 
     async def shutdown(self, keep_logs: bool = False) -> None:
         """Children first (they resign leadership and stop members), then etcd,
         then the state dir. Every step runs even if an earlier one failed.
         ``keep_logs``: after a failed start, a state dir we created keeps its
-        logs (only) so the failure can be diagnosed."""
+        logs (only) so the failure can be diagnosed (the next ``up`` removes
+        it: its owner is dead by then)."""
         live = [c for c in self.children if c.alive()]
         if live:
             self.say(f"stopping {len(live)} process(es)")
@@ -504,12 +809,91 @@ class Up:
                 self.warn(f"stopping etcd: {exc!r}")
         if self.created_state_dir and keep_logs:
             for entry in self.state_dir.iterdir():
-                if entry.name != "logs":
+                if entry.name not in ("logs", OWNER_FILE):
                     shutil.rmtree(entry, ignore_errors=True)
             self.warn(f"logs kept in {self.state_dir / 'logs'}")
         elif self.created_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        elif self.owner_written:
+            try:
+                (self.state_dir / OWNER_FILE).unlink()
+            except OSError:
+                pass
         self.say("stopped")
+
+
+# --- state dirs of earlier runs ----------------------------------------------------------
+
+
+def write_owner(state_dir: Path, *, cluster: str, pid: int | None = None) -> None:
+    """Atomically record which ``up`` process owns ``state_dir``."""
+    pid = os.getpid() if pid is None else pid
+    doc = {"pid": pid, "start": procs.pid_start_time(pid), "cluster": cluster}
+    tmp = state_dir / f".{OWNER_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(doc) + "\n")
+    os.replace(tmp, state_dir / OWNER_FILE)
+
+
+def read_owner(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads((state_dir / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
+
+
+def owner_alive(owner: dict[str, Any]) -> bool:
+    start = owner.get("start")
+    return procs.process_alive(int(owner["pid"]), start if isinstance(start, int) else None)
+
+
+def processes_using(path: Path) -> list[int]:
+    """Live processes whose command line names ``path`` or a path below it
+    (etcd's --data-dir, an agent's --state-dir, a member shim's lease file)."""
+    needle = str(path).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if needle in cmdline and procs.process_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def stale_verdict(owner: dict[str, Any] | None, owner_is_alive: bool, users: list[int]) -> str | None:
+    """Why a ``phalanx-up-*`` dir may go (None: keep it). Only a dir with an
+    owner file (one ``up`` wrote it: never a stranger's dir), whose owner is
+    dead and which no live process still uses (a child still shutting down)."""
+    if owner is None or owner_is_alive or users:
+        return None
+    return f"state dir of a dead earlier run, pid {owner.get('pid')}"
+
+
+def reap_stale_state_dirs(root: Path) -> list[tuple[Path, str]]:
+    """Remove the state dirs that dead ``up`` runs left under ``root``;
+    (path, why) for each removed."""
+    removed = []
+    try:
+        candidates = sorted(root.glob(f"{STATE_DIR_PREFIX}*"))
+    except OSError:
+        return []
+    for path in candidates:
+        if not path.is_dir() or path.is_symlink():
+            continue
+        owner = read_owner(path)
+        alive = owner is not None and owner_alive(owner)
+        why = stale_verdict(owner, alive, processes_using(path) if owner is not None and not alive else [])
+        if why is None:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append((path, why))
+    return removed
 
 
 # --- sample workload ------------------------------------------------------------------
@@ -549,25 +933,32 @@ def load_templates(examples: Path = EXAMPLES_DIR) -> list[Template]:
     return out
 
 
-def runnable(t: Template) -> bool:
-    """With --launch members really run: leave out templates whose program is
-    not installed here (e.g. torchrun), they could only fail."""
-    command = t.data.get("run", {}).get("command") or []
-    return not command or shutil.which(command[0]) is not None
-
-
-def fit_template(t: Template, nodes: int, gpus_per_node: int, azs: int, seq: int) -> dict[str, Any]:
+def fit_template(
+    t: Template, nodes: int, gpus_per_node: int, azs: int, seq: int, *, launch: bool = False
+) -> dict[str, Any]:
     """Shrink a template so it fits in about half an AZ (the whole cluster for
-    a cross-AZ gang), give it a unique name and a short simulated run."""
+    a cross-AZ gang), give it a unique name and a short run. With ``launch``
+    (members are real processes) every template but ``real-command`` (written
+    for it) runs ``SAMPLE_MEMBER_COMMAND``: the examples' own commands name
+    programs and files (torchrun, train.py) a fresh machine lacks. No gang
+    then has more than half of ``LAUNCH_MEMBER_BUDGET`` members."""
     data = yaml.safe_load(yaml.safe_dump(t.data))  # deep copy
     gpus = max(1, min(int(data["resources"]["gpus"]), gpus_per_node))
     per_node = max(1, gpus_per_node // gpus)
     capacity = nodes * per_node * (azs if t.cross_az else 1)
     data["resources"]["gpus"] = gpus
-    data["members"] = max(1, min(int(data["members"]), capacity // 2 if capacity > 1 else 1))
+    members = max(1, min(int(data["members"]), capacity // 2 if capacity > 1 else 1))
+    if launch:
+        members = min(members, max(1, LAUNCH_MEMBER_BUDGET // 2))
+    data["members"] = members
     data["resources"]["rdma_nics"] = min(int(data["resources"].get("rdma_nics", 0)), gpus)
     data["name"] = f"{t.label}-{seq}"[:53].rstrip("-")
-    data.setdefault("run", {})["duration_s"] = float(5 + (seq % 4) * 5)
+    seconds = 5 + (seq % 4) * 5
+    run = data.setdefault("run", {})
+    run["duration_s"] = float(seconds)
+    if launch and not t.real_command:
+        run["command"] = list(SAMPLE_MEMBER_COMMAND)
+        run.setdefault("env", {})["SAMPLE_SECONDS"] = str(seconds)
     # Fail fast rather than block the queue when the simulated topology cannot
     # satisfy a template's constraints.
     data.setdefault("policy", {})["admission_timeout_s"] = 120.0
@@ -584,7 +975,7 @@ class Workload:
         self.templates = [
             t for t in load_templates()
             if (len(cfg.azs) > 1 or not t.cross_az)
-            and (runnable(t) if cfg.launch else not t.real_command)
+            and (cfg.launch or not t.real_command)
         ]
         by_az: dict[str, list[str]] = {az: [] for az in cfg.azs}
         for c in up.children:
@@ -596,6 +987,7 @@ class Workload:
             for az, addrs in by_az.items()
         }
         self.live: dict[str, tuple[str, GangState]] = {}  # gang id -> (az, state)
+        self.live_members: dict[str, int] = {}  # gang id -> members (the --launch budget)
         self.finished: Counter[str] = Counter()
         self.admitted: set[str] = set()
         self.seq = itertools.count(1)
@@ -629,7 +1021,7 @@ class Workload:
                 if now - last_print >= PROGRESS_EVERY_S:
                     rate = (len(self.admitted) - last_admitted) / (now - last_print)
                     last_admitted, last_print = len(self.admitted), now
-                    print(self.progress_line(now - started, rate), file=self.up.out, flush=True)
+                    self.up.emit(self.progress_line(now - started, rate))
                 await asyncio.sleep(0.25)
         finally:
             for client in self.clients.values():
@@ -666,7 +1058,11 @@ class Workload:
             if template is None:
                 return  # every template was refused by this server version
             nodes, gpus_per_node = self.capacity.get(az, (cfg.nodes_per_az, 8))
-            data = fit_template(template, max(nodes, 1), max(gpus_per_node, 1), len(cfg.azs), next(self.seq))
+            data = fit_template(
+                template, max(nodes, 1), max(gpus_per_node, 1), len(cfg.azs), next(self.seq), launch=cfg.launch
+            )
+            if cfg.launch and sum(self.live_members.values()) + int(data["members"]) > LAUNCH_MEMBER_BUDGET:
+                return  # the machine stays responsive: wait until live members finish
             try:
                 result = await self.clients[az].submit(data)
             except AlreadyExists:
@@ -681,6 +1077,7 @@ class Workload:
                 self._show_error(f"submit {data['name']} to {az}: {exc}")
                 continue
             self.live[result.gang.id] = (az, GangState(result.gang.state or GangState.PENDING))
+            self.live_members[result.gang.id] = int(data["members"])
             per_az[az] += 1
 
     async def _poll(self) -> None:
@@ -698,12 +1095,14 @@ class Workload:
                     gang = await client.get(gid)
                 except PhalanxError:
                     del self.live[gid]  # gone (deleted): nothing to count
+                    self.live_members.pop(gid, None)
                     continue
             state = GangState(gang.state) if gang.state else GangState.PENDING
             if state in ADMITTED_STATES:
                 self.admitted.add(gid)
             if is_terminal(gang):
                 del self.live[gid]
+                self.live_members.pop(gid, None)
                 self.finished[state_name(gang)] += 1
             else:
                 self.live[gid] = (az, state)
@@ -739,25 +1138,24 @@ def run(args: argparse.Namespace) -> int:
 async def _amain(cfg: UpConfig) -> int:
     up = Up(cfg)
     loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    stopping = False
+
+    up.main_task = asyncio.current_task()  # a signal right away still stops us cleanly
 
     def on_signal(signame: str) -> None:
-        nonlocal stopping
-        if not stopping:
-            stopping = True
-            up.say(f"{signame}: shutting down")
-            task.cancel()
-        else:
-            up.hurry = True  # second signal: no more grace
+        up.request_stop(signame)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP (terminal closed, ssh dropped) stops the cluster like SIGTERM,
+    # with the same clean-up; its default action would kill `up` and skip it.
+    # SIGPIPE stays ignored (Python's default; made sure of here): a closed
+    # stdout shows up as EPIPE, which LineOut turns into a clean shutdown.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig.name)
     try:
         return await up.main()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in handled:
             loop.remove_signal_handler(sig)
 
 
@@ -786,10 +1184,11 @@ class UpProcess:
         return self.address.split(",") if self.address else []
 
     def start(self, timeout: float = 240.0) -> "UpProcess":
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phalanx", "up", *self.args],
+        # SIGTERM when the caller dies (a killed test run): `up` then cleans up.
+        self.proc = procs.spawn(
+            [sys.executable, "-m", "phalanx", "up", *self.args], die_with_parent=procs.TERM,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=self.env, cwd=str(REPO_ROOT), start_new_session=True,
+            env=self.env, cwd=str(REPO_ROOT),
         )
         threading.Thread(target=self._read, name="phalanx-up-output", daemon=True).start()
         m = self.wait_for_line(r"^PHALANX_ADDRESS=(\S+)$", timeout)

@@ -408,7 +408,7 @@ else
     etcd_info=$(to 40 env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" <<'EOF'
 import sys
 from phalanx.etcd_server import EtcdServer
-s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2]).start()
+s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2], die_with_parent=False).start()
 print(s.proc.pid, s.endpoint, flush=True)
 try:
     s.wait_ready(30)

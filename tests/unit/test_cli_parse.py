@@ -75,7 +75,7 @@ PARSES: list[tuple[str, list[str], dict[str, object]]] = [
     (
         "up-defaults",
         ["up"],
-        {"azs": 3, "coordinators_per_az": 2, "nodes_per_az": 8, "etcd": "", "no_workload": False, "launch": False, "state_dir": "", "cluster": "local", "base_port": 7070},
+        {"azs": 3, "coordinators_per_az": 2, "nodes_per_az": 8, "etcd": "", "no_workload": False, "launch": False, "state_dir": "", "cluster": "", "base_port": 7070},
     ),
     (
         "up-flags",
