@@ -34,6 +34,7 @@ from coordinator.core.records import GangRecord  # noqa: E402
 from coordinator.election import Election, LeaseSession  # noqa: E402
 from coordinator.store import Fence, Put, Store, absent, Compare  # noqa: E402
 from phalanx.etcd_server import EtcdServer  # noqa: E402
+from phalanx.procs import TERM, spawn  # noqa: E402
 from phalanx.v1 import gang_pb2 as gpb, gang_pb2_grpc as ggrpc, types_pb2 as pb  # noqa: E402
 
 
@@ -217,15 +218,18 @@ async def main() -> None:
         addresses = {}
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         for az in azs:
-            p = subprocess.Popen([sys.executable, "-m", "coordinator", "--cluster", "bench", "--az", az, "--id", f"{az}-1",
-                                  "--etcd", etcd.endpoint, "--log-level", "WARNING"],
-                                 stdout=subprocess.PIPE, stderr=open(tmp / f"{az}.log", "w"), text=True, cwd=REPO, env=env)
+            # spawn(): every process of the bench dies with it, even when the
+            # bench itself is killed before its finally can run.
+            p = spawn([sys.executable, "-m", "coordinator", "--cluster", "bench", "--az", az, "--id", f"{az}-1",
+                       "--etcd", etcd.endpoint, "--log-level", "WARNING"],
+                      stdout=subprocess.PIPE, stderr=open(tmp / f"{az}.log", "w"), text=True, cwd=REPO, env=env)
             procs.append(p)
             addresses[az] = p.stdout.readline().split("address=")[1].strip()
         for az in azs:
-            procs.append(subprocess.Popen([sys.executable, "-m", "agent.sim", "--cluster", "bench", "--az", az, "--etcd", etcd.endpoint,
-                                           "--nodes", str(a.nodes_per_az), "--spines", "2", "--leaves-per-spine", "2"],
-                                          stdout=subprocess.DEVNULL, stderr=open(tmp / f"agents-{az}.log", "w"), cwd=REPO, env=env))
+            procs.append(spawn([sys.executable, "-m", "agent.sim", "--cluster", "bench", "--az", az, "--etcd", etcd.endpoint,
+                                "--nodes", str(a.nodes_per_az), "--spines", "2", "--leaves-per-spine", "2"],
+                               die_with_parent=TERM,
+                               stdout=subprocess.DEVNULL, stderr=open(tmp / f"agents-{az}.log", "w"), cwd=REPO, env=env))
         await wait_ready(addresses[azs[0]], azs, a.nodes_per_az)
         store = await Store(etcd.endpoint, "bench").connect()
         rows = []

@@ -13,7 +13,9 @@ Every coordinator and agent gets all three etcd endpoints, its own AZ's
 member first (the Store sticks to the first that answers). Every process is
 started with :meth:`Host.popen`, so it is tracked and the NetnsCluster
 teardown kills it (and every member process, found through ``ip netns
-pids``), whatever happens. ``ctl`` and ``client`` belong to no AZ: an AZ
+pids``), whatever happens; and ``Host.popen`` starts it through
+``phalanx.procs.spawn``, so it also dies when the runner is killed before any
+teardown can run (SIGKILL). ``ctl`` and ``client`` belong to no AZ: an AZ
 partition cuts the AZ's hosts from the other AZs' hosts, not from the
 observers.
 
@@ -46,6 +48,7 @@ from chaos.faults import FaultEvent
 from chaos.netns import Host, NetnsCluster, namespace_pids
 from chaos.proxy import ProxyControl, RunningProxy, start_proxy
 from coordinator.config import Timings
+from phalanx import procs
 
 REPO = Path(__file__).resolve().parent.parent
 COORD_PORT = 7070
@@ -304,7 +307,14 @@ class PhalanxCluster:
         err = open(self.logs / f"{mp.name}.log", "ab")
         out = open(out_path, "wb")
         try:
-            mp.proc = mp.host.popen(mp.cmd, stdout=out, stderr=err, env=self._env(env), cwd=str(REPO))
+            # Host.popen starts it through phalanx.procs.spawn: should this
+            # runner die without its teardown (SIGKILL), the kernel signals
+            # it. Agents get SIGTERM, so they stop their members first (their
+            # shims fence them anyway once the agent's lease goes stale);
+            # everything else SIGKILL.
+            die = procs.TERM if mp.role == "agents" else procs.KILL
+            mp.proc = mp.host.popen(mp.cmd, stdout=out, stderr=err, env=self._env(env), cwd=str(REPO),
+                                    die_with_parent=die)
         finally:
             out.close()
             err.close()

@@ -4,6 +4,11 @@ Health is judged from inside the cluster: the root namespace has no route to
 the hosts (by design, nothing is added to it), so every check runs
 ``etcdctl`` inside a client host. ``EtcdServer.wait_ready`` is not used for
 the same reason: it polls /health from the calling process's namespace.
+
+Members are ``EtcdServer``s (``netns`` set), started through
+``phalanx.procs.spawn`` like every process of the suite: a member dies with
+the runner that started it (or restarted it, from any thread), even when the
+runner is SIGKILLed before the namespace teardown.
 """
 
 from __future__ import annotations

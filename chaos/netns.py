@@ -38,6 +38,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from phalanx.procs import spawn
+
 NS_PREFIX = "phx"
 # phx<run>-<host>: <run> is lower-case alphanumerics (a random hex id in
 # practice); the host part may itself contain dashes.
@@ -371,12 +373,14 @@ class Host:
         """Start ``cmd`` inside this host, in its own process group, tracked for teardown.
 
         ``ip netns exec`` execs the command, so the returned pid is the
-        command itself (signals reach it, not a wrapper).
+        command itself (signals reach it, not a wrapper). Started with
+        ``phalanx.procs.spawn``: it also dies when this process dies without
+        a teardown (SIGKILL); ``die_with_parent=`` picks the signal.
         """
         if self._cluster.closed:
             raise NetnsError(f"host {self.name}: its cluster was torn down")
         kw.setdefault("start_new_session", True)
-        proc: subprocess.Popen[Any] = subprocess.Popen(self.wrap(cmd), **kw)
+        proc: subprocess.Popen[Any] = spawn(self.wrap(cmd), **kw)
         self._cluster.track(proc)
         return proc
 
