@@ -60,6 +60,14 @@ class Timings:
     # (docs/etcd-keys.md "Retention"). Until then GetGang shows it and a
     # resubmission with its idempotency key returns it.
     gang_retention_s: float = 7 * 24 * 3600.0
+    # Backfill (docs/admission.md): gangs behind one that does not fit may be
+    # admitted first; once the head has waited this long, the nodes it would
+    # take on an empty AZ are kept for it (others stay open to backfill).
+    backfill_window_s: float = 30.0
+    # "Never fits" (docs/admission.md) is judged against the nodes registered
+    # in etcd; a leader judges only once it has led this long, so that at a
+    # cluster's start the agents have had time to register their nodes.
+    node_register_grace_s: float = 60.0
 
     @property
     def leader_validity_s(self) -> float:
@@ -130,6 +138,13 @@ class Timings:
              "vote_timeout_s must be below prepare_timeout_s (the owner normally decides before participants give up)")
         rule(self.owner_adopt_after_s > self.lease_ttl_s + self.campaign_retry_s,
              "owner_adopt_after_s must exceed lease_ttl_s + campaign_retry_s (a standby gets the chance to take over first)")
+        # An agent finds a new leader within reconnect_budget_s and registers
+        # on its next heartbeat; judging sooner could fail a gang against an
+        # AZ whose nodes are on their way.
+        rule(self.node_register_grace_s >= self.reconnect_budget_s + self.heartbeat_interval_s,
+             "node_register_grace_s must be at least reconnect_budget_s + heartbeat_interval_s (agents register "
+             f"before gangs are judged against their nodes) ({self.node_register_grace_s} < "
+             f"{self.reconnect_budget_s + self.heartbeat_interval_s:g})")
         # A finished gang must outlive (a) every retry of its own submission:
         # a gang created by a first attempt whose reply was lost may finish at
         # once, and a retry after collection would run it a second time; and
@@ -166,6 +181,7 @@ class Timings:
             owner_adopt_after_s=5.0,
             restart_backoff_s=0.2,
             restart_backoff_max_s=2.0,
+            node_register_grace_s=2.0,
             # gang_retention_s stays at its default (7 days): the chaos
             # checker reads every acknowledged gang back at the end of a run
             # and `phalanx up` users read finished gangs long after. Tests of

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from coordinator.config import CoordinatorConfig
 from coordinator.core import progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
-from coordinator.core.placement import FabricIndex, NodeView, Placement
+from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
@@ -85,7 +85,12 @@ class AzLeader:
         self.liveness: dict[str, NodeLiveness] = {}
         self.conns: dict[str, AgentConn] = {}
         self.members: dict[tuple[str, int], dict[int, progress.MemberReport]] = {}
-        self.pending_reason: dict[str, str] = {}
+        self.pending_reason: dict[str, str] = {}  # the last cycle's reason per pending gang, served by explain
+        # Never-fits answers by request shape, valid while the registered
+        # nodes do not change (keyed by the FabricIndex they were built with).
+        self._verdicts: dict[tuple, str] = {}
+        self._verdicts_for: FabricIndex | None = None
+        self.led_since = mono()  # reset once rebuilt: when this leadership began to act
         self.wake = asyncio.Event()
         self.stopped = asyncio.Event()
         # Set once rebuild() has loaded gangs and reservations from etcd. The
@@ -111,6 +116,7 @@ class AzLeader:
         try:
             await self._rebuild_while_valid()
             await self.twophase.recover()
+            self.led_since = self.mono()
             self.rebuilt.set()
             self._spawn(self.twophase.watch(), "twophase-watch")
             self._spawn(self.collector.run(), "gang-collector")
@@ -466,7 +472,7 @@ class AzLeader:
                    and not is_two_phase(g)]
         if not pending:
             return
-        decisions = plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az, index=self.index)
+        decisions = self._plan(pending)
         sem = asyncio.Semaphore(self.config.reserve_parallelism)
         for d in decisions:
             if isinstance(d, Reserve):
@@ -478,12 +484,40 @@ class AzLeader:
                 self._inflight.add(d.gang.id)
                 self._spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
             elif isinstance(d, KeepPending):
-                if self.pending_reason.get(d.gang.id) != d.reason:
-                    self.pending_reason[d.gang.id] = d.reason
-                    log.debug("gang %s pending: %s", d.gang.id, d.reason)
+                why = self.queue_reason(d)
+                if self.pending_reason.get(d.gang.id) != why:
+                    self.pending_reason[d.gang.id] = why
+                    log.debug("gang %s pending: %s", d.gang.id, why)
             elif isinstance(d, FailAdmission):
+                if d.never_fits:
+                    log.info("gang %s fails at once: %s", d.gang.id, d.reason)
                 self._inflight.add(d.gang.id)
                 self._spawn(self._fail_admission(d.gang, d.reason), f"timeout-{d.gang.id}")
+
+    def judges_never_fits(self) -> bool:
+        """Whether the registered nodes are complete enough to fail a gang
+        as never fitting: this leadership has acted for
+        node_register_grace_s, so agents starting with the cluster have
+        registered by now (node records outlive a failover, so a successor
+        knows every node its predecessor did)."""
+        return self.mono() - self.led_since >= self.t.node_register_grace_s
+
+    def registered_topologies(self) -> list[NodeTopology]:
+        """Every node of this AZ with a record, ready or not."""
+        return [n.topology for n in self.nodes.values()]
+
+    def _plan(self, pending: list[GangRecord]) -> list:
+        """plan_admissions on the live view (pure; the cycle and explain both
+        call it, so explain reports exactly what the next cycle decides)."""
+        if self._verdicts_for is not self.index:
+            self._verdicts, self._verdicts_for = {}, self.index
+        registered = self.registered_topologies() if self.judges_never_fits() else None
+        return plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az,
+                               backfill_window_s=self.t.backfill_window_s, registered=registered,
+                               verdicts=self._verdicts, index=self.index)
+
+    def queue_reason(self, d: KeepPending) -> str:
+        return f"queue position {d.position} of {d.queue} in {self.az}: {d.reason}"
 
     def _reservation_for(self, g: GangRecord, p: Placement) -> Reservation:
         nodes: dict[str, NodeDevices] = {}
@@ -837,6 +871,86 @@ class AzLeader:
     def explain_pending(self, gang_id: str) -> str:
         return self.pending_reason.get(gang_id, "")
 
+
+    async def explain(self, gang_id: str) -> "Explanation | None":
+        """Why a gang this leader owns is not (yet) admitted, from the
+        leader's own view: a single-AZ gang by a dry run of the same
+        admission plan the next cycle runs (so what it says is what the cycle
+        does, rule and all), a cross-AZ gang from its two-phase owner state
+        and the global view its placement uses. None: not a waiting gang of
+        this leader (the caller answers from etcd)."""
+        self.check_valid()
+        await self._until_rebuilt()
+        g = self.gangs.get(gang_id)
+        if g is None or g.state not in (GangState.PENDING, GangState.RESERVING):
+            return None
+        waited = max(0.0, self.wall() - g.submitted_at)
+        head = f"{g.state.name} for {waited:.0f}s"
+        grace = "" if self.judges_never_fits() else (
+            f"; whether it can ever fit is judged once this leader has led node_register_grace_s="
+            f"{self.t.node_register_grace_s:g}s (agents may still be registering)")
+        if is_two_phase(g):
+            return await self._explain_two_phase(g, head, grace)
+        if g.id in self._inflight:
+            return Explanation(f"{head}: the leader is writing its reservation (or its failure) now",
+                               "a write for this gang is in flight at the leader")
+        pending = [x for x in self.gangs.values() if x.state == GangState.PENDING and not is_two_phase(x)
+                   and (x.id not in self._inflight)]
+        decisions = self._plan(pending)
+        pos, d = next((i, d) for i, d in enumerate(decisions, 1) if d.gang.id == g.id)
+        if isinstance(d, Reserve):
+            return Explanation(
+                f"{head}: it fits now ({d.reason}); the leader's admission plan, run for this answer, reserves "
+                "it, so its next cycle does unless the inventory changes first",
+                f"queue position {pos} of {len(decisions)} in {self.az}: admitted on the next cycle")
+        if isinstance(d, FailAdmission):
+            return Explanation(f"{head}: the leader fails it on its next cycle: {d.reason}",
+                               f"queue position {pos} of {len(decisions)} in {self.az}: {d.reason}",
+                               never_fits=d.never_fits)
+        return Explanation(f"{head}: {d.reason}{grace}", self.queue_reason(d), d.shortfalls)
+
+    async def _explain_two_phase(self, g: GangRecord, head: str, grace: str) -> "Explanation":
+        o = self.twophase.owners.get(g.id)
+        phase = o.phase.value if o is not None else "NEW"
+        owner = f"two-phase owner in {self.az}: {phase}"
+        if o is not None and o.attempts:
+            owner += f" after {o.attempts} aborted attempt{'s' if o.attempts != 1 else ''}"
+        if o is not None and o.last_reason:
+            owner += f"; last: {o.last_reason}"
+        views, registered, led = await self.twophase.snapshot()
+        unled = sorted({t.az for t in registered} - led)
+        if unled:
+            owner += f"; {', '.join(unled)} {'has' if len(unled) == 1 else 'have'} no leader: not offered to placement"
+        if g.state == GangState.RESERVING:
+            azs = sorted({m.az for m in g.placement})
+            return Explanation(f"{head}: prepared in {', '.join(azs)}; waiting for every vote and the decision",
+                               owner)
+        request = PlacementRequest.from_spec(g.id, g.spec)
+        verdict = never_fits(request, registered) if not grace else ""
+        if verdict:
+            return Explanation(f"{head}: {verdict}; the owner fails it on its next placement attempt", owner,
+                               never_fits=True)
+        result = place(request, views)
+        if isinstance(result, Placement):
+            if o is not None and o.phase.value == "UNPLACED":
+                what = "the owner retries placement about once a second while it is unplaced"
+            elif o is not None and o.phase.value == "BACKOFF":
+                what = "its last attempt was aborted; the owner tries again after its retry backoff"
+            else:
+                what = f"an attempt is under way ({phase})"
+            return Explanation(f"{head}: the free devices the owner sees would fit it now ({result.reason}); {what}",
+                               owner)
+        return Explanation(f"{head}: {result.reason}{grace}", owner, result.shortfalls)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What ExplainGang serves for a waiting gang."""
+
+    summary: str
+    leader_reason: str
+    shortfalls: tuple[Shortfall, ...] = ()
+    never_fits: bool = False
 
 
 def unchanged_rev(key: str, rev: int) -> Compare:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 import grpc
 
 from coordinator import convert
-from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, place
+from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
 from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation
 from coordinator.election import observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
@@ -67,6 +67,25 @@ def _valid_id(value: str, field: str = "id") -> str:
     if len(value) > 128 or "/" in value or not value.isprintable():
         raise InvalidArgument(f"{field}: not a valid gang id or name: {value[:64]!r}")
     return value
+
+
+def _explain_placed(g: GangRecord) -> gpb.ExplainGangResponse:
+    """ExplainGang of a gang that is not waiting: where it is and why."""
+    where = ", ".join(sorted({f"{m.node}" for m in g.placement}))
+    span = f" spanning one {g.span.label}" if g.span else ""
+    summary = f"{g.state.name}: {g.reason}" + (f"; placed{span} on {where}" if where else "")
+    return gpb.ExplainGangResponse(gang=convert.gang_to_pb(g), summary=summary)
+
+
+def _explanation_pb(g: GangRecord, summary: str, leader_reason: str, shortfalls: Any = (),
+                    never: bool = False) -> gpb.ExplainGangResponse:
+    # The leader's reason also goes into the summary: the summary is what a
+    # person reads (`phalanx explain` prints it), the field is for programs.
+    text = summary + (f"\nleader: {leader_reason}" if leader_reason else "")
+    resp = gpb.ExplainGangResponse(gang=convert.gang_to_pb(g), summary=text, leader_reason=leader_reason,
+                                   never_fits=never)
+    resp.shortfalls.extend(convert.shortfall_to_pb(s) for s in shortfalls)
+    return resp
 
 
 class GangServicer(ggrpc.GangServiceServicer):
@@ -236,35 +255,75 @@ class GangServicer(ggrpc.GangServiceServicer):
     @handled
     async def ExplainGang(self, request: gpb.ExplainGangRequest, context: grpc.aio.ServicerContext) -> gpb.ExplainGangResponse:
         g = await self._load(request.id)
-        resp = gpb.ExplainGangResponse(gang=convert.gang_to_pb(g))
-        if g.state != GangState.PENDING:
-            where = ", ".join(sorted({f"{m.node}" for m in g.placement}))
-            span = f" spanning one {g.span.label}" if g.span else ""
-            resp.summary = f"{g.state.name}: {g.reason}" + (f"; placed{span} on {where}" if where else "")
-            return resp
-        # Recompute "why not now" from the current durable state of the
-        # owner AZ; any replica can answer.
-        nodes, ledger = await self._az_state(g.owner_az)
-        views = [
-            NodeView(
-                topology=n.topology,
-                free_gpus=frozenset(n.topology.gpu_indices) - ledger.used_gpus(n.name),
-                free_nics=frozenset(x.name for x in n.topology.nics if x.usable) - ledger.used_nics(n.name),
-                ready=n.ready,
-            )
-            for n in nodes.values()
-        ]
-        result = place(PlacementRequest.from_spec(g.id, g.spec, azs=frozenset({g.owner_az})), views)
-        waited = max(0.0, self.c.wall() - g.submitted_at)
-        if isinstance(result, Unplaceable):
-            resp.summary = f"PENDING for {waited:.0f}s: {result.reason}"
-            resp.shortfalls.extend(convert.shortfall_to_pb(s) for s in result.shortfalls)
+        if g.state not in (GangState.PENDING, GangState.RESERVING):
+            return _explain_placed(g)
+        # Only the owner AZ's leader knows why it holds a gang back (queue
+        # order, backfill, restart backoff, two-phase state) and sees what it
+        # places on (live agent sessions, in-flight holds): ask it, and answer
+        # from etcd only when it cannot be asked.
+        why = ""
+        leader = self.c.leader
+        if leader is not None and self.c.config.az == g.owner_az:
+            try:
+                ex = await leader.explain(g.id)
+            except NotLeader as exc:
+                ex, why = None, f"the leader of {g.owner_az} is stepping down ({exc})"
+            if ex is not None:
+                return _explanation_pb(g, ex.summary, ex.leader_reason, ex.shortfalls, ex.never_fits)
+            g = await self._load(g.id)
+            if g.state not in (GangState.PENDING, GangState.RESERVING):
+                return _explain_placed(g)
+            why = why or f"the leader of {g.owner_az} holds no waiting gang {g.id} (it may have changed just now)"
+        elif any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
+            why = f"the leadership of {g.owner_az} is changing"
         else:
-            resp.summary = (
-                f"PENDING for {waited:.0f}s: it fits now ({result.reason}); "
-                "the leader admits it on its next cycle unless older or higher-priority gangs take the space"
+            info = await observe(self.store, g.owner_az)
+            if info is None or not info.address:
+                why = f"{g.owner_az}, which owns this gang, has no leader right now: nothing is admitted for it until one is elected"
+            elif info.coordinator_id == self.c.config.coordinator_id:
+                why = f"the leadership of {g.owner_az} is changing"
+            else:
+                stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
+                try:
+                    return await stub.ExplainGang(request, timeout=self.c.config.timings.etcd_timeout_s * 5,
+                                                  metadata=((FORWARDED, "1"),))
+                except grpc.aio.AioRpcError as exc:
+                    why = f"the leader of {g.owner_az} ({info.coordinator_id}) did not answer: {exc.code().name}"
+        return await self._explain_from_etcd(g, why)
+
+    async def _explain_from_etcd(self, g: GangRecord, why: str) -> gpb.ExplainGangResponse:
+        """Placement recomputed from the durable state of every AZ the gang
+        may span; says nothing about when the leader admits it, which only
+        the leader knows (``why``: why it could not be asked)."""
+        if g.spec.topology.may_span_azs:
+            azs = sorted(await self._azs())
+            request = PlacementRequest.from_spec(g.id, g.spec)
+        else:
+            azs = [g.owner_az]
+            request = PlacementRequest.from_spec(g.id, g.spec, azs=frozenset(azs))
+        views: list[NodeView] = []
+        for az in azs:
+            nodes, ledger = await self._az_state(az)
+            views.extend(
+                NodeView(
+                    topology=n.topology,
+                    free_gpus=frozenset(n.topology.gpu_indices) - ledger.used_gpus(n.name),
+                    free_nics=frozenset(x.name for x in n.topology.nics if x.usable) - ledger.used_nics(n.name),
+                    ready=n.ready,
+                )
+                for n in nodes.values()
             )
-        return resp
+        waited = max(0.0, self.c.wall() - g.submitted_at)
+        head = f"{g.state.name} for {waited:.0f}s"
+        verdict = never_fits(request, [v.topology for v in views])
+        if verdict:
+            return _explanation_pb(g, f"{head}: {verdict}", why, (), True)
+        result = place(request, views)
+        if isinstance(result, Unplaceable):
+            return _explanation_pb(g, f"{head}: {result.reason}", why, result.shortfalls)
+        return _explanation_pb(
+            g, f"{head}: the free devices recorded in etcd would fit it ({result.reason}); only the leader "
+            "admits it, and it could not be asked", why)
 
     @handled
     async def ListNodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from coordinator.core import progress
-from coordinator.core.placement import NodeView, Placement, PlacementRequest, place
+from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
 from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation
 from coordinator.core.twophase import (
     AbortReceived,
@@ -95,6 +95,7 @@ from coordinator.store import Compacted, Compare, Delete, Get, Put, StoreUnavail
 from phalanx import failpoints
 from phalanx.errors import Conflict, NotLeader
 from phalanx.model import GangState, MemberPhase
+from phalanx.topology import NodeTopology
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
 
 if TYPE_CHECKING:
@@ -628,25 +629,43 @@ class TwoPhaseDriver:
                                                     reason="gang gone"))
             return
         try:
-            nodes = await self.global_view()
+            nodes, registered, _ = await self.snapshot()
             self._rt(e.gang)
         except StoreUnavailable as exc:
             self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                     reason=f"cannot read the global view: {exc}"))
             return
-        result = place(PlacementRequest.from_spec(g.id, g.spec), nodes)
+        request = PlacementRequest.from_spec(g.id, g.spec)
+        result = place(request, nodes)
         if isinstance(result, Placement):
             self.placements[(e.gang, e.incarnation)] = result
             self.feed_owner(e.gang, PlacementMade(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                   plan=result.by_az()))
-        else:
-            self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason=result.reason))
+            return
+        # Never fits (docs/admission.md): not even on every node registered
+        # in any AZ, ready or not, were they empty. Fail it now rather than
+        # retry it until its admission timeout. Nothing is held for it
+        # (it was never placed), so the failure needs no abort.
+        verdict = never_fits(request, registered) if self.l.judges_never_fits() else ""
+        self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                reason=verdict or result.reason))
+        if verdict and g.id not in self.l._inflight and g.state == GangState.PENDING:
+            log.info("gang %s fails at once: %s", g.id, verdict)
+            self.l._inflight.add(g.id)
+            self._spawn(self.l._fail_admission(g, verdict), f"never-fits-{g.id}")
 
     async def global_view(self) -> list[NodeView]:
         """This AZ from the leader's live view; other AZs from etcd (node
         records of ready nodes minus every reservation there): possibly
         stale, which participants' ledgers catch."""
+        return (await self.snapshot())[0]
+
+    async def snapshot(self) -> tuple[list[NodeView], list[NodeTopology], set[str]]:
+        """One read for placement and its explanation: the global view
+        (nodes that cannot be placed on, not ready or in an AZ without a
+        leader, are included as not ready, so shortfalls count them), every
+        registered node's topology in every AZ (for never-fits), and the AZs
+        that have a leader now."""
         snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True),
                                          Get(self.keys.leaders(), prefix=True)])
         led = {kv.key[len(self.keys.leaders()):] for kv in snap.results[2]}
@@ -658,18 +677,24 @@ class TwoPhaseDriver:
                 used.setdefault((r.az, n), set()).update(d.gpus)
                 used_n.setdefault((r.az, n), set()).update(d.nics)
         views = list(self.l.placeable_nodes())
+        placeable = {v.name for v in views}
+        registered: list[NodeTopology] = []
         for kv in snap.results[0]:
             rec = NodeRecord.from_dict(kv.json())
             topo = rec.topology
-            if topo.az == self.az or not rec.ready or topo.az not in led:
-                continue  # (an AZ without a leader cannot vote: not offered)
+            registered.append(topo)
+            if topo.az == self.az:
+                if topo.node not in placeable:
+                    views.append(NodeView(topology=topo, free_gpus=frozenset(), free_nics=frozenset(), ready=False))
+                continue
             views.append(NodeView(
                 topology=topo,
                 free_gpus=frozenset(topo.gpu_indices) - used.get((topo.az, topo.node), set()),
                 free_nics=frozenset(n.name for n in topo.nics if n.usable) - used_n.get((topo.az, topo.node), set()),
-                ready=True,
+                # (an AZ without a leader cannot vote: not offered)
+                ready=rec.ready and topo.az in led,
             ))
-        return views
+        return views, registered, led
 
     # ------------------------------------------------------------ dispatch
     async def _gang(self, gang: str) -> GangRecord | None:

@@ -1,23 +1,43 @@
-"""One AZ leader's admission decisions (pure; STYLE §1, §10).
+"""One AZ leader's admission decisions (pure; docs/admission.md).
 
 Input: the pending gangs owned by this AZ, the placeable nodes with their free
-devices, and ``now``. Output: one decision per pending gang, each with a short
-reason. Placement itself is ``coordinator.core.placement.place``.
+devices, every node registered in the AZ (for the never-fits rule) and
+``now``. Output: one decision per pending gang, each with a short reason that
+names the rule behind it. Placement itself is
+``coordinator.core.placement.place``.
 
-Order: (priority desc, first submit time asc, id). Smaller gangs behind a gang
-that does not fit may be admitted first (backfill), except once the head gang
-has waited longer than ``backfill_window_s``: then nothing behind it is
-admitted until it is, so a large gang cannot starve (docs/admission.md).
+Rules, in the order they are applied to each gang (queue order: priority
+desc, first submit time asc, id):
+
+1. **Admission timeout**: PENDING past ``policy.admission_timeout_s`` fails.
+2. **Never fits**: a gang that cannot be placed even if every registered node
+   of the AZ were ready and empty fails at once, with the limit it breaks
+   (only when the caller passes ``registered``: the leader does so once its
+   agents have had time to register).
+3. **Restart backoff**: a restarted gang waits out its backoff.
+4. **Placement** on the free devices, except the nodes kept for an older
+   gang (rule 5).
+5. **Backfill**: a gang that does not fit does not hold back the gangs behind
+   it, until it has waited longer than ``backfill_window_s``. Then the nodes
+   it would take on the AZ's placeable nodes if they were empty are *kept*
+   for it: gangs behind it may still be admitted on every other node, so it
+   delays nobody who does not compete for its nodes, and its nodes drain
+   until it fits. A gang that would not fit even on the empty placeable
+   nodes (it needs nodes that are down) keeps nothing: holding others back
+   would not make it fit. One gang keeps nodes at a time (the oldest).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Sequence
+from typing import Callable, MutableMapping, Sequence
 
-from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, Unplaceable, place
+from coordinator.core.placement import (
+    FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, Unplaceable, drained, never_fits, place,
+)
 from coordinator.core.records import GangRecord
 from phalanx.model import GangState
+from phalanx.topology import NodeTopology
 
 
 @dataclass(frozen=True)
@@ -32,12 +52,18 @@ class KeepPending:
     gang: GangRecord
     reason: str
     shortfalls: tuple[Shortfall, ...] = ()
+    # Where the gang stands and who holds it: for `explain`.
+    position: int = 0  # 1-based place in this AZ's queue
+    queue: int = 0  # gangs in the queue
+    held_by: str = ""  # the older gang whose kept nodes this gang would need
+    keeps: tuple[str, ...] = ()  # nodes kept for this gang (it is the head past its backfill window)
 
 
 @dataclass(frozen=True)
 class FailAdmission:
     gang: GangRecord
     reason: str
+    never_fits: bool = False
 
 
 Decision = Reserve | KeepPending | FailAdmission
@@ -53,6 +79,12 @@ def _take(nodes: dict[str, NodeView], placement: Placement) -> None:
         nodes[m.node] = replace(v, free_gpus=v.free_gpus - set(m.gpus), free_nics=v.free_nics - set(m.nics))
 
 
+def shape_of(request: PlacementRequest) -> tuple:
+    """What placement depends on, besides the gang's name."""
+    return (request.members, request.gpus_per_member, request.rdma_nics_per_member, request.gpu_model,
+            request.required, request.preferred, request.allow_cross_az, request.azs)
+
+
 def plan_admissions(
     pending: Sequence[GangRecord],
     nodes: Sequence[NodeView],
@@ -60,42 +92,78 @@ def plan_admissions(
     *,
     az: str,
     backfill_window_s: float = 30.0,
+    registered: Sequence[NodeTopology] | None = None,
+    verdicts: MutableMapping[tuple, str] | None = None,
     place_fn: PlaceFn = place,
     index: FabricIndex | None = None,
 ) -> list[Decision]:
+    """``registered``: every node of the AZ the leader knows of (ready or
+    not); None skips the never-fits rule. ``verdicts``: a memo of never-fits
+    answers by request shape that the caller keeps while ``registered`` does
+    not change (the answer depends on nothing else)."""
     free = {n.topology.node: n for n in nodes}
+
+    def placed(request: PlacementRequest, views: list[NodeView]) -> Placement | Unplaceable:
+        return place_fn(request, views, index) if index is not None else place_fn(request, views)
+
+    order = sorted((g for g in pending if g.state == GangState.PENDING), key=lambda g: g.order_key)
     decisions: list[Decision] = []
-    blocked_by: GangRecord | None = None
-    # Within one cycle free capacity only shrinks, so a request shape that
-    # did not fit will not fit later in the same cycle: remember the answer
-    # (a queue of equal gangs then costs one placement, not one each).
+    head: GangRecord | None = None  # the gang nodes are kept for
+    kept: frozenset[str] = frozenset()
+    memo = verdicts if verdicts is not None else {}
+    # Within one cycle free capacity only shrinks (and kept nodes only make
+    # the view smaller), so a request shape that did not fit will not fit
+    # later in the same cycle: remember the answer (a queue of equal gangs
+    # then costs one placement, not one each).
     failed: dict[tuple, Unplaceable] = {}
-    for gang in sorted(pending, key=lambda g: g.order_key):
-        if gang.state != GangState.PENDING:
-            continue
+    for pos, gang in enumerate(order, 1):
+        where = dict(position=pos, queue=len(order))
         waited = now - gang.submitted_at
         if waited > gang.spec.policy.admission_timeout_s:
             decisions.append(FailAdmission(gang, f"not admitted within admission_timeout_s={gang.spec.policy.admission_timeout_s:g}s"))
             continue
-        if gang.not_before > now:
-            decisions.append(KeepPending(gang, f"restart backoff: not re-placed for {gang.not_before - now:.1f}s"))
-            continue
-        if blocked_by is not None:
-            decisions.append(KeepPending(gang, f"waiting behind older gang {blocked_by.id}, which has waited past the backfill window"))
-            continue
         request = PlacementRequest.from_spec(gang.id, gang.spec, azs=frozenset({az}))
-        shape = (request.members, request.gpus_per_member, request.rdma_nics_per_member, request.gpu_model,
-                 request.required, request.preferred, request.allow_cross_az)
+        shape = shape_of(request)
+        if registered is not None:
+            verdict = memo.get(shape)
+            if verdict is None:
+                verdict = memo[shape] = never_fits(request, registered, index)
+            if verdict:
+                decisions.append(FailAdmission(gang, verdict, never_fits=True))
+                continue
+        if gang.not_before > now:
+            decisions.append(KeepPending(gang, f"restart backoff: not re-placed for {gang.not_before - now:.1f}s", **where))
+            continue
         result = failed.get(shape)
         if result is None:
-            result = place_fn(request, list(free.values()), index) if index is not None else place_fn(request, list(free.values()))
-        if isinstance(result, Unplaceable):
-            failed[shape] = result
+            views = [v for name, v in free.items() if name not in kept]
+            result = placed(request, views)
         if isinstance(result, Placement):
             _take(free, result)
             decisions.append(Reserve(gang, result, result.reason))
-        else:
-            decisions.append(KeepPending(gang, result.reason, result.shortfalls))
-            if waited > backfill_window_s:
-                blocked_by = gang
+            continue
+        failed[shape] = result
+        if head is not None:
+            # Would it fit but for the nodes kept for the head?
+            unkept = placed(request, list(free.values()))
+            if isinstance(unkept, Placement):
+                decisions.append(KeepPending(
+                    gang, f"held back by the backfill rule: it fits now only on nodes kept for older gang {head.id} "
+                    f"({', '.join(sorted(kept))}), which has waited past backfill_window_s={backfill_window_s:g}s",
+                    result.shortfalls, held_by=head.id, **where))
+                continue
+        if head is None and waited > backfill_window_s:
+            empty = placed(request, drained(free.values()))
+            if isinstance(empty, Placement):
+                head, kept = gang, frozenset(empty.nodes())
+                decisions.append(KeepPending(
+                    gang, f"{result.reason}; waited {waited:.0f}s, past backfill_window_s={backfill_window_s:g}s: "
+                    f"nodes {', '.join(sorted(kept))} are kept for it until it fits (gangs behind it may use the others)",
+                    result.shortfalls, keeps=tuple(sorted(kept)), **where))
+                continue
+            decisions.append(KeepPending(
+                gang, f"{result.reason}; it would not fit even if this AZ's ready nodes were empty, "
+                "so it keeps no nodes and holds back no gang behind it", result.shortfalls, **where))
+            continue
+        decisions.append(KeepPending(gang, result.reason, result.shortfalls, **where))
     return decisions

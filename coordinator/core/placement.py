@@ -972,6 +972,10 @@ def _unplaceable(request: PlacementRequest, inv: _Inventory) -> Unplaceable:
     for level in _ORDER:
         if limit <= level <= top:
             shortfalls.extend(_level_shortfalls(request, inv, level))
+    if limit == Level.REGION:
+        # A gang that may span AZs: what each AZ would add is what a user
+        # acts on (which AZ is full, which has nodes down), so list them too.
+        shortfalls.extend(_level_shortfalls(request, inv, Level.AZ))
     notes: list[str] = []
     if inv.not_ready:
         notes.append(f"{inv.not_ready} node{'s' if inv.not_ready != 1 else ''} not ready")
@@ -991,3 +995,67 @@ def _unplaceable(request: PlacementRequest, inv: _Inventory) -> Unplaceable:
     if notes:
         reason += "; " + "; ".join(notes)
     return Unplaceable(reason=reason, shortfalls=tuple(shortfalls))
+
+
+# --- never fits -------------------------------------------------------------------------
+
+
+def drained(nodes: Iterable[NodeView]) -> list[NodeView]:
+    """The same nodes with every device free: what they offer once the gangs
+    running there have ended (readiness kept as given)."""
+    return [
+        NodeView(topology=v.topology, free_gpus=frozenset(v.topology.gpu_indices),
+                 free_nics=frozenset(n.name for n in v.topology.nics if n.usable), ready=v.ready)
+        for v in nodes
+    ]
+
+
+def never_fits(request: PlacementRequest, registered: Iterable[NodeTopology], index: FabricIndex | None = None) -> str:
+    """Why ``request`` cannot be placed even if every node in ``registered``
+    were ready and empty, or "" when it could be.
+
+    ``registered`` is every node the caller knows of (ready or not); nodes
+    outside ``request.azs`` are ignored, as :func:`place` ignores them. The
+    verdict is :func:`place` on that empty inventory, so it covers exactly
+    the rules placement applies (member count, GPUs and NICs per member, GPU
+    model, required level); the text names the first limit the gang breaks.
+    """
+    topos = [t for t in registered if request.azs is None or t.az in request.azs]
+    views = [NodeView(topology=t, free_gpus=frozenset(t.gpu_indices),
+                      free_nics=frozenset(n.name for n in t.nics if n.usable)) for t in topos]
+    result = place(request, views, index)
+    if isinstance(result, Placement):
+        return ""
+    scope = "in any AZ" if request.azs is None else f"in AZ{'s' if len(request.azs) > 1 else ''} {', '.join(sorted(request.azs))}"
+    if not topos:
+        return f"never fits: no node is registered {scope}"
+    needle = request.gpu_model.lower()
+
+    def eligible(t: NodeTopology) -> int:
+        return sum(1 for gpu in t.gpus if needle in gpu.model.lower())
+
+    model = f" {request.gpu_model}" if request.gpu_model else ""
+    most_on_node = max(eligible(t) for t in topos)
+    if request.gpu_model and most_on_node == 0:
+        models = sorted({gpu.model for t in topos for gpu in t.gpus if gpu.model})
+        return (f"never fits: no node {scope} has a GPU of model {request.gpu_model!r}"
+                + (f" (models registered: {', '.join(models)})" if models else ""))
+    g, r = request.gpus_per_member, request.rdma_nics_per_member
+    if g > most_on_node:
+        return f"never fits: a member needs {g}{model} GPUs on one node, the largest node {scope} has {most_on_node}"
+    if r:
+        roomy = [t for t in topos if eligible(t) >= g]
+        most_nics = max(sum(1 for n in t.nics if n.usable) for t in roomy)
+        if r > most_nics:
+            return (f"never fits: a member needs {r} RDMA NICs on one node, the most any node {scope} "
+                    f"with {g}{model} GPUs has is {most_nics}")
+    level = request.limit
+    totals: dict[str, int] = {}
+    for t in topos:
+        dom = t.domain(level)
+        totals[dom] = totals.get(dom, 0) + eligible(t)
+    best = min(totals.items(), key=lambda kv: (-kv[1], kv[0]))  # the largest; ties by name
+    need = request.gpus_needed
+    if need > best[1]:
+        return f"never fits: needs {need}{model} GPUs, the most it may span holds {best[1]} ({level.label} {best[0]})"
+    return f"never fits: even with every registered node {scope} ready and empty, {result.reason}"

@@ -78,14 +78,18 @@ class ExplainGangRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ExplainGangResponse(_message.Message):
-    __slots__ = ("gang", "summary", "shortfalls")
+    __slots__ = ("gang", "summary", "shortfalls", "leader_reason", "never_fits")
     GANG_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     SHORTFALLS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_REASON_FIELD_NUMBER: _ClassVar[int]
+    NEVER_FITS_FIELD_NUMBER: _ClassVar[int]
     gang: _types_pb2.Gang
     summary: str
     shortfalls: _containers.RepeatedCompositeFieldContainer[_types_pb2.DomainShortfall]
-    def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., summary: _Optional[str] = ..., shortfalls: _Optional[_Iterable[_Union[_types_pb2.DomainShortfall, _Mapping]]] = ...) -> None: ...
+    leader_reason: str
+    never_fits: bool
+    def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., summary: _Optional[str] = ..., shortfalls: _Optional[_Iterable[_Union[_types_pb2.DomainShortfall, _Mapping]]] = ..., leader_reason: _Optional[str] = ..., never_fits: _Optional[bool] = ...) -> None: ...
 
 class ListNodesRequest(_message.Message):
     __slots__ = ("az",)

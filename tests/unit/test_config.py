@@ -31,6 +31,8 @@ def test_defaults_and_fast_profile_are_valid() -> None:
         ({"gang_retention_s": 27.0}, "gang_retention_s must exceed both"),
         ({"gang_retention_s": 20.0, "lease_ttl_s": 2, "keepalive_interval_s": 0.4}, "gang_retention_s must exceed both"),
         ({"gang_retention_s": 0.0}, "gang_retention_s must be a positive number"),
+        ({"node_register_grace_s": 3.5}, "node_register_grace_s must be at least reconnect_budget_s"),
+        ({"backfill_window_s": 0.0}, "backfill_window_s must be a positive number"),
     ],
     ids=lambda v: str(v)[:40],
 )

@@ -20,6 +20,8 @@ from coordinator.core.placement import (
     PlacementRequest,
     Shortfall,
     Unplaceable,
+    drained,
+    never_fits,
     place,
     span_of,
     violations,
@@ -579,3 +581,79 @@ def test_violations_name_every_broken_rule(tamper: Callable[[Placement], Placeme
         assert found == []
     else:
         assert any(complaint in v for v in found), found
+
+
+# --- never fits -------------------------------------------------------------------------
+
+
+def two_leaves(az: str = "az-a") -> list[NodeTopology]:
+    """Four 8-GPU nodes, two per leaf: 32 GPUs in the AZ, 16 per leaf."""
+    return [node(f"{az}-{leaf}-n{i}", az=az, leaf=leaf) for leaf in ("l1", "l2") for i in range(2)]
+
+
+AZ_A = frozenset({"az-a"})
+
+
+@pytest.mark.parametrize(
+    "request_,nodes,expected",
+    [
+        pytest.param(req(4, azs=AZ_A), two_leaves(), "", id="fits the empty AZ: not never"),
+        pytest.param(req(5, azs=AZ_A), two_leaves(),
+                     "never fits: needs 40 GPUs, the most it may span holds 32 (az az-a)", id="more GPUs than the AZ"),
+        pytest.param(req(3, required=Level.LEAF, azs=AZ_A), two_leaves(),
+                     "never fits: needs 24 GPUs, the most it may span holds 16 (leaf az-a/s1/l1)",
+                     id="required leaf: the largest leaf counts"),
+        pytest.param(req(1, gpus=16, azs=AZ_A), two_leaves(),
+                     "never fits: a member needs 16 GPUs on one node, the largest node in AZ az-a has 8",
+                     id="member larger than any node"),
+        pytest.param(req(1, gpus=8, nics=9, azs=AZ_A), two_leaves(),
+                     "never fits: a member needs 9 RDMA NICs on one node, the most any node in AZ az-a with 8 GPUs has is 8",
+                     id="more NICs per member than any node"),
+        pytest.param(req(1, gpus=1, gpu_model="H200", azs=AZ_A), two_leaves(),
+                     "never fits: no node in AZ az-a has a GPU of model 'H200' (models registered: NVIDIA H100 80GB HBM3)",
+                     id="GPU model no node has"),
+        pytest.param(req(1, gpus=4, gpu_model="h100", azs=AZ_A), two_leaves(), "", id="model matched case-insensitively"),
+        pytest.param(req(1, azs=AZ_A), [], "never fits: no node is registered in AZ az-a", id="no node registered"),
+        pytest.param(req(1, azs=AZ_A), two_leaves("az-b"), "never fits: no node is registered in AZ az-a",
+                     id="nodes of other AZs do not count for a single-AZ gang"),
+        pytest.param(req(3, gpus=5, azs=AZ_A), [node(f"n{i}") for i in range(2)],
+                     "never fits: even with every registered node in AZ az-a ready and empty, no single az in AZs az-a "
+                     "can host 3 × 5 GPU; closest: az az-a: 16 of 16 GPUs free, 2 of 3 members fit "
+                     "(free GPUs fragmented over nodes: a member needs 5 on one node)",
+                     id="enough GPUs, but one member per node"),
+        pytest.param(req(6, allow_cross_az=True), two_leaves() + two_leaves("az-b"), "", id="cross-AZ: every AZ counts"),
+        pytest.param(req(9, allow_cross_az=True), two_leaves() + two_leaves("az-b"),
+                     "never fits: needs 72 GPUs, the most it may span holds 64 (region region)",
+                     id="cross-AZ: the whole region is the most it may span"),
+    ],
+)
+def test_never_fits_names_the_limit_the_gang_breaks(request_: PlacementRequest, nodes: list[NodeTopology],
+                                                    expected: str) -> None:
+    assert never_fits(request_, nodes) == expected
+    # The verdict is placement on the empty inventory, so the two agree.
+    empty = drained([view(t, full=True) for t in nodes])
+    assert isinstance(place(request_, empty), Unplaceable) == bool(expected)
+
+
+def test_never_fits_counts_nodes_that_are_not_ready() -> None:
+    """The judge sees topologies only: a node that is down now still counts
+    (it may come back), so a gang that needs it is not failed."""
+    topos = two_leaves()
+    now = [view(t) for t in topos[:2]] + [view(t, ready=False) for t in topos[2:]]
+    assert isinstance(place(req(4, azs=AZ_A), now), Unplaceable)
+    assert never_fits(req(4, azs=AZ_A), topos) == ""
+
+
+def test_drained_frees_every_device_and_keeps_readiness() -> None:
+    v = view(node("n0", down_nics=[7]), busy_gpus=[0, 1], busy_nics=[0], ready=False)
+    (d,) = drained([v])
+    assert d.free_gpus == frozenset(range(8)) and d.free_nics == frozenset(f"mlx5_{i}" for i in range(7))
+    assert d.ready is False
+
+
+def test_cross_az_shortfalls_list_each_az_after_the_region() -> None:
+    nodes = [view(t) for t in two_leaves()] + [view(t, full=True) for t in two_leaves("az-b")]
+    result = place(req(6, allow_cross_az=True), nodes)
+    assert isinstance(result, Unplaceable)
+    assert [(s.level, s.domain, s.members_fit) for s in result.shortfalls] == [
+        (Level.REGION, "region", 4), (Level.AZ, "az-a", 4), (Level.AZ, "az-b", 0)]
