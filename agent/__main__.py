@@ -22,6 +22,7 @@ from pathlib import Path
 from agent.launcher import agent_identity
 from agent.session import Agent
 from coordinator.config import timings_from_arg
+from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range
 from coordinator.store import Store
 
 
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sysfs-root", default="/sys")
     p.add_argument("--nvidia-smi-topo", default="", help="a file with `nvidia-smi topo -m` output (fallback source)")
     p.add_argument("--simulate-members", action="store_true", help="members are timers, not processes")
+    p.add_argument("--advertise-address", default=os.environ.get("PHALANX_ADVERTISE_ADDRESS", ""),
+                   help="the address members on other nodes reach this node at (MASTER_ADDR when rank 0 runs "
+                        "here; default: this host's address towards its leader)")
+    p.add_argument("--rendezvous-ports", default=os.environ.get("PHALANX_RENDEZVOUS_PORTS", "%d-%d" % DEFAULT_PORTS),
+                   help="FIRST-LAST: the ports this agent owns for MASTER_PORT of gangs whose rank 0 runs here "
+                        "(default %(default)s, below Linux's ephemeral range)")
     p.add_argument("--state-dir", default=os.environ.get("PHALANX_STATE_DIR", ""))
     p.add_argument("--log-retention-s", type=float, default=7 * 24 * 3600.0,
                    help="delete member logs and exit records this long after their last write, "
@@ -85,8 +92,18 @@ def discover_topology(a: argparse.Namespace):
         return discover(config)
 
 
+def rendezvous_args(a: argparse.Namespace) -> tuple[str, tuple[int, int]]:
+    """The validated --advertise-address and --rendezvous-ports; ValueError
+    naming the flag and why."""
+    address = a.advertise_address.strip()
+    if any(c.isspace() for c in address) or len(address) > 253:
+        raise ValueError(f"--advertise-address: {a.advertise_address!r} is not a host address (an IP or a DNS name)")
+    return address, parse_port_range(a.rendezvous_ports, "--rendezvous-ports")
+
+
 async def amain(a: argparse.Namespace) -> int:
     timings = timings_from_arg(a.timings)
+    address, ports = rendezvous_args(a)
     topo = discover_topology(a)
     if a.print_topology:
         print(json.dumps(topo.to_dict(), indent=1, sort_keys=True))
@@ -115,7 +132,8 @@ async def amain(a: argparse.Namespace) -> int:
 
         history = HistoryFile(Path(a.history))
     agent = Agent(cluster=a.cluster, az=a.az, topology=topo, store=store, launcher_factory=factory, timings=timings,
-                  agent_id=agent_id, fence_lease=fence_lease, history=(lambda e, d: history.append((e, d))) if history is not None else None)
+                  agent_id=agent_id, fence_lease=fence_lease, advertise_address=address, rendezvous_ports=ports,
+                  check_ports=not a.simulate_members, history=(lambda e, d: history.append((e, d))) if history is not None else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -136,6 +154,11 @@ async def amain(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    try:
+        rendezvous_args(a)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agent-{a.node} %(levelname)s %(name)s: %(message)s")
     return asyncio.run(amain(a))
 

@@ -4,7 +4,7 @@ Two implementations share it:
 - ``agent.simulated.SimulatedLauncher``: members are asyncio timers that run for
   the spec's ``run.duration_s`` (scale tests, benchmarks, `phalanx up`).
 - ``agent.process.ProcessLauncher``: members are real processes in their own
-  process groups (DESIGN §6, issue "node agents that ... launch real members").
+  process groups (docs/launcher.md).
 
 The agent's session driver owns the decisions (epoch rule, device ledger,
 fencing); a launcher only performs them and reports exits.

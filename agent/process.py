@@ -1,4 +1,4 @@
-"""Real gang members: one process group per member (DESIGN §6, docs/launcher.md).
+"""Real gang members: one process group per member (docs/launcher.md).
 
 ``ProcessLauncher`` implements ``agent.launcher.Launcher`` with real processes:
 

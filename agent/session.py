@@ -1,4 +1,4 @@
-"""A node agent's Session with its AZ's leader (DESIGN §6).
+"""A node agent's Session with its AZ's leader (docs/agents.md).
 
 The agent finds the leader through ``leader/<az>`` (its only etcd access is
 read-only, via ``coordinator.store``), keeps one bidi stream to it, and
@@ -26,10 +26,13 @@ from typing import Any, Callable
 import grpc
 
 from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
+from agent.core.rendezvous import port_refusal
 from agent.launcher import Launcher, MemberKey, MemberLaunch
 from agent.process import EXIT_UNKNOWN
+from agent.rendezvous import bind_error, local_address_towards
 from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from coordinator.config import Timings
+from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.store import Get, Store, StoreUnavailable
 from phalanx import failpoints, wire
 from phalanx.model import MemberPhase
@@ -78,6 +81,9 @@ class Agent:
         history: HistoryHook | None = None,
         channels: dict[str, grpc.aio.Channel] | None = None,
         fence_lease: Path | None = None,
+        advertise_address: str = "",
+        rendezvous_ports: tuple[int, int] = DEFAULT_PORTS,
+        check_ports: bool = True,
     ):
         self.cluster = cluster
         self.az = az
@@ -104,6 +110,14 @@ class Agent:
             if previous is not None and previous <= self.fence.last_valid:
                 self.fence.last_valid = previous
         self.members: dict[MemberKey, MemberRecord] = {}
+        # Rendezvous (docs/launcher.md): the address we advertise ("" = the
+        # local address towards the leader, found per session), the ports we
+        # own, and the MASTER_PORT of each live rank-0 member we run.
+        self.advertise_address = advertise_address
+        self.address = advertise_address
+        self.rendezvous_ports = validate_port_range(*rendezvous_ports, "rendezvous_ports")
+        self.check_ports = check_ports
+        self._ports: dict[MemberKey, int] = {}
         self.history = history
         self._channels = channels if channels is not None else {}
         self._own_channels = channels is None
@@ -211,7 +225,14 @@ class Agent:
         stub = agrpc.AgentServiceStub(self._channel(address))
         self._outbox = outbox = asyncio.Queue()
         members = [self._status(r) for r in self.members.values()]
-        reg = apb.Register(agent_id=self.agent_id, topology=wire.topology_to_pb(self.topology), members=members, highest_epoch=self.guard.highest)
+        self.address = self.advertise_address or local_address_towards(address)
+        if not self.address:
+            log.warning("agent %s: no route to the leader at %s to learn our address from; advertising none "
+                        "(MASTER_ADDR falls back to the node name): pass --advertise-address", self.node, address)
+        first, last = self.rendezvous_ports
+        reg = apb.Register(agent_id=self.agent_id, topology=wire.topology_to_pb(self.topology), members=members,
+                           highest_epoch=self.guard.highest, address=self.address,
+                           rendezvous_ports=apb.PortRange(first=first, last=last))
         outbox.put_nowait(apb.AgentMessage(register=reg))
 
         async def upward():
@@ -418,6 +439,20 @@ class Agent:
                 log.warning("agent %s rejected %s: %s", self.node, key, rec.reason)
                 self._report(rec)
                 return
+            if a.rank == 0 and a.master_port and self.check_ports:
+                # Rank 0 listens on MASTER_PORT: refuse now, cleanly, rather
+                # than let every member time out at its rendezvous.
+                held = {k.gang: p for k, p in self._ports.items() if k in self.members and self.members[k].phase.live}
+                why = port_refusal(a.master_port, self.node, a.gang, held, bind_error(a.master_port, self.address),
+                                   self.rendezvous_ports)
+                if why:
+                    rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason=why, at=time.time())
+                    self.members[key] = rec
+                    self._record("assign_rejected_port", key=str(key), epoch=epoch, reason=why)
+                    log.warning("agent %s rejected %s: %s", self.node, key, why)
+                    self._report(rec)
+                    return
+                self._ports[key] = a.master_port
             self.ledger.hold(key, gpus, nics)
             launch = MemberLaunch(
                 key=key, world_size=a.world_size, local_rank=a.local_rank, local_world_size=a.local_world_size,
@@ -431,6 +466,7 @@ class Agent:
                 handle = await self.launcher.start(launch)
             except Exception as exc:  # noqa: BLE001
                 self.ledger.release(key)
+                self._ports.pop(key, None)
                 rec.phase, rec.exit_code, rec.reason = MemberPhase.FAILED, 127, f"launch failed: {exc}"
                 self._report(rec)
                 return
@@ -489,6 +525,7 @@ class Agent:
     async def _on_exit(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         rec = self.members.get(key)
         self.ledger.release(key)
+        self._ports.pop(key, None)
         # When the member ended while this agent could not see it, its shim's
         # exit record says when its devices were free; the history carries that
         # time (``mono``), not the time we learned of it (``reported_mono``).

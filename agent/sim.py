@@ -22,6 +22,7 @@ from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
 from coordinator.config import Timings, timings_from_arg
+from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, split_port_range
 from coordinator.store import Store
 from phalanx.topology import NodeTopology
 
@@ -66,6 +67,22 @@ def launcher_factory(launch: bool, state_dir: Path | None, agent_id: str,
                                            fence_after_s=t.fence_after_s, fence_grace_s=t.stop_grace_s)
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def node_port_slices(ports: tuple[int, int], nodes: int, *, strict: bool) -> list[tuple[int, int]]:
+    """One disjoint slice of ``ports`` per simulated node. With fewer ports
+    than nodes, timer members (which bind nothing) may share slices; real
+    members (``strict``) may not: ValueError."""
+    if nodes == 0:
+        return []
+    size = ports[1] - ports[0] + 1
+    if size >= nodes or strict:
+        return split_port_range(ports[0], ports[1], nodes)
+    one = split_port_range(ports[0], ports[1], size)
+    return [one[i % size] for i in range(nodes)]
+
+
 async def run_agents(
     *,
     cluster: str,
@@ -78,7 +95,12 @@ async def run_agents(
     ready_line: bool = True,
     stop_event: asyncio.Event | None = None,
     history: list | None = None,
+    rendezvous_ports: tuple[int, int] = DEFAULT_PORTS,
 ) -> None:
+    # Every simulated node lives on this host: members reach each other on
+    # loopback, and each node owns its own slice of the ports, so two gangs
+    # whose rank 0 sit on different simulated nodes never share a port.
+    slices = node_port_slices(rendezvous_ports, len(topologies), strict=launch)
     store = await Store(etcd, cluster, timeout=timings.etcd_timeout_s).connect()
     channels: dict = {}
     ids = {t.node: agent_identity(t.node, state_dir if launch else None) for t in topologies}
@@ -88,8 +110,9 @@ async def run_agents(
             launcher_factory=launcher_factory(launch, state_dir, ids[t.node], timings), channels=channels,
             fence_lease=fence_lease_path(launch, state_dir, ids[t.node]),
             history=(lambda ev, d: history.append((ev, d))) if history is not None else None,
+            advertise_address=LOOPBACK, rendezvous_ports=slices[i], check_ports=launch,
         )
-        for t in topologies
+        for i, t in enumerate(topologies)
     ]
     tasks = [asyncio.create_task(a.run(), name=f"agent-{a.node}") for a in agents]
     if ready_line:
@@ -120,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", default=os.environ.get("PHALANX_STATE_DIR", ""))
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
     p.add_argument("--history", default="", help="append every agent effect as a JSON line to this file (chaos suite)")
+    p.add_argument("--rendezvous-ports", default="%d-%d" % DEFAULT_PORTS,
+                   help="FIRST-LAST: the ports of this process's nodes for MASTER_PORT, split into one disjoint slice "
+                        "per node (processes sharing a host need disjoint ranges; default %(default)s)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agents-{a.az} %(levelname)s %(name)s: %(message)s")
@@ -130,6 +156,16 @@ def main(argv: list[str] | None = None) -> int:
     from agent.topology.simulated import simulated_fabric
 
     topologies = simulated_fabric(a.az, a.nodes, a.spines, a.leaves_per_spine, gpus=a.gpus)
+    try:
+        ports = parse_port_range(a.rendezvous_ports, "--rendezvous-ports")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        node_port_slices(ports, len(topologies), strict=a.launch)
+    except ValueError as exc:
+        print(f"error: --rendezvous-ports: {exc}", file=sys.stderr)
+        return 2
 
     async def amain() -> None:
         stop = asyncio.Event()
@@ -141,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             await run_agents(
                 cluster=a.cluster, az=a.az, etcd=a.etcd, topologies=topologies, timings=timings,
                 launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
-                history=sink,
+                history=sink, rendezvous_ports=ports,
             )
         finally:
             if sink is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import grpc
 
+from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.leader import AgentConn, AzLeader
 from phalanx import wire
 from phalanx.errors import NotLeader
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
     from coordinator.server import Coordinator
 
 log = logging.getLogger(__name__)
+
+
+def rendezvous_of(reg: apb.Register) -> tuple[str, tuple[int, int]]:
+    """The advertised address and rendezvous ports of a registration; an
+    older agent sends neither (address "", the default range). ValueError
+    naming the field when they are unusable."""
+    address = reg.address.strip()
+    if address != reg.address or any(c.isspace() for c in address) or len(address) > 253:
+        raise ValueError(f"register.address: {reg.address!r} is not a host address (an IP or a DNS name, no spaces)")
+    if not reg.HasField("rendezvous_ports"):
+        return address, DEFAULT_PORTS
+    r = reg.rendezvous_ports
+    return address, validate_port_range(r.first, r.last, "register.rendezvous_ports")
 
 
 def _to_pb(leader: AzLeader, msg: dict[str, Any]) -> apb.CoordinatorMessage:
@@ -68,7 +82,12 @@ class AgentServicer(agrpc.AgentServiceServicer):
             return
         if not topo.az:
             topo = topo.__class__(**{**topo.__dict__, "az": leader.az})
-        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo)
+        try:
+            address, ports = rendezvous_of(reg)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo, address=address, ports=ports)
         try:
             await leader.on_register(conn, list(reg.members))
         except NotLeader as exc:

@@ -12,6 +12,7 @@ leader starts from etcd and the agents' re-registrations.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 import time
@@ -22,6 +23,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.core import progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
+from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
@@ -47,6 +49,8 @@ class AgentConn:
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     last_seen: float = 0.0  # monotonic
     closed: bool = False
+    address: str = ""  # advertised for rendezvous ("" = older agent: the node name is used)
+    ports: tuple[int, int] = DEFAULT_PORTS  # its rendezvous port range
 
 
 @dataclass
@@ -99,6 +103,9 @@ class AzLeader:
         # revoke every running member as "no committed reservation".
         self.rebuilt = asyncio.Event()
         self._inflight: set[str] = set()  # gangs with a write in flight
+        # Rendezvous ports picked for placements whose write is in flight
+        # (gang -> (rank-0 node, port)): taken for concurrent picks too.
+        self._picking: dict[str, tuple[str, int]] = {}
         self.index = FabricIndex()  # static node facts, refreshed when a node registers
         self._last_persist = 0.0
         self._tasks: set[asyncio.Task] = set()
@@ -531,7 +538,9 @@ class AzLeader:
         try:
             async with sem:
                 placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
-                new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall())
+                addr, port = self.rendezvous_for(g, g.incarnation, placement, self.nodes.get(placement[0].node))
+                new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall(),
+                               master_addr=addr, master_port=port)
                 key = self.keys.reservation(self.az, g.id)
                 await failpoints.hit("leader.before_reserve")
                 try:
@@ -553,6 +562,7 @@ class AzLeader:
             raise
         finally:
             self._inflight.discard(g.id)
+            self._picking.pop(g.id, None)
         self.pending_reason.pop(g.id, None)
         self._dispatch(written)
         self._spawn(self._mark_starting(written), f"starting-{g.id}")
@@ -605,8 +615,14 @@ class AzLeader:
             if m.az != self.az:
                 continue  # a cross-AZ gang's other members are dispatched by their own AZ's leader
             by_node.setdefault(m.node, []).append(m)
-        # A port per gang (deterministic from its id), for MASTER_PORT.
-        port = 20000 + (int.from_bytes(g.id.encode()[-4:], "big") % 20000)
+        # The rendezvous fixed when the placement was written (rendezvous_for);
+        # a record from before that field: the rank-0 node's address and the
+        # first pick from its range, the same in every leader.
+        addr, port = g.master_addr, g.master_port
+        if not port:
+            rec0 = self.nodes.get(rank0.node) if rank0.az == self.az else None
+            addr = (rec0.address if rec0 is not None else "") or rank0.node
+            port = pick_master_port(rec0.ports if rec0 is not None else DEFAULT_PORTS, g.id, g.incarnation)
         for node, ms in by_node.items():
             if only_node is not None and node != only_node:
                 continue
@@ -617,8 +633,33 @@ class AzLeader:
                     gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
                     local_rank=local_rank, local_world_size=len(ms), gpus=list(m.gpus), nics=list(m.nics),
                     command=list(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
-                    master_addr=rank0.node, master_port=port,
+                    master_addr=addr, master_port=port,
                 ))
+
+    def rendezvous_for(self, g: GangRecord, incarnation: int, placement: tuple[MemberAssignment, ...],
+                       rank0: NodeRecord | None) -> tuple[str, int]:
+        """(MASTER_ADDR, MASTER_PORT) for placing ``incarnation`` of ``g``: the
+        rank-0 node's advertised address (its name if its agent advertises
+        none) and a port of its range that no other live gang this leader
+        knows has there, and not this gang's previous port (a leftover of the
+        last incarnation may still hold it). ``rank0`` is the rank-0 node's
+        record (None: unknown, the default range). A record already placed
+        for this incarnation keeps its rendezvous (a rewrite must not move
+        it: members may have been told)."""
+        node = placement[0].node
+        if g.incarnation == incarnation and g.placement and g.master_port and g.placement[0].node == node:
+            return g.master_addr, g.master_port
+        live = [*self.gangs.values(), *self.twophase.gang_cache.values()]
+        taken = ports_taken_on(node, ((o.id, o.placement[0].node, o.master_port) for o in live
+                                      if o.placement and (not o.state.terminal or o.id in self.reservations)),
+                               except_gang=g.id)
+        taken |= {port for gid, (n, port) in self._picking.items() if n == node and gid != g.id}
+        if g.master_port:
+            taken.add(g.master_port)
+        ports = rank0.ports if rank0 is not None else DEFAULT_PORTS
+        port = pick_master_port(ports, g.id, incarnation, taken)
+        self._picking[g.id] = (node, port)  # the caller drops it once its write is done
+        return (rank0.address if rank0 is not None else "") or node, port
 
     def _send(self, node: str, **msg: Any) -> None:
         conn = self.conns.get(node)
@@ -636,7 +677,8 @@ class AzLeader:
         if old is not None and old is not conn:
             old.closed = True
             old.queue.put_nowait(None)
-        rec = NodeRecord(topology=conn.topology, ready=True, agent_id=conn.agent_id, last_heartbeat=self.wall())
+        rec = NodeRecord(topology=conn.topology, ready=True, agent_id=conn.agent_id, last_heartbeat=self.wall(),
+                         address=conn.address, ports=conn.ports)
         prev = self.nodes.get(node)
         key = self.keys.node(self.az, node)
         res = await self.store.fenced_txn(self.fence, [], [Put(key, rec.to_dict())])
@@ -816,14 +858,14 @@ class AzLeader:
             seen_wall = now_w - (now_m - conn.last_seen)
             if seen_wall - rec.last_heartbeat < self.HEARTBEAT_PERSIST_S / 2:
                 continue
-            new = NodeRecord(rec.topology, True, rec.agent_id, seen_wall, "")
+            new = dataclasses.replace(rec, ready=True, last_heartbeat=seen_wall, reason="")
             ops.append((node, new))
         for i in range(0, len(ops), 100):
             chunk = ops[i:i + 100]
             self.check_valid()
             res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, n), r.to_dict()) for n, r in chunk])
             for n, r in chunk:
-                self.nodes[n] = NodeRecord(r.topology, r.ready, r.agent_id, r.last_heartbeat, r.reason, res.revision)
+                self.nodes[n] = dataclasses.replace(r, mod_revision=res.revision)
 
     async def _check_start_barrier(self) -> None:
         """A gang whose members have not all started within its
@@ -850,10 +892,10 @@ class AzLeader:
                     conn.closed = True
                     conn.queue.put_nowait(None)
             if rec is not None and rec.ready and not live.ready and silent > self.t.node_not_ready_after_s:
-                new = NodeRecord(rec.topology, False, rec.agent_id, rec.last_heartbeat, f"no heartbeat for {silent:.1f}s")
+                new = dataclasses.replace(rec, ready=False, reason=f"no heartbeat for {silent:.1f}s")
                 self.check_valid()
                 res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
-                self.nodes[node] = NodeRecord(new.topology, False, new.agent_id, new.last_heartbeat, new.reason, res.revision)
+                self.nodes[node] = dataclasses.replace(new, mod_revision=res.revision)
                 log.warning("node %s not ready: %s", node, new.reason)
             if silent > self.t.replace_after_s and not live.ready:
                 # Past the node's fence deadline its agent has stopped every

@@ -424,15 +424,21 @@ class TwoPhaseDriver:
                                                        reason=f"gang already at incarnation {g.incarnation}"))
             return
         placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
-        new = g.evolve(state=GangState.RESERVING, incarnation=e.incarnation, placement=placement, span=p.span,
-                       reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.l.wall())
         try:
+            # The rendezvous goes into the record with the placement: every
+            # AZ's leader dispatches its members from this record.
+            addr, port = self.l.rendezvous_for(g, e.incarnation, placement, await self._node_record(placement[0].az, placement[0].node))
+            new = g.evolve(state=GangState.RESERVING, incarnation=e.incarnation, placement=placement, span=p.span,
+                           reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.l.wall(),
+                           master_addr=addr, master_port=port)
             self._rt(e.gang)
             await self.l._write_gang(new, g)
         except (Conflict, StoreUnavailable) as exc:
             self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                        reason=str(exc)))
             return
+        finally:
+            self.l._picking.pop(e.gang, None)
         self.feed_owner(e.gang, AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
 
     async def _mark_reserved(self, e: MarkGangReserved) -> None:
@@ -697,6 +703,14 @@ class TwoPhaseDriver:
         return views, registered, led
 
     # ------------------------------------------------------------ dispatch
+    async def _node_record(self, az: str, node: str) -> NodeRecord | None:
+        """A node's record: this AZ's from the leader's view, another AZ's
+        from etcd (the rank-0 node's address and ports, for the rendezvous)."""
+        if az == self.az:
+            return self.l.nodes.get(node)
+        kv = await self.store.get(self.keys.node(az, node))
+        return NodeRecord.from_dict(kv.json()) if kv is not None else None
+
     async def _gang(self, gang: str) -> GangRecord | None:
         g = self.l.gangs.get(gang) or self.gang_cache.get(gang)
         if g is None:

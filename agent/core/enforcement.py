@@ -1,4 +1,4 @@
-"""The agent's own safety rules, pure (DESIGN §6). No I/O, no clock: ``now``
+"""The agent's own safety rules, pure (docs/agents.md). No I/O, no clock: ``now``
 is passed in.
 
 - ``EpochGuard``: reject anything stamped with an epoch older than the highest

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from coordinator.core.rendezvous import DEFAULT_PORTS
 from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, parse_spec
 from phalanx.topology import NodeTopology
@@ -47,6 +48,12 @@ class GangRecord:
     restarts: int = 0
     idempotency_key: str = ""
     not_before: float = 0.0  # restart backoff: not placed before this wall time
+    # The rendezvous of this incarnation (coordinator/core/rendezvous.py):
+    # the rank-0 node's advertised address and the port picked from its
+    # range, fixed when the placement is written so that every dispatch
+    # (re-sent, by a successor, by another AZ) gives every member the same.
+    master_addr: str = ""
+    master_port: int = 0
     mod_revision: int = 0  # from the read; not stored
 
     @property
@@ -72,6 +79,7 @@ class GangRecord:
             "restarts": self.restarts,
             "idempotency_key": self.idempotency_key,
             "not_before": self.not_before,
+            **({"master_addr": self.master_addr, "master_port": self.master_port} if self.master_port else {}),
         }
 
     @classmethod
@@ -90,6 +98,8 @@ class GangRecord:
             restarts=int(d.get("restarts", 0)),
             idempotency_key=d.get("idempotency_key", ""),
             not_before=float(d.get("not_before", 0.0)),
+            master_addr=str(d.get("master_addr", "")),
+            master_port=int(d.get("master_port", 0)),
             mod_revision=mod_revision,
         )
 
@@ -160,6 +170,11 @@ class NodeRecord:
     last_heartbeat: float = 0.0  # wall clock, persisted coarsely
     reason: str = ""
     mod_revision: int = 0
+    # What the agent advertised (absent in records of older agents): the
+    # address members on other nodes reach this node at ("" = unknown: the
+    # node name is used), and the ports it owns for rendezvous.
+    address: str = ""
+    ports: tuple[int, int] = DEFAULT_PORTS
 
     @property
     def name(self) -> str:
@@ -172,6 +187,8 @@ class NodeRecord:
             "agent_id": self.agent_id,
             "last_heartbeat": self.last_heartbeat,
             "reason": self.reason,
+            "address": self.address,
+            "ports": list(self.ports),
         }
 
     @classmethod
@@ -183,6 +200,8 @@ class NodeRecord:
             last_heartbeat=float(d.get("last_heartbeat", 0.0)),
             reason=d.get("reason", ""),
             mod_revision=mod_revision,
+            address=str(d.get("address", "")),
+            ports=tuple(int(p) for p in d["ports"]) if len(d.get("ports") or ()) == 2 else DEFAULT_PORTS,  # type: ignore[arg-type]
         )
 
 

@@ -51,17 +51,29 @@ class MemberStatus(_message.Message):
     node: str
     def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., phase: _Optional[_Union[MemberPhase, str]] = ..., exit_code: _Optional[int] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., pid: _Optional[int] = ..., at: _Optional[float] = ..., node: _Optional[str] = ...) -> None: ...
 
+class PortRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
 class Register(_message.Message):
-    __slots__ = ("agent_id", "topology", "members", "highest_epoch")
+    __slots__ = ("agent_id", "topology", "members", "highest_epoch", "address", "rendezvous_ports")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     HIGHEST_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_PORTS_FIELD_NUMBER: _ClassVar[int]
     agent_id: str
     topology: _types_pb2.NodeTopology
     members: _containers.RepeatedCompositeFieldContainer[MemberStatus]
     highest_epoch: int
-    def __init__(self, agent_id: _Optional[str] = ..., topology: _Optional[_Union[_types_pb2.NodeTopology, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., highest_epoch: _Optional[int] = ...) -> None: ...
+    address: str
+    rendezvous_ports: PortRange
+    def __init__(self, agent_id: _Optional[str] = ..., topology: _Optional[_Union[_types_pb2.NodeTopology, _Mapping]] = ..., members: _Optional[_Iterable[_Union[MemberStatus, _Mapping]]] = ..., highest_epoch: _Optional[int] = ..., address: _Optional[str] = ..., rendezvous_ports: _Optional[_Union[PortRange, _Mapping]] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("seq", "members")
