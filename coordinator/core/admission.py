@@ -57,6 +57,7 @@ class KeepPending:
     queue: int = 0  # gangs in the queue
     held_by: str = ""  # the older gang whose kept nodes this gang would need
     keeps: tuple[str, ...] = ()  # nodes kept for this gang (it is the head past its backfill window)
+    rule: str = ""  # the rule that keeps it waiting, when it is more than "no room now" (also in reason)
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def plan_admissions(
                 decisions.append(FailAdmission(gang, verdict, never_fits=True))
                 continue
         if gang.not_before > now:
-            decisions.append(KeepPending(gang, f"restart backoff: not re-placed for {gang.not_before - now:.1f}s", **where))
+            why = f"restart backoff: not re-placed for {gang.not_before - now:.1f}s"
+            decisions.append(KeepPending(gang, why, rule=why, **where))
             continue
         result = failed.get(shape)
         if result is None:
@@ -147,23 +149,22 @@ def plan_admissions(
             # Would it fit but for the nodes kept for the head?
             unkept = placed(request, list(free.values()))
             if isinstance(unkept, Placement):
-                decisions.append(KeepPending(
-                    gang, f"held back by the backfill rule: it fits now only on nodes kept for older gang {head.id} "
-                    f"({', '.join(sorted(kept))}), which has waited past backfill_window_s={backfill_window_s:g}s",
-                    result.shortfalls, held_by=head.id, **where))
+                why = (f"held back by the backfill rule: the only room for it is on nodes kept for older gang {head.id} "
+                       f"({', '.join(sorted(kept))}), which has waited past backfill_window_s={backfill_window_s:g}s")
+                decisions.append(KeepPending(gang, why, result.shortfalls, held_by=head.id, rule=why, **where))
                 continue
         if head is None and waited > backfill_window_s:
             empty = placed(request, drained(free.values()))
             if isinstance(empty, Placement):
                 head, kept = gang, frozenset(empty.nodes())
-                decisions.append(KeepPending(
-                    gang, f"{result.reason}; waited {waited:.0f}s, past backfill_window_s={backfill_window_s:g}s: "
-                    f"nodes {', '.join(sorted(kept))} are kept for it until it fits (gangs behind it may use the others)",
-                    result.shortfalls, keeps=tuple(sorted(kept)), **where))
+                why = (f"waited {waited:.0f}s, past backfill_window_s={backfill_window_s:g}s: nodes "
+                       f"{', '.join(sorted(kept))} are kept for it until it fits (gangs behind it may use the others)")
+                decisions.append(KeepPending(gang, f"{result.reason}; {why}", result.shortfalls,
+                                             keeps=tuple(sorted(kept)), rule=why, **where))
                 continue
-            decisions.append(KeepPending(
-                gang, f"{result.reason}; it would not fit even if this AZ's ready nodes were empty, "
-                "so it keeps no nodes and holds back no gang behind it", result.shortfalls, **where))
+            why = ("it would not fit even if this AZ's ready nodes were empty, so it keeps no nodes and holds back "
+                   "no gang behind it")
+            decisions.append(KeepPending(gang, f"{result.reason}; {why}", result.shortfalls, rule=why, **where))
             continue
         decisions.append(KeepPending(gang, result.reason, result.shortfalls, **where))
     return decisions
