@@ -16,7 +16,7 @@ import grpc
 
 from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.leader import AgentConn, AzLeader
-from phalanx import wire
+from phalanx import limits, wire
 from phalanx.errors import NotLeader
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
@@ -69,9 +69,19 @@ class AgentServicer(agrpc.AgentServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind: the first message of a session must be register")
             return
         reg = first.register
-        topo = wire.topology_from_pb(reg.topology)
-        if not topo.node or "/" in topo.node:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "register.topology.node: a node name without '/' is required")
+        # Everything the registration would write is checked before any of
+        # it is (docs/limits.md): a refused agent leaves no node record, and
+        # a topology past a bound is INVALID_ARGUMENT, a permanent answer
+        # (the agent would send the same topology again), not UNAVAILABLE.
+        try:
+            topo = wire.topology_from_pb(reg.topology)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register.topology: {exc}")
+            return
+        errors = limits.registration_errors(topo, reg.agent_id, reg.members)
+        if errors:
+            log.warning("refused the registration of node %r: %s", topo.node[:64], "; ".join(errors[:3]))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "registration refused: " + "; ".join(errors[:10]))
             return
         if topo.az and topo.az != leader.az:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register.topology.az: agent is in {topo.az}, this leader leads {leader.az}")

@@ -24,7 +24,7 @@ from coordinator.core import progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
-from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation
+from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, read_records
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
@@ -205,24 +205,34 @@ class AzLeader:
         k = self.keys
         if failpoints.on("leader.rebuild_unavailable"):
             raise StoreUnavailable("failpoint leader.rebuild_unavailable")
-        gang_kvs, _ = await self.store.get_prefix(k.gangs())
-        res_kvs, _ = await self.store.get_prefix(k.reservations(self.az))
-        node_kvs, _ = await self.store.get_prefix(k.nodes(self.az))
+        # Paged (docs/limits.md "Paged reads"): no range reply grows with the
+        # number of gangs, so a takeover never fails on the size of etcd.
+        gang_kvs, _ = await self.store.get_prefix_paged(k.gangs())
+        res_kvs, _ = await self.store.get_prefix_paged(k.reservations(self.az))
+        node_kvs, _ = await self.store.get_prefix_paged(k.nodes(self.az))
         now = self.mono()
-        for kv in res_kvs:
-            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+        # A record that cannot be read (corrupt, hostile, from a future
+        # version) is logged, counted and skipped: retrying would read it
+        # again, and an AZ without a leader admits nothing. A skipped
+        # reservation's devices are not offered by this leader (its nodes
+        # show them free only once the record is readable or gone).
+        reservations, bad_res = read_records(res_kvs, Reservation.from_dict)
+        gangs, bad_gangs = read_records(gang_kvs, GangRecord.from_dict)
+        nodes, bad_nodes = read_records(node_kvs, NodeRecord.from_dict)
+        self.unreadable_records = dict(bad_res + bad_gangs + bad_nodes)
+        for key, why in self.unreadable_records.items():
+            log.warning("rebuild of %s (epoch %d): skipped unreadable record %s: %s", self.az, self.epoch, key[:200], why)
+        for r in reservations:
             if r.two_phase:
                 continue  # the two-phase participant's (TwoPhaseDriver.recover)
             self.reservations[r.gang] = r
         self.ledger = DeviceLedger.from_reservations(self.reservations)
-        for kv in gang_kvs:
-            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+        for g in gangs:
             if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
                 # (RESTARTING gangs are not terminal: they are kept too.)
                 self.gangs[g.id] = g
             self.collector.note(g)  # finished gangs we own: collected after gang_retention_s
-        for kv in node_kvs:
-            n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
+        for n in nodes:
             self.nodes[n.name] = n
             # Not placeable until its agent reaches us; lost only after a
             # full replace_after_s from now (it may be fencing right now).

@@ -18,7 +18,7 @@ from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, 
 from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation
 from coordinator.election import observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
-from phalanx import wire
+from phalanx import limits, wire
 from phalanx.errors import InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
 from phalanx.model import GangState, Level
 from phalanx.spec import InvalidSpec
@@ -62,11 +62,25 @@ def handled(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
 
 
 def _valid_id(value: str, field: str = "id") -> str:
+    """A gang id or name, exactly (docs/limits.md "Identifiers"): a DNS
+    label, full match, so "x\n" is refused rather than read as "x"."""
     if not value:
         raise InvalidArgument(f"{field}: is required")
-    if len(value) > 128 or "/" in value or not value.isprintable():
-        raise InvalidArgument(f"{field}: not a valid gang id or name: {value[:64]!r}")
+    why = limits.name_error(value, limits.DNS_LABEL, limits.MAX_GANG_ID_LEN, limits.DNS_LABEL_WHAT)
+    if why:
+        raise InvalidArgument(f"{field}: not a valid gang id or name: {why[:160]}")
     return value
+
+
+def _valid_reason(reason: str) -> str:
+    """A cancel reason: bounded, and printable (it is shown in `phalanx
+    list` and `get`, and quoted in the gang record)."""
+    size = len(reason.encode("utf-8", "surrogatepass"))
+    if size > limits.MAX_CANCEL_REASON_BYTES:
+        raise InvalidArgument(limits.size_error("reason", size, limits.MAX_CANCEL_REASON_BYTES))
+    if not reason.isprintable():
+        raise InvalidArgument(f"reason: must be printable text (no newlines or control characters), got {reason[:64]!r}")
+    return reason
 
 
 def _explain_placed(g: GangRecord) -> gpb.ExplainGangResponse:
@@ -118,8 +132,10 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def SubmitGang(self, request: gpb.SubmitGangRequest, context: grpc.aio.ServicerContext) -> gpb.SubmitGangResponse:
         spec = wire.spec_from_pb(request.spec)
         key = request.idempotency_key
-        if len(key) > 128 or "/" in key:
-            raise InvalidArgument("idempotency_key: at most 128 characters and no '/'")
+        why = limits.name_error(key, limits.IDEMPOTENCY_KEY, limits.MAX_IDEMPOTENCY_KEY_LEN,
+                                limits.IDEMPOTENCY_KEY_WHAT, required=False)
+        if why:
+            raise InvalidArgument(f"idempotency_key: {why[:200]}")
         leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request)
         if forwarded is not None:
             return forwarded
@@ -128,6 +144,7 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def CancelGang(self, request: gpb.CancelGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
+        _valid_reason(request.reason)  # before anything is read or forwarded
         rec = await self._load(request.id)
         if rec.state.terminal:
             from phalanx.errors import FailedPrecondition

@@ -40,6 +40,7 @@ from aetcd.rpc import rpc_pb2 as epb
 from aetcd.rpc import rpc_pb2_grpc as egrpc
 
 from phalanx.errors import Conflict, NotLeader, StoreUnavailable
+from phalanx.limits import PAGE_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -571,6 +572,54 @@ class Store:
         resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0),
                                 blame_timeout=False)
         return [_kv(m) for m in resp.kvs], resp.header.revision
+
+    async def get_prefix_pages(self, prefix: str, *, keys_only: bool = False, page: int = PAGE_KEYS,
+                               revision: int = 0) -> AsyncIterator[tuple[list[KV], int]]:
+        """Every key under ``prefix`` as ``(kvs, revision)`` pages of at most
+        ``page`` keys, so that no single range reply grows with the number of
+        keys (docs/limits.md "Paged reads"). Every page is read at the
+        revision of the first (or at ``revision``): together they are one
+        consistent snapshot, as one range read would be. A page whose reply
+        would exceed the client's receive limit is read again at half the
+        size. A revision compacted between two pages raises
+        ``StoreUnavailable``: the caller starts over, as after any failed read."""
+        if page < 1:
+            raise ValueError(f"page must be at least 1, got {page}")
+        start, end = prefix.encode(), prefix_end(prefix)
+        size = page
+        while True:
+            req = epb.RangeRequest(key=start, range_end=end, keys_only=keys_only, limit=size, revision=revision)
+            member, index, generation = self._pin()
+            what = f"range {prefix} (page of {size} from {start[len(prefix.encode()):][:64]!r}, at {member.endpoint})"
+            try:
+                resp = await member.kv.Range(req, timeout=max(self.timeout, 5.0), metadata=_METADATA)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and size > 1:
+                    size = max(1, size // 2)  # the reply was over our receive limit
+                    continue
+                # As _call with blame_timeout=False: a slow range read is not
+                # held against the member.
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._member_failed(index, generation, f"range {prefix}: {exc.code().name}")
+                raise self._translate(exc, what) from None
+            if not revision:
+                revision = resp.header.revision
+            kvs = [_kv(m) for m in resp.kvs]
+            yield kvs, revision
+            if not resp.more or not resp.kvs:
+                return
+            start = resp.kvs[-1].key + b"\0"  # the next key after the last one read
+            size = min(page, size * 2)
+
+    async def get_prefix_paged(self, prefix: str, *, keys_only: bool = False, page: int = PAGE_KEYS,
+                               revision: int = 0) -> tuple[list[KV], int]:
+        """``get_prefix`` in pages (``get_prefix_pages``): the same answer,
+        without a range reply that grows with the number of keys."""
+        out: list[KV] = []
+        rev = revision
+        async for kvs, rev in self.get_prefix_pages(prefix, keys_only=keys_only, page=page, revision=revision):
+            out.extend(kvs)
+        return out, rev
 
     async def revision(self) -> int:
         req = epb.RangeRequest(key=self.keys.root.encode(), count_only=True)

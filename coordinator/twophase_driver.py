@@ -37,7 +37,7 @@ import grpc
 
 from coordinator.core import progress
 from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
-from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation
+from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation, read_records
 from coordinator.core.twophase import (
     AbortReceived,
     AttemptWriteFailed,
@@ -895,27 +895,37 @@ class TwoPhaseDriver:
     async def recover(self) -> None:
         """Rebuild the participant (and owners) from etcd alone."""
         k = self.keys
-        snap = await self.store.txn([], [Get(k.reservations(self.az), prefix=True), Get(k.decisions(), prefix=True),
-                                         Get(k.gangs(), prefix=True), Get(k.member_summaries(), prefix=True)])
-        self.revision = snap.revision
-        gangs = {g.id: g for g in (GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in snap.results[2])}
+        # One snapshot, read in pages at one revision (docs/limits.md "Paged
+        # reads"): no range reply grows with the number of gangs. Records
+        # that cannot be read are skipped (the rebuild has logged them).
+        rev = await self.store.revision()
+        res_kvs, _ = await self.store.get_prefix_paged(k.reservations(self.az), revision=rev)
+        dec_kvs, _ = await self.store.get_prefix_paged(k.decisions(), revision=rev)
+        gang_kvs, _ = await self.store.get_prefix_paged(k.gangs(), revision=rev)
+        sum_kvs, _ = await self.store.get_prefix_paged(k.member_summaries(), revision=rev)
+        self.revision = rev
+        gangs = {g.id: g for g in read_records(gang_kvs, GangRecord.from_dict)[0]}
         for g in gangs.values():
             if not g.state.terminal and g.owner_az != self.az:
                 self.leader_seen.setdefault(g.owner_az, -1.0)  # watched for owner-AZ loss
         decisions = []
-        for kv in snap.results[1]:
+        for kv in dec_kvs:
             parts = kv.key.rsplit("/", 2)
             try:
                 decisions.append(DecisionRecord(gang=parts[-2], incarnation=int(parts[-1]), outcome=Outcome(kv.json()["outcome"])))
             except (ValueError, KeyError):
                 continue
         records, finished = [], []
-        for kv in snap.results[0]:
-            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+        for r in read_records(res_kvs, Reservation.from_dict)[0]:
             if not r.two_phase:
                 continue
+            try:
+                state = HoldState(r.status)
+            except ValueError:
+                log.warning("two-phase recovery in %s: skipped reservation of %s with unknown status %r", self.az, r.gang, r.status[:64])
+                continue
             records.append(ReservationRecord(az=r.az, gang=r.gang, incarnation=r.incarnation,
-                                             state=HoldState(r.status), nodes=_slice_of(r), owner_az=r.owner_az,
+                                             state=state, nodes=_slice_of(r), owner_az=r.owner_az,
                                              priority=r.priority, submitted_at=r.submitted_at))
             g = gangs.get(r.gang)
             if g is None or g.incarnation > r.incarnation or (g.incarnation == r.incarnation and g.state.terminal):
@@ -925,16 +935,19 @@ class TwoPhaseDriver:
         self.feed_participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
                                                    decisions=decisions, finished=finished))
         # Member summaries of this AZ (the agents will re-report anyway).
-        for kv in snap.results[3]:
-            body = kv.json()
-            if body.get("az") == self.az:
-                gang = kv.key.rsplit("/", 2)[-2]
-                self.local_reports[(gang, int(body["incarnation"]))] = {
-                    int(r): progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
-                    for r, d in body.get("members", {}).items()}
-                self._published[(gang, int(body["incarnation"]))] = self._summary(gang, int(body["incarnation"]))
-            else:
-                self.on_member_summary(kv.key.rsplit("/", 2)[-2], body)
+        for kv in sum_kvs:
+            try:
+                body = kv.json()
+                if body.get("az") == self.az:
+                    gang = kv.key.rsplit("/", 2)[-2]
+                    self.local_reports[(gang, int(body["incarnation"]))] = {
+                        int(r): progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
+                        for r, d in body.get("members", {}).items()}
+                    self._published[(gang, int(body["incarnation"]))] = self._summary(gang, int(body["incarnation"]))
+                else:
+                    self.on_member_summary(kv.key.rsplit("/", 2)[-2], body)
+            except UNREADABLE as exc:
+                log.warning("two-phase recovery in %s: skipped unreadable member summary %s: %r", self.az, kv.key[:200], exc)
         # RESTARTING / terminal gangs whose holds we still keep.
         for g in list(self.gang_cache.values()):
             self._maybe_finish(g)
@@ -1123,9 +1136,8 @@ class TwoPhaseDriver:
                     if az != self.az and since >= 0 and now - since > self.l.t.owner_adopt_after_s}
         if not orphaned:
             return
-        gkvs, _ = await self.store.get_prefix(self.keys.gangs())
-        for kv in gkvs:
-            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+        gkvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
+        for g in read_records(gkvs, GangRecord.from_dict)[0]:
             if g.owner_az not in orphaned or g.state != GangState.PENDING:
                 continue
             new = g.evolve(owner_az=self.az, updated_at=self.l.wall(),

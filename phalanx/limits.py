@@ -119,7 +119,7 @@ MAX_MEMBER_REASON_BYTES = 1024  # an agent's member report, at registration
 
 MAX_GPUS_PER_NODE = 128
 MAX_NICS_PER_NODE = 64
-MAX_LINKS_PER_NODE = 2048  # GPU<->NIC pairs reported
+MAX_LINKS_PER_NODE = 4096  # GPU<->NIC pairs reported (72 GPUs x 32 NICs = 2304)
 MAX_LABELS_PER_NODE = 64
 MAX_SOURCES_PER_NODE = 16
 MAX_GPU_INDEX = 1023
@@ -207,3 +207,113 @@ def clip(text: str, limit: int = MAX_REASON_CHARS) -> str:
 def size_error(field_: str, size: int, limit: int, unit: str = "bytes") -> str:
     """The one wording of an oversized field: the field, the limit, the size."""
     return f"{field_}: {size} {unit}, more than the limit of {limit} {unit}"
+
+
+# --- node topology -------------------------------------------------------------
+
+
+def topology_errors(t: Any, *, prefix: str = "register.topology") -> list[str]:
+    """Every bound a node's topology (``phalanx.topology.NodeTopology``)
+    breaks, each as "field: why"; empty when it may be stored. Checked when
+    an agent registers, before anything is written: a topology past a bound
+    is a permanent error (the same agent sends the same topology again)."""
+    out: list[str] = []
+
+    def name(path: str, value: Any, pattern: str, max_len: int, what: str, required: bool = False) -> None:
+        why = name_error(value, pattern, max_len, what, required=required)
+        if why:
+            out.append(f"{prefix}.{path}: {why}")
+
+    def count(path: str, items: Any, limit: int) -> bool:
+        if len(items) > limit:
+            out.append(f"{prefix}.{path}: {len(items)} entries, more than the limit of {limit}")
+            return False
+        return True
+
+    name("node", t.node, NODE_NAME, MAX_NODE_NAME_LEN, NODE_NAME_WHAT, required=True)
+    name("az", t.az, LABEL_VALUE, MAX_AZ_NAME_LEN, LABEL_VALUE_WHAT)
+    for f in ("region", "spine", "leaf", "rack", "nvlink_domain"):
+        name(f, getattr(t, f), LABEL_VALUE, MAX_LABEL_VALUE_LEN, LABEL_VALUE_WHAT)
+    if count("gpus", t.gpus, MAX_GPUS_PER_NODE):
+        seen: set[int] = set()
+        for i, g in enumerate(t.gpus):
+            if not 0 <= g.index <= MAX_GPU_INDEX:
+                out.append(f"{prefix}.gpus[{i}].index: must be between 0 and {MAX_GPU_INDEX}, got {g.index}")
+            elif g.index in seen:
+                out.append(f"{prefix}.gpus[{i}].index: GPU {g.index} is listed twice")
+            seen.add(g.index)
+            for f in ("uuid", "model", "pci_bus_id", "pcie_switch"):
+                name(f"gpus[{i}].{f}", getattr(g, f), TOKEN, MAX_TOKEN_LEN, TOKEN_WHAT)
+            count(f"gpus[{i}].nvlink_peers", g.nvlink_peers, MAX_GPUS_PER_NODE)
+            if len(out) > 20:
+                break  # enough to say what is wrong
+    if count("nics", t.nics, MAX_NICS_PER_NODE):
+        names: set[str] = set()
+        for i, n in enumerate(t.nics):
+            name(f"nics[{i}].name", n.name, TOKEN, MAX_NIC_NAME_LEN, TOKEN_WHAT, required=True)
+            if n.name in names:
+                out.append(f"{prefix}.nics[{i}].name: NIC {n.name!r} is listed twice")
+            names.add(n.name)
+            for f in ("pci_bus_id", "pcie_switch", "link_layer", "state"):
+                name(f"nics[{i}].{f}", getattr(n, f), TOKEN, MAX_TOKEN_LEN, TOKEN_WHAT)
+            if len(out) > 20:
+                break
+    count("links", t.links, MAX_LINKS_PER_NODE)
+    if count("labels", t.labels, MAX_LABELS_PER_NODE):
+        for k, v in t.labels.items():
+            why = name_error(k, LABEL_KEY, MAX_LABEL_KEY_LEN, LABEL_KEY_WHAT)
+            if why:
+                out.append(f"{prefix}.labels: key {why}")
+                continue
+            why = name_error(v, LABEL_VALUE, MAX_LABEL_VALUE_LEN, LABEL_VALUE_WHAT, required=False)
+            if why:
+                out.append(f"{prefix}.labels[{k}]: {why}")
+    if count("sources", t.sources, MAX_SOURCES_PER_NODE):
+        for i, s in enumerate(t.sources):
+            name(f"sources[{i}]", s, TOKEN, MAX_TOKEN_LEN, TOKEN_WHAT)
+    if not out:
+        size = json_bytes(t.to_dict())
+        if size > MAX_NODE_RECORD_BYTES - 4096:  # room for the record's other fields
+            out.append(size_error(prefix, size, MAX_NODE_RECORD_BYTES - 4096))
+    return out
+
+
+def member_errors(m: Any, path: str) -> list[str]:
+    """Bounds of one member report an agent sends (``MemberStatus``)."""
+    from phalanx.model import MemberPhase
+
+    out = []
+    why = name_error(m.gang, DNS_LABEL, MAX_GANG_ID_LEN, DNS_LABEL_WHAT)
+    if why:
+        out.append(f"{path}.gang: {why}")
+    if m.incarnation < 0:
+        out.append(f"{path}.incarnation: must not be negative, got {m.incarnation}")
+    if not 0 <= m.rank < MAX_MEMBERS:
+        out.append(f"{path}.rank: must be between 0 and {MAX_MEMBERS - 1}, got {m.rank}")
+    try:
+        MemberPhase(m.phase)
+    except ValueError:
+        out.append(f"{path}.phase: unknown member phase {m.phase}")
+    size = len(m.reason.encode("utf-8", "surrogatepass"))
+    if size > MAX_MEMBER_REASON_BYTES:
+        out.append(size_error(f"{path}.reason", size, MAX_MEMBER_REASON_BYTES))
+    if len(m.gpus) > MAX_GPUS_PER_NODE:
+        out.append(f"{path}.gpus: {len(m.gpus)} entries, more than the limit of {MAX_GPUS_PER_NODE}")
+    return out
+
+
+def registration_errors(topology: Any, agent_id: str, members: Any) -> list[str]:
+    """Everything wrong with an agent's Register message, before anything
+    of it is written (an empty list: it may be accepted)."""
+    out = topology_errors(topology)
+    why = name_error(agent_id, TOKEN, MAX_AGENT_ID_LEN, TOKEN_WHAT, required=False)
+    if why:
+        out.append(f"register.agent_id: {why}")
+    if len(members) > MAX_MEMBERS_PER_REGISTRATION:
+        out.append(f"register.members: {len(members)} entries, more than the limit of {MAX_MEMBERS_PER_REGISTRATION}")
+    else:
+        for i, m in enumerate(members):
+            out.extend(member_errors(m, f"register.members[{i}]"))
+            if len(out) > 20:
+                break
+    return out

@@ -15,24 +15,23 @@ from typing import Any, Mapping
 
 import yaml
 
+from phalanx import limits
 from phalanx.model import Level
 
-# A gang id is "<name>-<8 hex>", and must itself stay a DNS label (63 chars).
-MAX_NAME_LEN = 53
-MAX_MEMBERS = 4096
-MAX_GPUS_PER_MEMBER = 72  # one GB200 NVL72 domain
-MAX_NICS_PER_MEMBER = 32
+# The bounds live in phalanx.limits (one table, docs/limits.md); these names
+# stay for the callers that import them from here.
+MAX_NAME_LEN = limits.MAX_GANG_NAME_LEN
+MAX_MEMBERS = limits.MAX_MEMBERS
+MAX_GPUS_PER_MEMBER = limits.MAX_GPUS_PER_MEMBER
+MAX_NICS_PER_MEMBER = limits.MAX_NICS_PER_MEMBER
 MAX_RESTARTS = 100
 MAX_PRIORITY = 1_000_000
-# The gang record must fit comfortably in one etcd value (1.5 MiB request cap).
-MAX_RUN_BYTES = 64 * 1024
+MAX_RUN_BYTES = limits.MAX_RUN_BYTES
 DEFAULT_DURATION_S = 10.0
 DEFAULT_ADMISSION_TIMEOUT_S = 600.0
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_START_TIMEOUT_S = 300.0
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -190,8 +189,10 @@ class _Checker:
             self.fail(path, "is required")
         elif len(value) > max_len:
             self.fail(path, f"must be at most {max_len} characters, got {len(value)}")
-        elif not _DNS_LABEL.match(value):
-            self.fail(path, f"must be a DNS label (lowercase letters, digits, '-'), got {value!r}")
+        else:
+            why = limits.name_error(value, limits.DNS_LABEL, max_len, limits.DNS_LABEL_WHAT)
+            if why:
+                self.fail(path, why)
 
     def level(self, data: Mapping[str, Any], key: str, path: str) -> Level | None:
         value = data.get(key)
@@ -207,8 +208,13 @@ class _Checker:
             return None
 
 
-def parse_spec(data: Any) -> GangSpec:
-    """Validate a spec given as plain data (parsed YAML/JSON). Raises InvalidSpec."""
+def parse_spec(data: Any, *, stored: bool = False) -> GangSpec:
+    """Validate a spec given as plain data (parsed YAML/JSON). Raises InvalidSpec.
+
+    ``stored``: the spec of a record read back from etcd. It was accepted
+    once, so the bound on the whole gang's reservation write (which depends
+    on its shape, and which a spec accepted before that bound existed may
+    exceed) is not applied again; every per-field bound is."""
     c = _Checker()
     top = c.section(data, "")
     if not isinstance(data, Mapping):
@@ -230,6 +236,9 @@ def parse_spec(data: Any) -> GangSpec:
         c.fail("resources.gpus", "is required")
     gpus = c.integer(res, "gpus", "resources.gpus", 1, 1, MAX_GPUS_PER_MEMBER)
     gpu_model = c.string(res, "gpu_model", "resources.gpu_model", "")
+    why = limits.name_error(gpu_model, limits.TOKEN, limits.MAX_GPU_MODEL_LEN, limits.TOKEN_WHAT, required=False)
+    if why:
+        c.fail("resources.gpu_model", why)
     rdma_nics = c.integer(res, "rdma_nics", "resources.rdma_nics", 0, 0, MAX_NICS_PER_MEMBER)
 
     topo = c.section(top.get("topology"), "topology")
@@ -256,28 +265,42 @@ def parse_spec(data: Any) -> GangSpec:
         command_raw = []
     if isinstance(command_raw, str) or not isinstance(command_raw, (list, tuple)):
         c.fail("run.command", f"must be a list of strings, got {command_raw!r}")
+    elif len(command_raw) > limits.MAX_COMMAND_ARGS:
+        c.fail("run.command", f"{len(command_raw)} arguments, more than the limit of {limits.MAX_COMMAND_ARGS}")
     else:
         for i, arg in enumerate(command_raw):
             if not isinstance(arg, str):
-                c.fail(f"run.command[{i}]", f"must be a string, got {arg!r}")
+                c.fail(f"run.command[{i}]", f"must be a string, got {arg!r:.64}")
+            elif "\0" in arg:
+                # execve() cannot pass it: the member would never start.
+                c.fail(f"run.command[{i}]", "must not contain a NUL character")
         command = tuple(a for a in command_raw if isinstance(a, str))
     env_raw = run.get("env", {})
     env: dict[str, str] = {}
     if env_raw is None:
         env_raw = {}
     if not isinstance(env_raw, Mapping):
-        c.fail("run.env", f"must be a mapping of names to strings, got {env_raw!r}")
+        c.fail("run.env", f"must be a mapping of names to strings, got {env_raw!r:.64}")
+    elif len(env_raw) > limits.MAX_ENV_VARS:
+        c.fail("run.env", f"{len(env_raw)} variables, more than the limit of {limits.MAX_ENV_VARS}")
     else:
         for k, v in env_raw.items():
-            if not isinstance(k, str) or not _ENV_NAME.match(k):
-                c.fail(f"run.env.{k}", "is not a valid environment variable name")
+            why = limits.name_error(k, limits.ENV_KEY, limits.MAX_ENV_KEY_LEN, limits.ENV_KEY_WHAT)
+            if why:
+                plain = isinstance(k, str) and k.isascii() and k.isprintable() and len(k) <= 80
+                c.fail(f"run.env.{k}" if plain else f"run.env.{k!r:.80}", why)
             elif isinstance(v, bool) or not isinstance(v, (str, int, float)):
-                c.fail(f"run.env.{k}", f"must be a string, got {v!r}")
+                c.fail(f"run.env.{k}", f"must be a string, got {v!r:.64}")
+            elif "\0" in str(v):
+                c.fail(f"run.env.{k}", "must not contain a NUL character")
             else:
                 env[k] = str(v)
-    size = sum(len(a.encode()) for a in command) + sum(len(k.encode()) + len(v.encode()) for k, v in env.items())
+    # Counted as stored: every argument and variable costs its JSON-escaped
+    # bytes plus quotes and separators, so 450,000 empty arguments are 1.3 MB,
+    # not 0 bytes.
+    size = limits.list_bytes(command) + limits.map_bytes(env)
     if size > MAX_RUN_BYTES:
-        c.fail("run", f"command and env total {size} bytes, more than the limit of {MAX_RUN_BYTES}")
+        c.fail("run", f"command and env take {size} bytes as stored, more than the limit of {MAX_RUN_BYTES} bytes")
     duration_s = c.number(run, "duration_s", "run.duration_s", DEFAULT_DURATION_S, 0.0, 7 * 24 * 3600.0)
 
     pol = c.section(top.get("policy"), "policy")
@@ -291,7 +314,7 @@ def parse_spec(data: Any) -> GangSpec:
 
     if c.errors:
         raise InvalidSpec(c.errors)
-    return GangSpec(
+    spec = GangSpec(
         name=name,
         queue=queue,
         priority=priority,
@@ -305,6 +328,29 @@ def parse_spec(data: Any) -> GangSpec:
         run=Run(command=command, env=env, duration_s=duration_s),
         policy=Policy(admission_timeout_s=admission_timeout_s, max_restarts=max_restarts, start_timeout_s=start_timeout_s),
     )
+    _check_whole(spec, stored)
+    return spec
+
+
+def _check_whole(spec: GangSpec, stored: bool) -> None:
+    """Bounds on the spec as a whole (docs/limits.md): its stored size, and
+    the reservation write its shape can need (gang record with the placement
+    of every member, plus the reservation record) against etcd's request
+    limit."""
+    spec_bytes = limits.json_bytes(spec.to_dict())
+    if spec_bytes > limits.MAX_STORED_SPEC_BYTES:
+        raise InvalidSpec([FieldError("spec", f"takes {spec_bytes} bytes as stored, more than the limit of "
+                                              f"{limits.MAX_STORED_SPEC_BYTES} bytes")])
+    if stored:
+        return
+    bound = limits.reservation_txn_bound(spec.members, spec.resources.gpus, spec.resources.rdma_nics, spec_bytes)
+    if bound > limits.MAX_RESERVATION_TXN_BYTES:
+        most = limits.max_members_of_shape(spec.resources.gpus, spec.resources.rdma_nics, spec_bytes)
+        raise InvalidSpec([FieldError(
+            "members",
+            f"{spec.members} members of {spec.resources.gpus} GPUs and {spec.resources.rdma_nics} RDMA NICs can need "
+            f"{bound} bytes in the write that reserves them, more than the limit of "
+            f"{limits.MAX_RESERVATION_TXN_BYTES} bytes; at most {most} members of this shape")])
 
 
 def load_spec(text: str) -> GangSpec:

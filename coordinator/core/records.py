@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from coordinator.core.rendezvous import DEFAULT_PORTS
+from phalanx import limits
 from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, parse_spec
 from phalanx.topology import NodeTopology
@@ -73,7 +74,9 @@ class GangRecord:
             "submitted_at": self.submitted_at,
             "updated_at": self.updated_at,
             "incarnation": self.incarnation,
-            "reason": self.reason,
+            # Clipped: a reason quotes a cancel reason or an agent's exit
+            # report, and the record has a bound (docs/limits.md).
+            "reason": limits.clip(self.reason),
             "placement": [m.to_dict() for m in self.placement],
             "span": self.span.label if self.span else "",
             "restarts": self.restarts,
@@ -86,7 +89,7 @@ class GangRecord:
     def from_dict(cls, d: Mapping[str, Any], mod_revision: int = 0) -> "GangRecord":
         return cls(
             id=d["id"],
-            spec=parse_spec(d["spec"]),
+            spec=parse_spec(d["spec"], stored=True),
             state=GangState[d["state"]],
             owner_az=d["owner_az"],
             submitted_at=float(d["submitted_at"]),
@@ -186,7 +189,7 @@ class NodeRecord:
             "ready": self.ready,
             "agent_id": self.agent_id,
             "last_heartbeat": self.last_heartbeat,
-            "reason": self.reason,
+            "reason": limits.clip(self.reason),
             "address": self.address,
             "ports": list(self.ports),
         }
@@ -246,3 +249,26 @@ class DeviceLedger:
                         out.append(f"{node} gpu {g} held by {seen[g]} and {gang}")
                     seen[g] = gang
         return out
+
+
+# --- reading records back -------------------------------------------------------
+
+# What a record that cannot be read raises in ``from_dict``: bad JSON
+# (ValueError), a missing field (KeyError), a wrong type (TypeError,
+# AttributeError), a spec past a bound (InvalidSpec, a ValueError).
+UNREADABLE = (ValueError, KeyError, TypeError, AttributeError, IndexError)
+
+
+def read_records(kvs: Any, parse: Any) -> tuple[list[Any], list[tuple[str, str]]]:
+    """Parse every ``kv`` with ``parse(json, mod_revision)``. Returns the
+    records and ``(key, why)`` for each one that cannot be read, so that one
+    corrupt or hostile record costs the caller a log line, not a takeover
+    (docs/limits.md "Reading records back")."""
+    out: list[Any] = []
+    bad: list[tuple[str, str]] = []
+    for kv in kvs:
+        try:
+            out.append(parse(kv.json(), kv.mod_revision))
+        except UNREADABLE as exc:
+            bad.append((kv.key, f"{type(exc).__name__}: {str(exc)[:200]}"))
+    return out, bad

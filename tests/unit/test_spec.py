@@ -206,7 +206,8 @@ VALID: list[tuple[str, dict[str, Any], Any]] = [
     ("duration-zero", with_("run.duration_s", 0), lambda s: s.run.duration_s == 0.0),
     ("max-restarts-zero", with_("policy.max_restarts", 0), lambda s: s.policy.max_restarts == 0),
     ("priority-negative", with_("priority", -10), lambda s: s.priority == -10),
-    ("members-max", with_("members", 4096), lambda s: s.members == 4096),
+    # (4096 one-GPU members: the largest shape whose reservation write fits, docs/limits.md)
+    ("members-max", with_("members", 4096, with_("resources", {"gpus": 1})), lambda s: s.members == 4096),
     ("gpus-nvl72", with_("resources.gpus", 72), lambda s: s.resources.gpus == 72),
     ("null-sections-are-defaults", with_("run", None, with_("policy", None, with_("topology", None))), lambda s: s.topology.required is None and s.policy.max_restarts == DEFAULT_MAX_RESTARTS),
     ("null-values-are-defaults", with_("queue", None, with_("priority", None)), lambda s: s.queue == "default" and s.priority == 0),
