@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -19,7 +20,7 @@ from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reser
 from coordinator.election import observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
 from phalanx import limits, wire
-from phalanx.errors import InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
+from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
 from phalanx.model import GangState, Level
 from phalanx.spec import InvalidSpec
 from phalanx.v1 import gang_pb2 as gpb
@@ -36,6 +37,13 @@ FORWARDED = "x-phalanx-forwarded"
 # another etcd member breaks it once) before answering UNAVAILABLE.
 WATCH_RESUMES = 5
 WATCH_RESUME_PAUSE_S = 0.2
+# A read that ranges over prefixes answers UNAVAILABLE "etcd did not answer"
+# once this fraction of the caller's remaining deadline is spent, so the
+# caller learns that etcd is the cause instead of seeing its own deadline
+# expire without a word (the rest of the deadline carries the answer back).
+ETCD_SHARE_OF_DEADLINE = 0.8
+# A gang id is its name, '-' and 8 hex digits (coordinator/leader.py).
+_ID_SUFFIX = re.compile(r"[0-9a-f]{8}")
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
@@ -50,6 +58,7 @@ async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
 
 def handled(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def wrapper(self: "GangServicer", request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self._tag(context)
         try:
             return await fn(self, request, context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
@@ -165,8 +174,34 @@ class GangServicer(ggrpc.GangServiceServicer):
             return forwarded
         return convert.gang_to_pb(await leader.cancel(rec.id, request.reason))
 
+    def _tag(self, context: grpc.aio.ServicerContext) -> None:
+        """Every answer, errors included, names the cluster and the
+        coordinator that gave it (trailing metadata; the SDK puts them in
+        its errors): two clusters on one machine can look alike."""
+        context.set_trailing_metadata((
+            (CLUSTER_METADATA, self.keys.cluster),
+            (COORDINATOR_METADATA, self.c.config.coordinator_id),
+        ))
+
+    async def _within_deadline(self, context: grpc.aio.ServicerContext, work: Awaitable[Any], what: str) -> Any:
+        """``work`` (etcd reads), answered UNAVAILABLE naming etcd once
+        ETCD_SHARE_OF_DEADLINE of the caller's remaining deadline is spent."""
+        left = context.time_remaining()
+        if left is None:
+            return await work
+        budget = max(left * ETCD_SHARE_OF_DEADLINE, 0.0)
+        try:
+            return await asyncio.wait_for(work, timeout=budget)
+        except asyncio.TimeoutError:
+            raise Unavailable(f"etcd did not answer {what} within {budget:.1f}s (the caller's deadline); "
+                              f"etcd at {self.store.current_endpoint} may be down or overloaded") from None
+
     # -------------------------------------------------------------- reads
     async def _load(self, ident: str) -> GangRecord:
+        """The gang with id ``ident``; else the live gang named ``ident``;
+        else the most recently submitted gang of that name that is still
+        kept (finished, not yet collected). So a name keeps resolving for
+        as long as ``ListGangs`` shows a gang of that name."""
         ident = _valid_id(ident)
         kv = await self.store.get(self.keys.gang(ident))
         if kv is None:
@@ -174,9 +209,26 @@ class GangServicer(ggrpc.GangServiceServicer):
             if name_kv is not None:
                 kv = await self.store.get(self.keys.gang(name_kv.json()["id"]))
         if kv is None:
-            raise NotFound(f"id: no gang {ident!r}: neither an id nor the name of a live gang (finished gangs "
-                           f"are deleted gang_retention_s={self.c.config.timings.gang_retention_s:g}s after they end)")
+            kv = await self._latest_of_name(ident)
+        if kv is None:
+            raise NotFound(f"id: no gang {ident!r} in cluster {self.keys.cluster!r}: neither an id nor the name of "
+                           f"a kept gang (finished gangs are deleted gang_retention_s="
+                           f"{self.c.config.timings.gang_retention_s:g}s after they end)")
         return GangRecord.from_dict(kv.json(), kv.mod_revision)
+
+    async def _latest_of_name(self, name: str) -> Any:
+        """The record of the newest kept gang named ``name``, or None. The
+        ``names/`` index holds live gangs only (it is released when a gang
+        ends, so the name can be reused); finished gangs are found by their
+        ids, ``<name>-<8 hex>``: a keys-only range over ``gangs/<name>-``,
+        the newest by create revision (a record is created once, at
+        submission)."""
+        prefix = self.keys.gang(name + "-")
+        kvs, _ = await self.store.get_prefix(prefix, keys_only=True)
+        mine = [kv for kv in kvs if _ID_SUFFIX.fullmatch(kv.key[len(prefix):])]
+        if not mine:
+            return None
+        return await self.store.get(max(mine, key=lambda kv: kv.create_revision).key)
 
     @handled
     async def GetGang(self, request: gpb.GetGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
@@ -192,7 +244,7 @@ class GangServicer(ggrpc.GangServiceServicer):
                 raise InvalidArgument(f"states: unknown gang state {s}") from None
         if request.limit < 0:
             raise InvalidArgument("limit: must not be negative")
-        kvs, _ = await self.store.get_prefix(self.keys.gangs())
+        kvs, _ = await self._within_deadline(context, self.store.get_prefix(self.keys.gangs()), "a range read of the gangs")
         out = []
         for kv in kvs:
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
@@ -211,6 +263,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         return gpb.ListGangsResponse(gangs=[convert.gang_to_pb(g) for g in out])
 
     async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
+        self._tag(context)
         try:
             rec = await self._load(request.id)
         except Exception as exc:  # noqa: BLE001
@@ -360,6 +413,9 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def ClusterStatus(self, request: gpb.ClusterStatusRequest, context: grpc.aio.ServicerContext) -> gpb.ClusterStatusResponse:
+        return await self._within_deadline(context, self._cluster_status(), "the reads of a cluster status")
+
+    async def _cluster_status(self) -> gpb.ClusterStatusResponse:
         leaders = await observe_all(self.store)
         azs = sorted(set(leaders) | await self._azs())
         resp = gpb.ClusterStatusResponse(cluster=self.keys.cluster, served_by=self.c.config.coordinator_id)

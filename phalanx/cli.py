@@ -9,36 +9,43 @@ Exit codes (docs/cli.md):
   130 interrupted (Ctrl-C)
 
 Expected errors print one ``error: <message>`` line on stderr, never a
-traceback.
+traceback; usage errors too (``_Parser.error``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import datetime
 import json
 import os
 import re
 import sys
 import time
-from pathlib import Path
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TextIO
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
 
 import yaml
 
 from phalanx.client import (
+    ADDRESS_ENV,
     DEFAULT_ADDRESS,
+    MAX_LIMIT,
+    MAX_TIMEOUT_S,
     AsyncClient,
     TerminalStateReached,
+    check_timeout,
     is_terminal,
+    parse_addresses,
     parse_states,
     state_name,
 )
 from phalanx.errors import InvalidArgument, PhalanxError
 from phalanx.model import GangState, Level
-from phalanx.spec import GangSpec, InvalidSpec, load_spec
+from phalanx.spec import GangSpec, InvalidSpec, load_spec, read_spec_bytes
 from phalanx.v1 import types_pb2 as pb
 from phalanx.wire import message_to_dict, topology_from_pb
 
@@ -47,7 +54,6 @@ EXIT_ERROR = 1
 EXIT_INVALID = 2
 EXIT_INTERRUPTED = 130
 
-ADDRESS_ENV = "PHALANX_ADDRESS"
 STATE_DIR_ENV = "PHALANX_STATE_DIR"
 
 
@@ -191,13 +197,16 @@ def _print(text: str = "", file: TextIO | None = None) -> None:
 
 
 def read_spec_file(path: str) -> GangSpec:
-    """Read and validate a spec file (``-`` = stdin). InvalidSpec / UsageError."""
+    """Read and validate a spec file (``-`` = stdin), at most
+    ``phalanx.spec.MAX_SPEC_BYTES`` of it. InvalidSpec / UsageError."""
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        if path == "-":
+            text = read_spec_bytes(sys.stdin.buffer, "stdin")
+        else:
+            with open(path, "rb") as f:
+                text = read_spec_bytes(f, path)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"cannot read {path}: not UTF-8 text") from None
     return load_spec(text)
 
 
@@ -328,7 +337,9 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
     if args.output in ("json", "yaml"):
         _print(dump(st, args.output))
         return EXIT_OK
-    _print(f"cluster {st.cluster or '-'}" + (f" (answered by {st.served_by})" if st.served_by else ""))
+    # Which cluster answered, and where: two local clusters on one machine
+    # may both answer on ports that look like the default.
+    _print(f"cluster {st.cluster or '-'} (answered by {st.served_by or 'a coordinator'} at {client.last_address})")
     rows = [
         [
             az.az,
@@ -421,6 +432,16 @@ def resolve_log_gang(state_dir: Path, gang: str) -> str:
     return max(candidates, key=lambda k: candidates[k]) if candidates else gang
 
 
+# A member's log ends with a mark the agent appends (agent/process.py): its
+# exit, a failed start, or its vanishing while the agent was down.
+_END_MARK = re.compile(r"^\[phalanx [^\]]*\] (exit|failed to start|vanished) ", re.M)
+# How often `logs -f` looks for new output (a person watching, like tail -f).
+FOLLOW_POLL_S = 0.25
+# A member whose exit record exists but whose log got no end mark (its agent
+# died before writing it) is done once its log stopped growing this long.
+FOLLOW_SETTLE_S = 2.0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or os.environ.get(STATE_DIR_ENV, "")
     if not state_dir:
@@ -431,19 +452,24 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from agent.process import read_log
 
     gang = resolve_log_gang(Path(state_dir), args.gang)
-    try:
-        files = [f for root in log_roots(Path(state_dir), gang) for f in read_log(root, gang, incarnation=args.incarnation, rank=args.rank)]
-    except ValueError as exc:  # an unsafe gang name for a path
-        raise UsageError(str(exc)) from None
+
+    def find(incarnation: int | None) -> list[tuple[Any, Path]]:
+        try:
+            found = [f for root in log_roots(Path(state_dir), gang) for f in read_log(root, gang, incarnation=incarnation, rank=args.rank)]
+        except ValueError as exc:  # an unsafe gang name for a path
+            raise UsageError(str(exc)) from None
+        return sorted(found, key=lambda kp: (kp[0].incarnation, kp[0].rank))
+
+    files = find(args.incarnation)
     if not files:
         what = f"gang {args.gang}" + (f" rank {args.rank}" if args.rank is not None else "")
         what += f" incarnation {args.incarnation}" if args.incarnation is not None else ""
         raise UsageError(f"no logs for {what} under {state_dir}")
-    if args.incarnation is None:
-        # Default to the latest incarnation: earlier ones are history.
-        latest = max(key.incarnation for key, _ in files)
-        files = [(k, p) for k, p in files if k.incarnation == latest]
-    files.sort(key=lambda kp: (kp[0].incarnation, kp[0].rank))
+    # Default to the latest incarnation: earlier ones are history.
+    incarnation = max(key.incarnation for key, _ in files) if args.incarnation is None else args.incarnation
+    files = [(k, p) for k, p in files if k.incarnation == incarnation]
+    if args.follow:
+        return follow_logs(lambda: find(incarnation))
     for i, (key, path) in enumerate(files):
         if len(files) > 1:
             sys.stdout.write(("\n" if i else "") + f"==> {key} ({path}) <==\n")
@@ -457,7 +483,75 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@dataclass
+class _Followed:
+    offset: int = 0
+    decoder: Any = None
+    tail: str = ""  # the last, possibly incomplete, line seen
+    ended: bool = False
+    last_growth: float = 0.0
+
+
+def follow_logs(
+    find: Callable[[], list[tuple[Any, Path]]],
+    *,
+    poll_s: float = FOLLOW_POLL_S,
+    out: TextIO | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """``phalanx logs -f``: print what the members wrote and keep printing
+    what they write, like ``tail -f`` (with several members, a
+    ``==> member <==`` line whenever the output switches to another), until every member followed has
+    ended (its log's end mark, or its exit record and a log that stopped
+    growing); members that start later (other ranks of this incarnation)
+    are picked up. Ctrl-C ends it (exit 130, in ``run``)."""
+    from agent.process import member_exit_path  # (logs already needs agent.process)
+
+    out = out or sys.stdout
+    state: dict[Path, _Followed] = {}
+    current: Path | None = None
+    while True:
+        files = find()
+        for key, path in files:
+            st = state.setdefault(path, _Followed(decoder=codecs.getincrementaldecoder("utf-8")("replace"), last_growth=clock()))
+            try:
+                with open(path, "rb") as f:
+                    f.seek(st.offset)
+                    data = f.read(1 << 20)
+            except OSError:
+                continue  # pruned or not yet there: looked at again next time
+            if data:
+                st.offset += len(data)
+                st.last_growth = clock()
+                text = st.decoder.decode(data)
+                if len(state) > 1 and current != path:
+                    out.write(("\n" if current is not None else "") + f"==> {key} <==\n")
+                current = path
+                out.write(text)
+                out.flush()
+                seen = st.tail + text
+                complete, _, st.tail = seen.rpartition("\n")
+                if _END_MARK.search(complete):
+                    st.ended = True
+            elif not st.ended and clock() - st.last_growth >= FOLLOW_SETTLE_S:
+                root = path.parents[3]  # <root>/logs/<gang>/<inc>/rank-<r>.log
+                st.ended = member_exit_path(root, key).exists()
+        if files and all(state.get(p) is not None and state[p].ended for _, p in files):
+            return EXIT_OK
+        sleep(poll_s)
+
+
 # --- argument parsing -------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error convention: one ``error:`` line on
+    stderr and exit code 2, not a usage dump (subparsers inherit the class)."""
+
+    def error(self, message: str) -> NoReturn:
+        message = " ".join(message.split())
+        self.exit(EXIT_INVALID, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _positive_float(text: str) -> float:
@@ -470,14 +564,30 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def _rpc_timeout(text: str) -> float:
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+        return check_timeout(_positive_float(text), "the deadline")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not lo <= value <= hi:
+            # A 100-digit value is echoed shortened: the line stays one line.
+            shown = text if len(text) <= 24 else text[:20] + "..."
+            raise argparse.ArgumentTypeError(f"must be between {lo} and {hi}, got {shown}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
+
+
+_non_negative_int = _int_in(0, MAX_LIMIT)
 
 
 class _StatesAction(argparse.Action):
@@ -498,7 +608,7 @@ class _StatesAction(argparse.Action):
 def _common_options() -> argparse.ArgumentParser:
     # Defaults are SUPPRESSed so these flags work before *and* after the
     # subcommand without the subparser's default overwriting the main one.
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument(
         "--address",
         default=argparse.SUPPRESS,
@@ -506,22 +616,23 @@ def _common_options() -> argparse.ArgumentParser:
     )
     common.add_argument(
         "--rpc-timeout",
-        type=_positive_float,
+        type=_rpc_timeout,
         default=argparse.SUPPRESS,
-        help="deadline of each API call in seconds, failover included (default 10)",
+        help=f"deadline of each API call in seconds, failover included (default 10, at most {MAX_TIMEOUT_S:g})",
     )
     return common
 
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common_options()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="phalanx",
         description="Phalanx: gang scheduling of GPU training jobs across availability zones.",
         parents=[common],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes: 0 ok, 1 error (or wait not satisfied), 2 invalid input, 130 interrupted",
     )
+    parser.add_argument("--version", action="version", version=f"phalanx {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     from phalanx import up as up_module  # local: up imports the client and etcd helpers
@@ -546,7 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", default="")
     p.add_argument("--az", default="", help="owner AZ")
     p.add_argument("--name-prefix", default="")
-    p.add_argument("--limit", type=_non_negative_int, default=0)
+    p.add_argument("--limit", type=_non_negative_int, default=0, help=f"newest N gangs (0: all; at most {MAX_LIMIT})")
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
 
     p = sub.add_parser("watch", parents=[common], help="print a line per change until the gang is terminal")
@@ -580,7 +691,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rank", type=_non_negative_int, default=None)
     p.add_argument("--incarnation", type=_non_negative_int, default=None, help="default: the latest one found")
     p.add_argument("--state-dir", default=None, help=f"the agents' state dir (env {STATE_DIR_ENV})")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the members have ended (Ctrl-C stops)")
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("phalanx")
+    except metadata.PackageNotFoundError:  # run from a source tree without an install
+        return "unknown (not installed)"
 
 
 REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] = {
@@ -600,11 +721,18 @@ def resolve_address(args: argparse.Namespace) -> str:
     return getattr(args, "address", None) or os.environ.get(ADDRESS_ENV, "") or DEFAULT_ADDRESS
 
 
+def _address_source(args: argparse.Namespace) -> str:
+    if getattr(args, "address", None):
+        return "--address"
+    return ADDRESS_ENV if os.environ.get(ADDRESS_ENV, "") else "default address"
+
+
 async def _run_remote(args: argparse.Namespace) -> int:
     try:
-        client = AsyncClient(resolve_address(args), timeout=getattr(args, "rpc_timeout", 10.0))
+        addresses = parse_addresses(resolve_address(args))
     except ValueError as exc:
-        raise UsageError(f"--address: {exc}") from None
+        raise UsageError(f"{_address_source(args)}: {exc}") from None
+    client = AsyncClient(addresses, timeout=getattr(args, "rpc_timeout", 10.0))
     async with client:
         if args.command == "submit":
             spec = read_spec_file(args.file)  # validated before any connection
@@ -629,13 +757,13 @@ def run(args: argparse.Namespace) -> int:
         _print(f"error: {exc}", sys.stderr)
         return EXIT_INVALID
     except InvalidArgument as exc:
-        _print(f"error: invalid argument: {exc}", sys.stderr)
+        _print(f"error: invalid argument: {_one_line(exc)}", sys.stderr)
         return EXIT_INVALID
     except UsageError as exc:
         _print(f"error: {exc}", sys.stderr)
         return EXIT_INVALID
     except PhalanxError as exc:
-        _print(f"error: {exc}", sys.stderr)
+        _print(f"error: {_one_line(exc)}", sys.stderr)
         return EXIT_ERROR
     except ImportError as exc:
         # topology/logs need modules that may not be installed in this build.
@@ -653,8 +781,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
-# Server-side processes, reachable as `phalanx <name> ...` (DESIGN §1); their
-# own argument parsers take the rest of the command line.
+# Server-side processes, reachable as `phalanx <name> ...`; their own
+# argument parsers take the rest of the command line.
 PASSTHROUGH = {
     "coordinator": ("coordinator.__main__", "run one coordinator replica (python -m coordinator)"),
     "agent": ("agent.__main__", "run one node agent with topology discovery (python -m agent)"),
@@ -679,9 +807,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: 0 after --help, 2 for a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_INVALID
     if args.command is None:
-        parser.print_help(sys.stderr)
+        _print("error: phalanx: a command is required (see phalanx --help)", sys.stderr)
         return EXIT_INVALID
     return run(args)
+
+
+def _one_line(exc: PhalanxError) -> str:
+    """A server's message on one line, followed by who answered (the
+    cluster's name and the coordinator: two local clusters may both answer
+    on ports that look like the default)."""
+    text = " ".join(str(exc).split())
+    origin = exc.origin
+    return f"{text} [{origin}]" if origin else text
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Typed Python SDK for the GangService API (DESIGN §1, "phalanx").
+"""Typed Python SDK for the GangService API (docs/cli.md "Python SDK").
 
 Two clients with the same methods:
 
@@ -15,18 +15,20 @@ standbys forward writes to their leader). Every call has one overall deadline,
 ``timeout`` seconds. An attempt that fails with ``UNAVAILABLE`` (coordinator
 down, or cut off from etcd) or runs out of its share of the deadline is
 repeated on the next address, with a short backoff after a full round, until
-the call's deadline. Each attempt gets a share of the time left (split over the
-addresses not yet tried), so one hung coordinator cannot eat the whole deadline
-while another could answer.
+the call's deadline (``tenacity``, stopped by that deadline). Each attempt gets
+a share of the time left (split over the addresses not yet tried), so one hung
+coordinator cannot eat the whole deadline while another could answer. A
+``cancel`` that loses a race with another write of the gang (ABORTED) is
+retried too, within the same deadline.
 
-Retrying is safe because every GangService RPC is idempotent (DESIGN §5):
+Retrying is safe because every GangService RPC is idempotent:
 reads trivially, ``cancel`` by nature, and ``submit`` because the client sends
 an idempotency key — generated once per ``submit`` call when the caller gives
 none — and reuses it on every retry of that call, so a retried submit whose
 first attempt did reach etcd returns the same gang (``created=False``) instead
 of creating a second one.
 
-Why not the channel's retry service config (STYLE §7): the addresses are
+Why not the channel's retry service config: the addresses are
 separate servers on separate channels, an up-but-partitioned coordinator
 answers UNAVAILABLE on every retry of its own channel, and ``watch`` needs
 resumption on another server, which a retry policy cannot do for a stream that
@@ -35,7 +37,8 @@ has already delivered messages.
 Errors
 ------
 gRPC status codes become the typed errors of :mod:`phalanx.errors` via
-``from_status``. A spec that fails local validation raises
+``from_status``; an error a coordinator answered also says which cluster and
+coordinator answered (``.cluster``, ``.coordinator``, ``.address``). A spec that fails local validation raises
 :class:`phalanx.spec.InvalidSpec` and is never sent.
 """
 
@@ -44,6 +47,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import os
+import re
 import threading
 import time
 import uuid
@@ -54,8 +59,9 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 import yaml
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
-from phalanx.errors import FailedPrecondition, PhalanxError, from_status
+from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, Conflict, FailedPrecondition, PhalanxError, from_status
 from phalanx.model import TERMINAL_STATES, GangState
 from phalanx.spec import FieldError, GangSpec, InvalidSpec, load_spec, parse_spec
 from phalanx.v1 import gang_pb2, gang_pb2_grpc
@@ -67,8 +73,12 @@ __all__ = [
     "Client",
     "SubmitResult",
     "TerminalStateReached",
+    "ADDRESS_ENV",
     "DEFAULT_ADDRESS",
+    "MAX_LIMIT",
     "MAX_MESSAGE_BYTES",
+    "MAX_TIMEOUT_S",
+    "default_address",
     "parse_addresses",
     "parse_states",
     "state_name",
@@ -76,7 +86,15 @@ __all__ = [
 ]
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
+# Where the CLI and the SDK look for the cluster when no address is given.
+ADDRESS_ENV = "PHALANX_ADDRESS"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# A call's deadline: gRPC turns a deadline of about 1e11 s or more into "no
+# deadline" (an overflow), so a typo would hang for ever; an hour is far
+# beyond any failover this client does.
+MAX_TIMEOUT_S = 3600.0
+# ListGangsRequest.limit is an int32.
+MAX_LIMIT = 2**31 - 1
 
 # Reconnect quickly after a coordinator restarts: gRPC's default backoff grows
 # to 120 s, during which a channel fails every call without trying to connect.
@@ -90,6 +108,8 @@ _CHANNEL_OPTIONS: tuple[tuple[str, Any], ...] = (
 # Below this an attempt is pointless; the last attempt always gets what is left.
 _MIN_ATTEMPT_S = 1.0
 _BACKOFF_START_S = 0.1
+# A write that lost a race is retried sooner: the other write has landed.
+_CONFLICT_BACKOFF_START_S = 0.05
 _BACKOFF_MAX_S = 1.0
 # Stream errors after which a watch resumes on another address.
 _RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
@@ -127,23 +147,59 @@ class TerminalStateReached(PhalanxError):
 # --- small helpers ------------------------------------------------------------
 
 
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]+)")
+
+
+def default_address() -> str:
+    """What an address-less client talks to: ``$PHALANX_ADDRESS``, else
+    ``127.0.0.1:7070`` (the CLI's ``--address`` default too)."""
+    return os.environ.get(ADDRESS_ENV, "").strip() or DEFAULT_ADDRESS
+
+
+def parse_address(item: str) -> str:
+    """``host:port``, ``[ipv6]:port``, optionally ``http://`` / ``grpc://``
+    in front and ``/`` behind, -> ``host:port``. Raises ValueError naming the
+    entry and what is wrong (a port outside 1..65535 is caught here, not as
+    a connection error seconds later)."""
+    text = item.strip()
+    for scheme in ("http://", "https://", "grpc://"):
+        if text.startswith(scheme):
+            text = text[len(scheme):]
+    text = text.rstrip("/")
+    m = _HOST_PORT.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{item.strip()!r} is not host:port")
+    port = int(m["port"]) if len(m["port"]) <= 5 else 0
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{item.strip()!r}: port must be between 1 and 65535, got {m['port']}")
+    return f"{m['host']}:{port}"
+
+
 def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
     """``"h1:p1,h2:p2"`` or a sequence of such strings -> ``("h1:p1", "h2:p2")``.
-    Blank entries are dropped; duplicates keep their first position."""
+    Blank entries are dropped; duplicates keep their first position; a
+    malformed entry raises ValueError naming it (``parse_address``)."""
     parts = [addresses] if isinstance(addresses, str) else list(addresses)
     out: list[str] = []
     for part in parts:
         for item in str(part).split(","):
-            item = item.strip()
-            for scheme in ("http://", "https://", "grpc://"):
-                if item.startswith(scheme):
-                    item = item[len(scheme):]
-            item = item.rstrip("/")
-            if item and item not in out:
-                out.append(item)
+            if not item.strip():
+                continue
+            address = parse_address(item)
+            if address not in out:
+                out.append(address)
     if not out:
         raise ValueError("no coordinator address given")
     return tuple(out)
+
+
+def check_timeout(value: float, what: str = "timeout") -> float:
+    """A call deadline in seconds: (0, MAX_TIMEOUT_S]. Raises ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
+    if not (0 < value <= MAX_TIMEOUT_S):  # also refuses NaN
+        raise ValueError(f"{what} must be greater than 0 and at most {MAX_TIMEOUT_S:g} seconds, got {value:g}")
+    return float(value)
 
 
 def parse_states(states: Collection[StateLike] | StateLike | None) -> frozenset[GangState]:
@@ -201,20 +257,92 @@ def to_spec(spec: SpecLike) -> GangSpec:
 # --- the async client -----------------------------------------------------------
 
 
+class _TryNext(Exception):
+    """An attempt that another address, or a later round, may still answer:
+    UNAVAILABLE, its share of the deadline ran out, or a stream that closed
+    before its first event. ``error`` is the gRPC error, if there was one."""
+
+    def __init__(self, address: str, error: grpc.aio.AioRpcError | None = None):
+        super().__init__(address)
+        self.address = address
+        self.error = error
+
+
+def _until(deadline: float) -> Callable[[RetryCallState], bool]:
+    """tenacity stop: the call's own deadline (monotonic clock) has passed."""
+    return lambda _state: time.monotonic() >= deadline
+
+
+def _round_backoff(n: int, deadline: float) -> Callable[[RetryCallState], float]:
+    """tenacity wait for failover over ``n`` addresses: none between the
+    addresses of one round; after a whole round failed, _BACKOFF_START_S
+    doubling up to _BACKOFF_MAX_S; never past the deadline."""
+
+    def wait(state: RetryCallState) -> float:
+        if state.attempt_number % n:
+            return 0.0
+        rounds = state.attempt_number // n
+        pause = min(_BACKOFF_START_S * 2 ** min(rounds - 1, 30), _BACKOFF_MAX_S)
+        return max(0.0, min(pause, deadline - time.monotonic()))
+
+    return wait
+
+
+def _conflict_backoff(deadline: float) -> Callable[[RetryCallState], float]:
+    """tenacity wait between retries of a write that lost a race
+    (ABORTED): short, doubling, capped, never past the deadline."""
+
+    def wait(state: RetryCallState) -> float:
+        pause = min(_CONFLICT_BACKOFF_START_S * 2 ** min(state.attempt_number - 1, 30), _BACKOFF_MAX_S)
+        return max(0.0, min(pause, deadline - time.monotonic()))
+
+    return wait
+
+
+def _answered_by(exc: grpc.aio.AioRpcError) -> dict[str, str]:
+    """The cluster/coordinator a coordinator's trailing metadata names."""
+    out: dict[str, str] = {}
+    try:
+        for key, value in exc.trailing_metadata() or ():
+            if key in (CLUSTER_METADATA, COORDINATOR_METADATA) and isinstance(value, str):
+                out[key] = value
+    except (TypeError, ValueError):  # no or malformed metadata: nobody named
+        pass
+    return out
+
+
+def _translate(exc: grpc.aio.AioRpcError, address: str, message: str | None = None) -> PhalanxError:
+    who = _answered_by(exc)
+    return from_status(
+        exc.code(),
+        exc.details() or "" if message is None else message,
+        cluster=who.get(CLUSTER_METADATA, ""),
+        coordinator=who.get(COORDINATOR_METADATA, ""),
+        address=address,
+    )
+
+
 class AsyncClient:
     """Async client for one Phalanx cluster. Use as ``async with AsyncClient(...)``
-    or call :meth:`close`. Channels are opened lazily, on the running loop."""
+    or call :meth:`close`. Channels are opened lazily, on the running loop.
 
-    def __init__(self, addresses: str | Sequence[str] = DEFAULT_ADDRESS, timeout: float = 10.0):
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        self.addresses: tuple[str, ...] = parse_addresses(addresses)
-        self.timeout = float(timeout)
+    ``addresses`` ``None`` (the default): ``$PHALANX_ADDRESS``, else
+    ``127.0.0.1:7070``, as the CLI. ``timeout``: each call's deadline in
+    seconds, failover included, at most MAX_TIMEOUT_S."""
+
+    def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0):
+        self.timeout = check_timeout(timeout)
+        self.addresses: tuple[str, ...] = parse_addresses(default_address() if addresses is None else addresses)
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, gang_pb2_grpc.GangServiceStub] = {}
         # Index of the address that answered last: stick to a working server.
         self._current = 0
         self._closed = False
+
+    @property
+    def last_address(self) -> str:
+        """The address that answered the last call (the first one before any)."""
+        return self.addresses[self._current]
 
     # -- plumbing --
 
@@ -228,72 +356,97 @@ class AsyncClient:
             stub = self._stubs[address] = gang_pb2_grpc.GangServiceStub(channel)
         return stub
 
-    def _rotation(self) -> Iterator[int]:
-        """Address indexes, starting at the one that answered last, forever."""
-        n = len(self.addresses)
-        return (i % n for i in itertools.count(self._current))
-
     async def _call(
         self,
         method: str,
         request: Any,
         *,
         timeout: float | None = None,
+        retried: bool = False,
         on_retry_error: Callable[[PhalanxError], Awaitable[Any]] | None = None,
     ) -> Any:
         """One unary RPC with failover (module docstring). ``on_retry_error``
-        may turn an error seen on a *retry* into a result (used by cancel)."""
-        budget = self.timeout if timeout is None else timeout
-        tried: list[str] = []
-        last: grpc.aio.AioRpcError | None = None
-        async for attempt, index, share in self._attempts(budget):
-            address = self.addresses[index]
-            tried.append(address)
+        may turn an error seen on a *retry* into a result (used by cancel);
+        ``retried``: this whole call is itself a retry."""
+
+        async def attempt(k: int, address: str, share: float) -> Any:
             try:
-                result = await getattr(self._stub(address), method)(request, timeout=share)
+                return await getattr(self._stub(address), method)(request, timeout=share)
             except grpc.aio.AioRpcError as exc:
-                code = exc.code()
-                # DEADLINE_EXCEEDED: this attempt's share ran out; the loop
-                # moves on while the call's own deadline allows.
-                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    last = exc
-                    continue
-                err = from_status(code, exc.details() or "")
-                if attempt and on_retry_error is not None:
+                # DEADLINE_EXCEEDED: this attempt's share ran out; the next
+                # address is tried while the call's own deadline allows.
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise _TryNext(address, exc) from None
+                err = _translate(exc, address)
+                if (k or retried) and on_retry_error is not None:
                     return await on_retry_error(err)
                 raise err from None
-            self._current = index
-            return result
-        raise self._exhausted(method, budget, tried, last)
 
-    async def _attempts(self, budget: float) -> AsyncIterator[tuple[int, int, float]]:
-        """The failover schedule shared by unary calls and watch opening:
-        yields (attempt, address index, this attempt's share of the time
-        left) in rotation until ``budget`` is spent, backing off after each
-        whole round that failed."""
+        return await self._failover(method, self.timeout if timeout is None else timeout, attempt)
+
+    async def _failover(self, method: str, budget: float, attempt: Callable[[int, str, float], Awaitable[T]]) -> T:
+        """The failover schedule shared by unary calls and watch opening, run
+        by tenacity: ``attempt(k, address, share)`` on the addresses in
+        rotation (from the one that answered last), each given a share of
+        the time left split over the addresses not yet tried this round,
+        until one answers or ``budget`` is spent; after each whole round
+        that failed, a short backoff. ``attempt`` raises _TryNext to move on;
+        any other error ends the call at once."""
         deadline = time.monotonic() + budget
         n = len(self.addresses)
-        backoff = _BACKOFF_START_S
-        for attempt, index in enumerate(self._rotation()):
-            remaining = deadline - time.monotonic()
-            if remaining > 0 and attempt and attempt % n == 0:
-                # A whole round failed: wait a little before the next round.
-                await asyncio.sleep(min(backoff, remaining))
-                backoff = min(backoff * 2, _BACKOFF_MAX_S)
-                remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            yield attempt, index, max(remaining / (n - attempt % n), min(_MIN_ATTEMPT_S, remaining))
+        start = self._current
+        counter = itertools.count()
+        failed: list[_TryNext] = []
 
-    def _exhausted(self, method: str, budget: float, tried: list[str], last: grpc.aio.AioRpcError | None) -> PhalanxError:
-        where = ", ".join(dict.fromkeys(tried)) or ", ".join(self.addresses)
-        if last is None:
+        async def once() -> T:
+            k = next(counter)
+            index = (start + k) % n
+            address = self.addresses[index]
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise _TryNext(address)
+            share = max(remaining / (n - k % n), min(_MIN_ATTEMPT_S, remaining))
+            try:
+                result = await attempt(k, address, share)
+            except _TryNext as exc:
+                failed.append(exc)
+                raise
+            self._current = index
+            return result
+
+        retrying = AsyncRetrying(
+            stop=_until(deadline),
+            wait=_round_backoff(n, deadline),
+            retry=retry_if_exception_type(_TryNext),
+            reraise=True,
+        )
+        try:
+            return await retrying(once)
+        except _TryNext:
+            raise self._exhausted(method, budget, failed) from None
+
+    def _exhausted(self, method: str, budget: float, failed: Sequence[_TryNext]) -> PhalanxError:
+        """The error of a call no address answered in time. A coordinator
+        that did answer UNAVAILABLE said why (e.g. etcd did not answer it):
+        its words are kept even when later attempts merely timed out, so an
+        etcd outage reads as one."""
+        where = ", ".join(dict.fromkeys(f.address for f in failed)) or ", ".join(self.addresses)
+        errors = [f for f in failed if f.error is not None]
+        answered = [f for f in errors if f.error.code() == grpc.StatusCode.UNAVAILABLE and _answered_by(f.error)]
+        if answered:
+            told = answered[-1]
+            err = _translate(told.error, told.address)
+            return _translate(
+                told.error, told.address,
+                f"{method}: no coordinator could answer within {budget:g}s (tried {where}); "
+                f"{err.origin or told.address} said: {told.error.details() or 'UNAVAILABLE'}",
+            )
+        last = errors[-1] if errors else None
+        if last is None or last.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return from_status(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {budget:g}s from {where}")
-        code = last.code()
-        details = last.details() or code.name
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return from_status(code, f"{method}: no answer within {budget:g}s from {where}")
-        return from_status(code, f"{method}: no coordinator could answer (tried {where}): {details}")
+        code = last.error.code()
+        details = last.error.details() or code.name
+        return _translate(last.error, last.address, f"{method}: no coordinator could answer (tried {where}): {details}")
 
     # -- API --
 
@@ -318,7 +471,10 @@ class AsyncClient:
         name_prefix: str = "",
         limit: int = 0,
     ) -> list[pb.Gang]:
-        """Gangs matching every given filter (``limit`` 0: the server's default)."""
+        """Gangs matching every given filter (``limit`` 0: the server's default;
+        at most MAX_LIMIT, the wire's int32)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_LIMIT:
+            raise ValueError(f"limit must be an integer between 0 and {MAX_LIMIT}, got {limit!r}")
         request = gang_pb2.ListGangsRequest(
             states=[int(s) for s in sorted(parse_states(states))],
             queue=queue,
@@ -357,7 +513,7 @@ class AsyncClient:
                         event = await call.read()
                     except grpc.aio.AioRpcError as exc:
                         if exc.code() not in _RESUMABLE or self._closed:
-                            raise from_status(exc.code(), exc.details() or "") from None
+                            raise _translate(exc, self.last_address) from None
                         break
             finally:
                 call.cancel()
@@ -368,30 +524,26 @@ class AsyncClient:
     async def _open_watch(self, id: str) -> tuple[Any, gang_pb2.GangEvent]:
         """Open a WatchGang stream and read its first event, with the same
         failover and deadline rules as a unary call."""
-        tried: list[str] = []
-        last: grpc.aio.AioRpcError | None = None
-        async for _attempt, index, share in self._attempts(self.timeout):
-            address = self.addresses[index]
-            tried.append(address)
+
+        async def attempt(_k: int, address: str, share: float) -> tuple[Any, gang_pb2.GangEvent]:
             call = self._stub(address).WatchGang(gang_pb2.WatchGangRequest(id=id))
             try:
                 event = await asyncio.wait_for(call.read(), timeout=share)
             except asyncio.TimeoutError:
                 call.cancel()
-                continue
+                raise _TryNext(address) from None
             except grpc.aio.AioRpcError as exc:
                 if exc.code() in _RESUMABLE and not self._closed:
-                    last = exc
-                    continue
-                raise from_status(exc.code(), exc.details() or "") from None
+                    raise _TryNext(address, exc) from None
+                raise _translate(exc, address) from None
             except BaseException:
                 call.cancel()
                 raise
             if event is grpc.aio.EOF:
-                continue  # closed with OK before any event: ask someone else
-            self._current = index
+                raise _TryNext(address)  # closed with OK before any event: ask someone else
             return call, event
-        raise self._exhausted("WatchGang", self.timeout, tried, last)
+
+        return await self._failover("WatchGang", self.timeout, attempt)
 
     async def wait(self, id: str, states: Collection[StateLike] | StateLike, timeout: float) -> pb.Gang:
         """Return the gang as soon as it is in one of ``states``.
@@ -429,7 +581,15 @@ class AsyncClient:
             raise TimeoutError(f"gang {id} did not reach {want} within {timeout:g}s{now}") from None
 
     async def cancel(self, id: str, reason: str = "") -> pb.Gang:
-        """Cancel a gang (whole-gang teardown). Returns the gang as updated."""
+        """Cancel a gang (whole-gang teardown). Returns the gang as updated.
+
+        A cancel that races another write of the gang (admission placing it
+        at that moment) loses its compare and is answered ABORTED; it is
+        retried (tenacity, within this call's deadline) until it takes
+        effect, so a returned cancel has happened."""
+        deadline = time.monotonic() + self.timeout
+        request = gang_pb2.CancelGangRequest(id=id, reason=reason)
+        tries = itertools.count()
 
         async def already_done(err: PhalanxError) -> pb.Gang:
             # A retry whose first attempt did land sees a finished gang: that
@@ -440,7 +600,20 @@ class AsyncClient:
                     return gang
             raise err
 
-        return await self._call("CancelGang", gang_pb2.CancelGangRequest(id=id, reason=reason), on_retry_error=already_done)
+        async def once() -> pb.Gang:
+            retried = next(tries) > 0
+            return await self._call(
+                "CancelGang", request, timeout=max(deadline - time.monotonic(), 1e-3),
+                retried=retried, on_retry_error=already_done,
+            )
+
+        retrying = AsyncRetrying(
+            stop=_until(deadline),
+            wait=_conflict_backoff(deadline),
+            retry=retry_if_exception_type(Conflict),
+            reraise=True,
+        )
+        return await retrying(once)
 
     async def explain(self, id: str) -> gang_pb2.ExplainGangResponse:
         """Why a gang is where it is: a summary and, when it cannot be placed,
@@ -480,11 +653,11 @@ class Client:
     method submits a coroutine there and waits for its result. Safe to share
     between threads. ``watch`` returns a plain iterator."""
 
-    def __init__(self, addresses: str | Sequence[str] = DEFAULT_ADDRESS, timeout: float = 10.0):
+    def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0):
+        self._async = AsyncClient(addresses, timeout)  # validates before a thread exists
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="phalanx-client", daemon=True)
         self._thread.start()
-        self._async = AsyncClient(addresses, timeout)
         self.addresses = self._async.addresses
         self.timeout = self._async.timeout
 

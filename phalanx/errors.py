@@ -1,6 +1,6 @@
 """The small error hierarchy shared by SDK, coordinator and agent.
 
-Translated at the boundaries by table (STYLE §6): the coordinator's servicers
+Translated at the boundaries by one table: the coordinator's servicers
 map these to gRPC status codes, the SDK maps status codes back.
 """
 
@@ -9,10 +9,40 @@ from __future__ import annotations
 import grpc
 
 
+# Trailing metadata every GangService answer carries (coordinator/service.py),
+# so that an error can say which cluster and which coordinator answered: two
+# local clusters on one machine may both listen on default-looking ports.
+CLUSTER_METADATA = "x-phalanx-cluster"
+COORDINATOR_METADATA = "x-phalanx-coordinator"
+
+
 class PhalanxError(Exception):
-    """Base of every error Phalanx raises on purpose."""
+    """Base of every error Phalanx raises on purpose.
+
+    Errors the SDK translated from a coordinator's answer also say who
+    answered: ``cluster`` and ``coordinator`` (from the answer's trailing
+    metadata; empty from a coordinator too old to send them) and ``address``
+    (where the SDK sent the call). ``str()`` is the coordinator's message;
+    ``origin`` is the "who answered" part, for the CLI's error line."""
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    cluster: str = ""
+    coordinator: str = ""
+    address: str = ""
+
+    @property
+    def origin(self) -> str:
+        """``cluster local, coordinator az-a-c0 at 127.0.0.1:7070``; ``""``
+        when nobody answered (e.g. every address unreachable)."""
+        parts = []
+        if self.cluster:
+            parts.append(f"cluster {self.cluster}")
+        if self.coordinator:
+            parts.append(f"coordinator {self.coordinator}")
+        where = ", ".join(parts)
+        if self.address and where:
+            where += f" at {self.address}"
+        return where
 
 
 class InvalidArgument(PhalanxError):
@@ -75,9 +105,10 @@ _BY_CODE: dict[grpc.StatusCode, type[PhalanxError]] = {
 }
 
 
-def from_status(code: grpc.StatusCode, message: str) -> PhalanxError:
+def from_status(code: grpc.StatusCode, message: str, *, cluster: str = "", coordinator: str = "", address: str = "") -> PhalanxError:
     """The SDK's half of the table: a gRPC status back to a typed error."""
     cls = _BY_CODE.get(code, PhalanxError)
     err = cls(message or code.name)
     err.code = code
+    err.cluster, err.coordinator, err.address = cluster, coordinator, address
     return err

@@ -6,9 +6,12 @@ on the frozen dataclasses of ``phalanx.spec`` / ``phalanx.topology``.
 
 from __future__ import annotations
 
+import datetime
+import re
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf.descriptor import EnumDescriptor, FieldDescriptor
+from google.protobuf.message import Message
 
 from phalanx.model import Level, PcieDistance
 from phalanx.spec import FieldError, InvalidSpec, parse_spec, GangSpec
@@ -184,8 +187,71 @@ def topology_from_pb(m: pb.NodeTopology) -> NodeTopology:
     )
 
 
-def message_to_dict(msg: Any) -> dict[str, Any]:
-    """Readable JSON form for ``-o json|yaml`` (enum names, snake_case)."""
-    return json_format.MessageToDict(
-        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=False
-    )
+# Wire fields that hold unix seconds: printed as RFC 3339 (UTC).
+_TIME_FIELDS = frozenset({
+    ("phalanx.v1.Gang", "submitted_at"),
+    ("phalanx.v1.Gang", "updated_at"),
+    ("phalanx.v1.Gang", "not_before"),
+    ("phalanx.v1.NodeStatus", "last_heartbeat"),
+})
+
+
+def rfc3339(seconds: float) -> str:
+    """``2024-06-01T08:27:47.123Z`` (UTC, milliseconds)."""
+    stamp = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def enum_text(enum: EnumDescriptor, number: int) -> str | int:
+    """A wire enum value as a person (and a spec) spells it: gang states
+    ``PENDING``, topology levels ``spine`` (the spec's words), other enums
+    their name without the type prefix (``PIX``). An unknown number stays a
+    number."""
+    value = enum.values_by_number.get(number)
+    if value is None:
+        return number
+    prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper() + "_"
+    name = value.name.removeprefix(prefix)
+    return name.lower() if enum.full_name == "phalanx.v1.TopologyLevel" else name
+
+
+def message_to_dict(msg: Message) -> dict[str, Any]:
+    """Readable form for ``-o json|yaml``: protobuf field names, enums as
+    ``enum_text`` spells them, times as RFC 3339, 64-bit integers as
+    numbers; every plain field is shown (``rank: 0`` too), unset messages,
+    times and enums are left out. A ``GangSpec`` is written in exactly
+    the form a spec file takes (every field, defaults included), so the
+    ``spec:`` of ``phalanx get ID -o yaml`` can be submitted again."""
+    if isinstance(msg, pb.GangSpec):
+        try:
+            return spec_from_pb(msg).to_dict()
+        except InvalidSpec:
+            pass  # not a valid spec (an old record?): show what is there
+    out: dict[str, Any] = {}
+    owner = msg.DESCRIPTOR.full_name
+    for field in msg.DESCRIPTOR.fields:
+        value = getattr(msg, field.name)
+        if field.has_presence and not field.is_repeated and not msg.HasField(field.name):
+            continue  # an unset message or optional field
+        if (owner, field.name) in _TIME_FIELDS and not value:
+            continue  # no time (e.g. never restarted): not 1970
+        if field.type == FieldDescriptor.TYPE_ENUM and not field.is_repeated and value == 0:
+            continue  # UNSPECIFIED
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {k: _field_value(owner, value_field, v) for k, v in sorted(value.items())}
+        elif field.is_repeated:
+            out[field.name] = [_field_value(owner, field, v) for v in value]
+        else:
+            out[field.name] = _field_value(owner, field, value)
+    return out
+
+
+def _field_value(owner: str, field: FieldDescriptor, value: Any) -> Any:
+    if field.type == FieldDescriptor.TYPE_MESSAGE:
+        return message_to_dict(value)
+    if field.type == FieldDescriptor.TYPE_ENUM:
+        return enum_text(field.enum_type, value)
+    if (owner, field.name) in _TIME_FIELDS:
+        return rfc3339(value)
+    return value

@@ -4,10 +4,13 @@ validation (nothing may leave the machine), exit codes and error lines."""
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,7 +71,10 @@ PARSES: list[tuple[str, list[str], dict[str, object]]] = [
     ("nodes-az", ["nodes", "--az", "az-a"], {"command": "nodes", "az": "az-a"}),
     ("status", ["status"], {"command": "status", "output": "text"}),
     ("topology", ["topology", "--az", "az-c"], {"command": "topology", "az": "az-c"}),
-    ("logs", ["logs", "g1", "--rank", "3", "--state-dir", "/tmp/x"], {"gang": "g1", "rank": 3, "incarnation": None, "state_dir": "/tmp/x"}),
+    ("logs", ["logs", "g1", "--rank", "3", "--state-dir", "/tmp/x"], {"gang": "g1", "rank": 3, "incarnation": None, "state_dir": "/tmp/x", "follow": False}),
+    ("logs-follow", ["logs", "g1", "-f"], {"follow": True}),
+    ("rpc-timeout-at-the-limit", ["status", "--rpc-timeout", "3600"], {"rpc_timeout": 3600.0}),
+    ("limit-int32-max", ["list", "--limit", "2147483647"], {"limit": 2**31 - 1}),
     ("address-before-command", ["--address", "h:1", "status"], {"address": "h:1"}),
     ("address-after-command", ["status", "--address", "h:1,h:2"], {"address": "h:1,h:2"}),
     ("rpc-timeout", ["get", "x", "--rpc-timeout", "2.5"], {"rpc_timeout": 2.5}),
@@ -105,13 +111,50 @@ USAGE_ERRORS: list[tuple[str, list[str]]] = [
     ("list-negative-limit", ["list", "--limit", "-1"]),
     ("logs-negative-rank", ["logs", "g1", "--rank", "-1"]),
     ("rpc-timeout-not-number", ["status", "--rpc-timeout", "soon"]),
+    ("rpc-timeout-huge", ["status", "--rpc-timeout", "1e11"]),
+    ("rpc-timeout-over-an-hour", ["status", "--rpc-timeout", "3601"]),
+    ("rpc-timeout-nan", ["status", "--rpc-timeout", "nan"]),
+    ("limit-over-int32", ["list", "--limit", "99999999999999999999"]),
+    ("limit-int32-max-plus-one", ["list", "--limit", "2147483648"]),
+    ("unknown-flag", ["list", "--bogus"]),
+    ("bad-output", ["get", "g1", "-o", "xml"]),
 ]
 
 
 @pytest.mark.parametrize("argv", [c[1] for c in USAGE_ERRORS], ids=[c[0] for c in USAGE_ERRORS])
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(argv) == cli.EXIT_INVALID
-    assert "Traceback" not in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    # One `error:` line, as every other error: no usage dump.
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert out == ""
+
+
+BAD_ADDRESSES: list[tuple[str, str, str]] = [
+    ("port-too-big", "127.0.0.1:99999", "port must be between 1 and 65535, got 99999"),
+    ("port-zero", "127.0.0.1:0", "port must be between 1 and 65535, got 0"),
+    ("no-port", "127.0.0.1", "is not host:port"),
+    ("second-entry-bad", "127.0.0.1:7070,h:70000", "'h:70000'"),
+    ("blank-only", " , ", "no coordinator address"),
+]
+
+
+@pytest.mark.parametrize("address, words", [c[1:] for c in BAD_ADDRESSES], ids=[c[0] for c in BAD_ADDRESSES])
+def test_bad_address_exits_2_naming_it_without_connecting(address: str, words: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["status", "--address", address, "--rpc-timeout", "30"]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.startswith("error: --address: ") and words in err and err.count("\n") == 1, err
+    # The same from the environment, which the message names instead.
+    monkeypatch.setenv(cli.ADDRESS_ENV, address)
+    assert cli.main(["status", "--rpc-timeout", "30"]) == cli.EXIT_INVALID
+    assert capsys.readouterr().err.startswith(f"error: {cli.ADDRESS_ENV}: ")
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib import metadata
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"phalanx {metadata.version('phalanx')}"
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
@@ -181,6 +224,46 @@ def test_unreachable_cluster_exits_1_with_one_error_line(unused_address: str, ca
 def test_bad_address_list_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["status", "--address", " , "]) == cli.EXIT_INVALID
     assert "--address" in capsys.readouterr().err
+
+
+def _phalanx(*argv: str, stdin: object = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "phalanx", *argv], stdin=stdin, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_submit_of_an_endless_file_or_stdin_ends_with_the_limit(device: str, silent_listener: tuple[socket.socket, str]) -> None:
+    """The real entry point: the file, or the same device as stdin, is read
+    only up to the limit (the report: 3.8 GB from /dev/zero, /dev/urandom
+    on stdin never ended)."""
+    from phalanx.spec import MAX_SPEC_BYTES
+
+    sock, address = silent_listener
+    for argv, stdin in (([device], None), (["-"], open(device, "rb"))):
+        try:
+            proc = _phalanx("submit", *argv, "--address", address, stdin=stdin)
+        finally:
+            if stdin is not None:
+                stdin.close()
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+        assert f"limit of {MAX_SPEC_BYTES} bytes" in proc.stderr
+    assert_never_contacted(sock)
+
+
+def test_submit_refuses_duplicate_keys_and_aliases(tmp_path: Path, silent_listener: tuple[socket.socket, str], capsys: pytest.CaptureFixture[str]) -> None:
+    sock, address = silent_listener
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("name: dup1\nmembers: 1\nresources: {gpus: 1}\nname: dup2\n")
+    assert cli.main(["submit", str(dup), "--address", address]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert "duplicate key 'name'" in err and "line 4" in err and err.count("\n") == 1
+    alias = tmp_path / "alias.yaml"
+    alias.write_text("name: &n a\nmembers: 1\nresources: {gpus: 1}\nqueue: *n\n")
+    assert cli.main(["submit", str(alias), "--address", address, "--dry-run"]) == cli.EXIT_INVALID
+    assert "aliases" in capsys.readouterr().err
+    assert_never_contacted(sock)
 
 
 def test_console_script_prints_no_traceback(tmp_path: Path, silent_listener: tuple[socket.socket, str]) -> None:
@@ -333,3 +416,111 @@ def test_logs_by_gang_name_picks_the_most_recent_gang(tmp_path: Path, capsys: py
     os.utime(older, (1, 1))
     assert cli.main(["logs", "train", "--state-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "newer gang\n"
+
+
+# --- logs -f: follow until the members have ended ------------------------------------------
+
+EXIT_MARK = "[phalanx 2024-06-01T08:00:00+0000] exit {key} code=0\n"
+
+
+class _Output:
+    """A child's stdout read straight from the pipe (no buffering in
+    between, so select() sees everything that was written)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]):
+        self.fd = proc.stdout.fileno()
+        self.text = ""
+
+    def until(self, wanted: str, deadline_s: float = 60.0) -> str:
+        import select
+
+        end = time.monotonic() + deadline_s
+        while wanted not in self.text:
+            left = end - time.monotonic()
+            assert left > 0, f"never printed {wanted!r}; got {self.text!r}"
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                chunk = os.read(self.fd, 1 << 16)
+                assert chunk, f"stdout closed before {wanted!r}; got {self.text!r}"
+                self.text += chunk.decode()
+        return self.text
+
+
+def test_logs_follow_prints_new_output_and_ends_with_the_members(tmp_path: Path) -> None:
+    pytest.importorskip("agent.process")
+    from agent.launcher import MemberKey
+    from agent.process import member_log_path
+
+    root = tmp_path / "az-a" / "n1-agent"
+    write_member_log(root, "g1", 1, 0, "rank 0 starts\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "logs", "g1", "-f", "--state-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )
+    out = _Output(proc)
+    try:
+        out.until("rank 0 starts")
+        # A second member appears after the follow started; both grow.
+        write_member_log(tmp_path / "az-b" / "n2-agent", "g1", 1, 1, "rank 1 starts\n")
+        out.until("rank 1 starts")
+        path0 = member_log_path(root, MemberKey("g1", 1, 0))
+        with open(path0, "a") as f:
+            f.write("rank 0 step 1\n")
+        out.until("rank 0 step 1")
+        with open(path0, "a") as f:
+            f.write(EXIT_MARK.format(key="g1#1/r0"))
+        out.until("exit g1#1/r0")
+        assert proc.poll() is None  # rank 1 has not ended yet
+        with open(member_log_path(tmp_path / "az-b" / "n2-agent", MemberKey("g1", 1, 1)), "a") as f:
+            f.write(EXIT_MARK.format(key="g1#1/r1"))
+        assert proc.wait(timeout=60) == 0
+        text = out.until("exit g1#1/r1")
+        assert "==> g1#1/r1 <==" in text and text.index("rank 0 step 1") > text.index("rank 1 starts")
+        assert proc.stderr.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_logs_follow_ends_on_ctrl_c(tmp_path: Path) -> None:
+    pytest.importorskip("agent.process")
+    write_member_log(tmp_path / "n1-agent", "g1", 1, 0, "running\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "logs", "g1", "-f", "--state-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )
+    try:
+        _Output(proc).until("running")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == cli.EXIT_INTERRUPTED
+        assert proc.stderr.read() == b"interrupted\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_logs_follow_ends_on_an_exit_record_without_end_mark(tmp_path: Path) -> None:
+    """The agent died before it marked the exit: the shim's exit record and
+    a log that stopped growing end the follow (clock and sleep injected)."""
+    pytest.importorskip("agent.process")
+    from agent.launcher import MemberKey
+    from agent.process import member_exit_path, member_log_path
+
+    key = MemberKey("g1", 1, 0)
+    write_member_log(tmp_path, "g1", 1, 0, "last words\n")
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        now[0] += s
+        if len(sleeps) == 2:
+            member_exit_path(tmp_path, key).write_text('{"code": 0}')
+        assert len(sleeps) < 1000, "follow never ended"
+
+    out = io.StringIO()
+    code = cli.follow_logs(lambda: [(key, member_log_path(tmp_path, key))], out=out, clock=lambda: now[0], sleep=sleep)
+    assert code == 0 and out.getvalue() == "last words\n"
+    assert now[0] >= cli.FOLLOW_SETTLE_S
