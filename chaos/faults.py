@@ -31,7 +31,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from chaos.netns import Host, NetnsError
+from tenacity import RetryError, Retrying, retry_if_exception, retry_if_result, stop_after_delay, wait_fixed
+
+from chaos.netns import ChaosEnvironmentError, Host, NetnsError
 from chaos.proxy import Direction, LossAction, ProxyControl
 
 Action = Literal["inject", "heal"]
@@ -122,21 +124,27 @@ class Fault(abc.ABC):
             self.record(FaultEvent(time.monotonic(), self.name, action, detail))
 
     def _wait_for(self, checks: Sequence[HealthCheck], when: str) -> None:
+        """Poll each check every 0.1 s until it passes; all of them share one
+        ``settle_timeout``. A check that raises is a failing check, except when
+        the machine cannot run it at all (a missing program): that is said at once."""
         deadline = time.monotonic() + self.settle_timeout
         for check in checks:
-            last: str = "returned false"
-            while True:
-                try:
-                    if check():
-                        break
-                except Exception as e:  # a check that raises is a failing check
-                    last = f"raised {type(e).__name__}: {e}"
-                if time.monotonic() > deadline:
-                    label = getattr(check, "__name__", repr(check))
-                    raise HealthCheckFailed(
-                        f"{self.name}: health check {label} {last} {when} (waited {self.settle_timeout}s)"
-                    )
-                time.sleep(0.1)
+            retrying = Retrying(
+                stop=stop_after_delay(max(0.0, deadline - time.monotonic())),
+                wait=wait_fixed(0.1),
+                retry=retry_if_result(lambda ok: not ok) | retry_if_exception(
+                    lambda e: isinstance(e, Exception) and not isinstance(e, ChaosEnvironmentError)),
+                sleep=time.sleep,
+            )
+            try:
+                retrying(check)
+            except RetryError as err:
+                exc = err.last_attempt.exception()
+                last = f"raised {type(exc).__name__}: {exc}" if exc is not None else "returned false"
+                label = getattr(check, "__name__", repr(check))
+                raise HealthCheckFailed(
+                    f"{self.name}: health check {label} {last} {when} (waited {self.settle_timeout}s)"
+                ) from None
 
 
 # ---------------------------------------------------------------------------

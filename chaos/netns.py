@@ -39,6 +39,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from phalanx.procs import spawn
+from phalanx.programs import MissingProgram, install_hint, require
 
 NS_PREFIX = "phx"
 # phx<run>-<host>: <run> is lower-case alphanumerics (a random hex id in
@@ -86,9 +87,9 @@ def missing_requirements(
     if euid != 0:
         missing.append(f"not running as root (euid={euid}); network namespaces need CAP_SYS_ADMIN/CAP_NET_ADMIN")
     if which("ip") is None:
-        missing.append("no `ip` command on PATH (Debian package iproute2)")
+        missing.append(f"no `ip` command on PATH ({install_hint('ip')})")
     if need_iptables and which("iptables") is None:
-        missing.append("no `iptables` command on PATH (Debian package iptables; scripts/setup.sh installs it)")
+        missing.append(f"no `iptables` command on PATH ({install_hint('iptables')})")
     if not netns_supported:
         missing.append("kernel has no network namespaces (/proc/self/ns/net is missing)")
     return missing
@@ -115,15 +116,20 @@ def run_cmd(
     cmd: Sequence[str], *, timeout: float = 30.0, check: bool = True, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run a short command, raising :class:`NetnsError` with its stderr on failure."""
-    try:
-        res = subprocess.run(
-            list(cmd), capture_output=True, text=True, timeout=timeout, input=input
-        )
-    except FileNotFoundError as e:
-        raise ChaosEnvironmentError(f"chaos suite cannot run here: {cmd[0]!r} not found ({e})") from e
+    require_program(cmd[0])
+    res = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, input=input)
     if check and res.returncode != 0:
         raise NetnsError(f"{' '.join(cmd)} failed with {res.returncode}: {res.stderr.strip()}")
     return res
+
+
+def require_program(program: str) -> str:
+    """:func:`phalanx.programs.require` as a :class:`ChaosEnvironmentError`
+    (named program, its Debian package)."""
+    try:
+        return require(program)
+    except MissingProgram as e:
+        raise ChaosEnvironmentError(f"chaos suite cannot run here: {e}") from None
 
 
 def list_namespaces() -> list[str]:
@@ -366,7 +372,13 @@ class Host:
     _cluster: "NetnsCluster" = field(repr=False, compare=False)
 
     def wrap(self, cmd: Sequence[str]) -> list[str]:
-        """``cmd`` prefixed so that it runs inside this host's namespace."""
+        """``cmd`` prefixed so that it runs inside this host's namespace.
+
+        Checks here that ``cmd``'s program is installed: ``ip netns exec``
+        reports a missing one only as exit code 255, which a health check
+        (``etcdctl endpoint health``) would read as "not healthy" until it
+        timed out."""
+        require_program(cmd[0])
         return ["ip", "netns", "exec", self.netns, *cmd]
 
     def popen(self, cmd: Sequence[str], **kw: Any) -> subprocess.Popen[Any]:

@@ -63,6 +63,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
+from tenacity import Retrying, retry_if_result, stop_after_delay, wait_fixed
+
 if TYPE_CHECKING:
     from chaos.netns import Host
 
@@ -402,14 +404,19 @@ class ProxyControl:
             return False
 
     def wait_ready(self, timeout: float = 15.0, proc: subprocess.Popen[Any] | None = None) -> "ProxyControl":
-        """Poll until the proxy answers; fail early if its process has exited."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Poll every 0.05 s until the proxy answers, for at most ``timeout``;
+        fail at once if its process has exited."""
+
+        def answers() -> bool:
             if proc is not None and proc.poll() is not None:
                 raise ProxyError(f"proxy exited with {proc.returncode} before answering on {self.address}")
-            if self.ping():
-                return self
-            time.sleep(0.05)
+            return self.ping()
+
+        retrying = Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.05),
+                            retry=retry_if_result(lambda up: not up), retry_error_callback=lambda _: False,
+                            sleep=time.sleep)
+        if retrying(answers):
+            return self
         raise ProxyError(f"proxy at {self.address} not answering after {timeout}s")
 
     def set_mode(self, mode: Mode) -> None:

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
 from coordinator.store import KV, Compacted, Store, StoreUnavailable
 
 READY = "PHALANX_RECORDER_READY"
@@ -104,25 +106,21 @@ async def watch(store: Store, out: TextIO, stop: asyncio.Event, retry_s: float =
 async def dump(store: Store, timeout: float) -> dict[str, Any]:
     """One consistent read of the whole prefix, retried until ``timeout``."""
     root = store.keys.root
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
+    async for attempt in AsyncRetrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.3),
+                                       retry=retry_if_exception_type(StoreUnavailable), reraise=True):
+        with attempt:
             mono = time.monotonic()
             kvs, rev = await store.get_prefix(root)
-            return {
-                "revision": rev,
-                "mono": mono,
-                "wall": time.time(),
-                "kvs": [
-                    {"key": kv.key[len(root):], "value": _value(kv.value), "create_rev": kv.create_revision,
-                     "mod_rev": kv.mod_revision, "lease": kv.lease}
-                    for kv in kvs
-                ],
-            }
-        except StoreUnavailable:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.3)
+    return {
+        "revision": rev,
+        "mono": mono,
+        "wall": time.time(),
+        "kvs": [
+            {"key": kv.key[len(root):], "value": _value(kv.value), "create_rev": kv.create_revision,
+             "mod_rev": kv.mod_revision, "lease": kv.lease}
+            for kv in kvs
+        ],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

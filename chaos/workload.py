@@ -50,6 +50,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
+
 GPU_CHOICES = (1, 2, 4, 8)
 # (members, GPUs per member) of cross-AZ gangs. An AZ of the chaos cluster has
 # 2 nodes x 8 GPUs (chaos/cluster.py), so 3 x 8 (24 GPUs) always needs two AZs
@@ -206,21 +208,27 @@ class Workload:
         addrs = self.targets[p.az]
         first = time.monotonic()
         attempt = 0
-        while True:
-            addr = addrs[(p.n + attempt) % len(addrs)]
-            attempt += 1
-            t0 = time.monotonic()
-            try:
-                resp = await call(self.stubs[addr])
-            except grpc.aio.AioRpcError as exc:
-                code = exc.code().name
-                self.rec.write(kind="call", op=op, key=key, name=p.name, az=p.az, target=addr, attempt=attempt,
-                               start=t0, end=time.monotonic(), code=code, detail=(exc.details() or "")[:300])
-                if code in RETRY_CODES and time.monotonic() - first < self.retry_budget:
-                    await asyncio.sleep(self.retry_pause)
-                    continue
-                return False, code, exc, attempt, first
-            return True, "OK", (resp, addr, t0), attempt, first
+        # Each attempt goes to the AZ's next coordinator; a retryable failure
+        # is retried until retry_budget seconds after the first attempt.
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(self.retry_budget), wait=wait_fixed(self.retry_pause), reraise=True,
+            retry=retry_if_exception(lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code().name in RETRY_CODES))
+        try:
+            async for tries in retrying:
+                with tries:
+                    addr = addrs[(p.n + attempt) % len(addrs)]
+                    attempt += 1
+                    t0 = time.monotonic()
+                    try:
+                        resp = await call(self.stubs[addr])
+                    except grpc.aio.AioRpcError as exc:
+                        self.rec.write(kind="call", op=op, key=key, name=p.name, az=p.az, target=addr,
+                                       attempt=attempt, start=t0, end=time.monotonic(), code=exc.code().name,
+                                       detail=(exc.details() or "")[:300])
+                        raise
+        except grpc.aio.AioRpcError as exc:
+            return False, exc.code().name, exc, attempt, first
+        return True, "OK", (resp, addr, t0), attempt, first
 
     async def submit(self, p: PlannedSubmit) -> str:
         """Submit until acknowledged (or given up); returns the gang id or ""."""
