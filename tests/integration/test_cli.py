@@ -51,6 +51,7 @@ def address(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -
     try:
         up.start()
         asyncio.run(_wait_nodes_ready(up.address))
+        asyncio.run(_start_hog(up.address))
         yield up.address
     finally:
         code = up.stop()
@@ -81,9 +82,19 @@ def small(name: str, members: int = 2, gpus: int = 1, duration_s: float = 1.0, *
     return spec
 
 
+async def _start_hog(address: str) -> None:
+    """One GPU busy for the module's lifetime, so that `unplaceable` gangs
+    (the whole cluster) wait instead of running."""
+    async with AsyncClient(address) as client:
+        hog = (await client.submit(small(unique("hog"), members=1, duration_s=24 * 3600.0))).gang
+        await client.wait(hog.id, {GangState.RUNNING}, timeout=60)
+
+
 def unplaceable(name: str) -> dict[str, Any]:
-    """Needs more GPUs than the cluster has: stays PENDING until cancelled."""
-    return small(name, members=64, gpus=8, duration_s=1.0)
+    """Every GPU of the cluster, across AZs: it could fit an empty cluster
+    (so it is not failed as never fitting, docs/admission.md), but one GPU is
+    held by the hog, so it stays PENDING until cancelled."""
+    return small(name, members=len(AZS) * NODES_PER_AZ, gpus=8, duration_s=1.0, topology={"allow_cross_az": True})
 
 
 def one_address(address: str, az: str = "az-a") -> str:

@@ -60,20 +60,39 @@ async def test_gang_runs_to_success(local_cluster: LocalCluster, members: int, g
     assert await c.check_etcd_invariants() == []
 
 
-async def test_gang_larger_than_az_waits_and_explain_says_why(local_cluster: LocalCluster) -> None:
+async def test_gang_larger_than_az_fails_at_once_and_explain_says_why(local_cluster: LocalCluster) -> None:
+    """Larger than every node the AZ has registered: it can never fit, so it
+    fails with that reason instead of waiting for its admission timeout
+    (docs/admission.md "Never fits")."""
     c = local_cluster
     await one_az(c, nodes=4)
     gang = await c.submit(tiny("huge", members=5, gpus=8, duration=1.0))
+    failed = await c.wait_state(gang.id, TERMINAL, timeout=30)
+    assert failed.state == pb.GANG_STATE_FAILED
+    assert failed.reason == "never fits: needs 40 GPUs, the most it may span holds 32 (az az-a)", failed.reason
+    ex = await c.stub().ExplainGang(gpb.ExplainGangRequest(id=gang.id))
+    assert ex.gang.id == gang.id and failed.reason in ex.summary, ex.summary
+    assert await c.etcd_reservations() == {}
+
+
+async def test_gang_larger_than_what_is_free_waits_and_explain_says_why(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    await one_az(c, nodes=4)
+    busy = await c.submit(tiny("busy", members=1, gpus=8, duration=60.0))
+    await c.wait_state(busy.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    gang = await c.submit(tiny("wide", members=4, gpus=8, duration=1.0))
     await asyncio.sleep(1.0)
     got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
     assert got.state == pb.GANG_STATE_PENDING
-    ex = await c.stub().ExplainGang(gpb.ExplainGangRequest(id="huge"))  # by name works too
+    ex = await c.stub().ExplainGang(gpb.ExplainGangRequest(id="wide"))  # by name works too
     assert ex.gang.id == gang.id
-    assert "32 of 32 GPUs free" in ex.summary and "4 of 5" in ex.summary, ex.summary
-    assert ex.shortfalls and ex.shortfalls[0].gpus_needed == 40 and ex.shortfalls[0].gpus_free == 32
-    assert await c.etcd_reservations() == {}
+    assert "24 of 32 GPUs free" in ex.summary and "3 of 4" in ex.summary, ex.summary
+    assert ex.shortfalls and ex.shortfalls[0].gpus_needed == 32 and ex.shortfalls[0].gpus_free == 24
+    assert ex.leader_reason.startswith("queue position 1 of 1 in az-a"), ex.leader_reason
+    assert not ex.never_fits
     cancelled = await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="test"))
     assert cancelled.state == pb.GANG_STATE_CANCELLED
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=busy.id, reason="test"))
 
 
 async def test_many_gangs_never_partially_reserved_nor_double_booked(local_cluster: LocalCluster) -> None:

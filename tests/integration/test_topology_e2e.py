@@ -70,13 +70,15 @@ async def test_agents_with_different_fixtures_register_and_placement_uses_them(l
         for m in done.placement:
             assert len(m.nics) == 8 and len(set(m.nics)) == 8
 
-        # A gang that needs more H100s than were discovered waits, and explain
-        # names the discovered capacity.
+        # A gang that needs more H100s than were discovered can never fit:
+        # it fails at once, naming the discovered capacity (docs/admission.md).
         big = pb.GangSpec(name="too-big", members=3, resources=pb.Resources(gpus=8, gpu_model="H100"))
         g2 = await c.submit(big)
+        failed = await c.wait_state(g2.id, TERMINAL)
+        assert failed.state == pb.GANG_STATE_FAILED
+        assert "never fits: needs 24 H100 GPUs, the most it may span holds 16" in failed.reason, failed.reason
         ex = await c.stub().ExplainGang(gpb.ExplainGangRequest(id=g2.id))
-        assert ex.gang.state == pb.GANG_STATE_PENDING
-        assert "16" in ex.summary, ex.summary
+        assert failed.reason in ex.summary, ex.summary
     finally:
         for p in procs:
             p.terminate()
