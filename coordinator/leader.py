@@ -529,12 +529,18 @@ class AzLeader:
         if self._verdicts_for is not self.index:
             self._verdicts, self._verdicts_for = {}, self.index
         registered = self.registered_topologies() if self.judges_never_fits() else None
-        return plan_admissions(pending, self.placeable_nodes(), self.wall(), az=self.az,
+        views = self.placeable_nodes()
+        # Nodes that cannot be placed on now (not ready, no session here) go
+        # in as not ready: placement skips them, shortfalls count them.
+        up = {v.name for v in views}
+        views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
+                  for name, n in self.nodes.items() if name not in up]
+        return plan_admissions(pending, views, self.wall(), az=self.az,
                                backfill_window_s=self.t.backfill_window_s, registered=registered,
                                verdicts=self._verdicts, index=self.index)
 
     def queue_reason(self, d: KeepPending) -> str:
-        return f"queue position {d.position} of {d.queue} in {self.az}: {d.reason}"
+        return f"queue position {d.position} of {d.queue} in {self.az}: {d.rule or 'waiting for devices to free up'}"
 
     def _reservation_for(self, g: GangRecord, p: Placement) -> Reservation:
         nodes: dict[str, NodeDevices] = {}
