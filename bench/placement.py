@@ -9,10 +9,11 @@ policy, and prints one table. Then times Phalanx's decision for 64-GPU gangs
 (8 members × 8 GPUs + 8 NICs) on the full inventory. Method and results:
 docs/placement.md.
 
-The fabric is the Alibaba Lingjun 2023 topology (``--fabric
-../shared/data/lingjun2023-topo.csv``, 847 hosts × 8 GPUs; ASW → leaf,
-PSW → spine, DSW → AZ), or, without ``--fabric``, a generated fabric of the
-same shape. Every host is modelled as an HGX H100-like node: 8 GPUs on one
+The fabric is by default the Alibaba Lingjun 2023 topology shipped in
+``bench/data/lingjun2023-topo.csv`` (847 hosts × 8 GPUs; ASW → leaf, PSW →
+spine, DSW → AZ), another CSV of those columns with ``--fabric PATH``, or
+``--fabric generated``: a generated fabric of the same shape (also what a
+missing file falls back to, with a one-line note). Every host is modelled as an HGX H100-like node: 8 GPUs on one
 NVSwitch island, 8 RDMA NICs on rails 0–7, GPU i on the PCIe switch of NIC i.
 """
 
@@ -45,8 +46,11 @@ from coordinator.core.placement import (  # noqa: E402
 )
 from phalanx.model import Level, PcieDistance  # noqa: E402
 from phalanx.topology import Gpu, GpuNicLink, Nic, NodeTopology  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 
 GPUS_PER_NODE = 8
+DEFAULT_FABRIC = ROOT / "bench" / "data" / "lingjun2023-topo.csv"
+GENERATED = "generated"
 
 # --- fabric -------------------------------------------------------------------------------
 
@@ -402,9 +406,21 @@ def time_decisions(topologies: Sequence[NodeTopology], snapshots: Sequence[tuple
               f"{pct(cpu, 0.5) * 1e3:5.2f} ms {pct(cpu, 0.99) * 1e3:5.2f} ms  {answer}")
 
 
+def choose_fabric(fabric: str, seed: int) -> tuple[list[NodeTopology], str]:
+    """The fabric ``--fabric`` names and how to call it; a file that is not
+    there falls back to the generated fabric with a one-line note."""
+    if fabric != GENERATED:
+        path = Path(fabric)
+        if path.is_file():
+            return load_fabric(path), path.name
+        print(f"note: no fabric file {fabric}; using the generated fabric of the same shape instead")
+    return synthetic_fabric(seed), f"generated (seed {seed})"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    ap.add_argument("--fabric", type=Path, help="topology CSV (ip,DSW,PSW,ASW); default: a generated fabric of that shape")
+    ap.add_argument("--fabric", default=str(DEFAULT_FABRIC),
+                    help=f"topology CSV (ip,DSW,PSW,ASW), or '{GENERATED}' (default: {DEFAULT_FABRIC.relative_to(ROOT)})")
     ap.add_argument("--jobs", type=int, default=10000, help="jobs in the stream (default 10000)")
     ap.add_argument("--seed", type=int, default=1, help="seed for jobs (and the generated fabric)")
     ap.add_argument("--load", type=float, nargs="+", default=[0.9, 1.2],
@@ -413,11 +429,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     started = time.perf_counter()
-    topologies = load_fabric(args.fabric) if args.fabric else synthetic_fabric(args.seed)
+    print(machine_line())
+    topologies, source = choose_fabric(args.fabric, args.seed)
     leaves = {t.domain(Level.LEAF) for t in topologies}
     spines = {t.domain(Level.SPINE) for t in topologies}
     total = GPUS_PER_NODE * len(topologies)
-    source = args.fabric.name if args.fabric else f"generated (seed {args.seed})"
     print(f"fabric: {source}: {len(topologies)} nodes, {total} GPUs, {len(leaves)} leaves, {len(spines)} spines, "
           f"{len({t.az for t in topologies})} AZ")
     snapshots: list[tuple[str, Sequence[NodeView]]] = []
