@@ -1,0 +1,253 @@
+"""Hostile and careless input cannot hurt the cluster (docs/limits.md).
+
+Real etcd, real coordinator processes, real gRPC: records planted in etcd
+directly never stop a takeover; a refused registration writes nothing; every
+identifier is matched exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import signal
+from typing import Any
+
+import grpc
+import pytest
+
+from agent.topology.simulated import simulated_node
+from phalanx import limits, wire
+from phalanx.v1 import agent_pb2 as apb
+from phalanx.v1 import agent_pb2_grpc as agrpc
+from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+
+pytestmark = pytest.mark.integration
+AZ = "az-a"
+
+# The issue's repro: 450,000 empty arguments, once 0 bytes against the run
+# limit, stored as a 1.35 MB gang record.
+EMPTY_ARGS = [""] * 450_000
+
+
+def oversized_gang(gang_id: str) -> bytes:
+    spec = {"name": gang_id.rsplit("-", 1)[0], "members": 1, "resources": {"gpus": 1}, "run": {"command": EMPTY_ARGS}}
+    return json.dumps({"id": gang_id, "spec": spec, "state": "PENDING", "owner_az": AZ, "submitted_at": 1.0},
+                      separators=(",", ":")).encode()
+
+
+async def plant(c: LocalCluster, key: str, value: bytes) -> None:
+    """Write straight to etcd, as an operator's `etcdctl put` (or a buggy
+    older version) would: no validation on the way."""
+    from coordinator.store import Put
+
+    res = await c.store.txn([], [Put(key, value)])
+    assert res.succeeded
+
+
+async def test_a_new_leader_takes_over_past_oversized_and_corrupt_records_and_admits(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    k = c.store.keys
+    first = c.start_coordinator(AZ, "a0")
+    info = await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+
+    # Seven 1.35 MB gang records: 9.5 MB under gangs/, past the 8 MiB a
+    # single range reply may carry; and records that do not parse at all.
+    for i in range(7):
+        await plant(c, k.gang(f"huge{i}-0000000{i}"), oversized_gang(f"huge{i}-0000000{i}"))
+    await plant(c, k.gang("notjson-00000001"), b"{not json")
+    await plant(c, k.gang("partial-00000001"), json.dumps({"id": "partial-00000001"}).encode())
+    await plant(c, k.gang("badstate-00000001"), json.dumps({"id": "badstate-00000001", "spec": {"name": "badstate", "members": 1, "resources": {"gpus": 1}},
+                                                         "state": "EXPLODED", "owner_az": AZ, "submitted_at": 1.0}).encode())
+    await plant(c, k.reservation(AZ, "garbage-00000001"), b"\x00\xff garbage")
+    await plant(c, k.node(AZ, "ghost"), b"[1, 2, 3]")
+
+    second = c.start_coordinator(AZ, "a1")
+    first.signal(signal.SIGKILL)
+    new = await c.wait_leader(AZ, not_epoch=info.epoch, timeout=30)
+    assert new.coordinator_id == "a1"
+
+    # It leads (not a rebuild retried for ever) and admits a normal gang.
+    g = await c.submit(tiny("after", members=1), address=second.address)
+    done = await c.wait_state(g.id, {pb.GANG_STATE_RUNNING} | TERMINAL, timeout=40)
+    assert done.state in {pb.GANG_STATE_RUNNING, pb.GANG_STATE_SUCCEEDED}, done
+    log = second.log()
+    for key in ("huge0-00000000", "notjson-00000001", "partial-00000001", "badstate-00000001", "garbage-00000001", "nodes/az-a/ghost"):
+        assert "skipped unreadable record" in log and key in log, f"{key} not reported as skipped:\n{log[-3000:]}"
+    assert second.proc.poll() is None
+
+
+async def test_store_pages_a_prefix_larger_than_one_range_reply(local_cluster: LocalCluster) -> None:
+    """get_prefix_paged reads what one range cannot: nine 1.35 MB values
+    (12 MB) under a prefix, against a receive limit of 8 MiB."""
+    c = local_cluster
+    prefix = c.store.keys.root + "paged/"
+    for i in range(9):
+        await plant(c, f"{prefix}{i}", oversized_gang(f"huge{i}-0000000{i}"))
+    for i in range(30):
+        await plant(c, f"{prefix}small{i:02d}", b"{}")
+    with pytest.raises(Exception) as err:
+        await c.store.get_prefix(prefix)
+    assert "RESOURCE_EXHAUSTED" in str(err.value) or "larger than max" in str(err.value)
+    kvs, rev = await c.store.get_prefix_paged(prefix, page=4)
+    assert [kv.key for kv in kvs] == sorted(f"{prefix}{i}" for i in range(9)) + [f"{prefix}small{i:02d}" for i in range(30)]
+    assert rev > 0
+    # Every page was read at one revision: a key written after the first
+    # page is not in this snapshot.
+    pages = []
+    async for page, page_rev in c.store.get_prefix_pages(prefix, page=8, keys_only=True):
+        pages.append((len(page), page_rev))
+        if len(pages) == 1:
+            await plant(c, f"{prefix}zz-late", b"{}")
+    assert sum(n for n, _ in pages) == 39, pages
+    assert len({r for _, r in pages}) == 1, pages
+
+
+# --- agent registration ---------------------------------------------------------
+
+
+async def register(address: str, reg: apb.Register) -> grpc.aio.AioRpcError | None:
+    """One Session that sends ``reg`` and reads the first answer."""
+    async with grpc.aio.insecure_channel(address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]) as ch:
+        call = agrpc.AgentServiceStub(ch).Session()
+        await call.write(apb.AgentMessage(register=reg))
+        try:
+            await asyncio.wait_for(call.read(), 10)
+        except grpc.aio.AioRpcError as exc:
+            return exc
+        call.cancel()
+        return None
+
+
+def reg_of(topology: Any, members: list[apb.MemberStatus] = (), agent_id: str = "agent-1") -> apb.Register:
+    return apb.Register(agent_id=agent_id, topology=wire.topology_to_pb(topology), members=list(members))
+
+
+REFUSED = [
+    ("member phase 99", reg_of(simulated_node("p99", AZ), [apb.MemberStatus(gang="g-00000001", incarnation=1, rank=0, phase=99)]),
+     "register.members[0].phase"),
+    ("4,000 GPUs", reg_of(simulated_node("big", AZ, gpus=4000, nics=0, islands=4000)), "register.topology.gpus: 4000 entries, more than the limit of 128"),
+    ("node name with newline", reg_of(simulated_node("nl\n", AZ)), "register.topology.node"),
+    ("node name with NUL", reg_of(simulated_node("nul\x00x", AZ)), "register.topology.node"),
+    ("node name with a path", reg_of(simulated_node("../etc", AZ)), "register.topology.node"),
+    ("node name look-alike", reg_of(simulated_node("nоde", AZ)), "register.topology.node"),  # Cyrillic o
+    ("label key with newline", reg_of(dataclasses.replace(simulated_node("lbl", AZ), labels={"a\n": "b"})),
+     "register.topology.labels"),
+    ("member reason of 100 KB", reg_of(simulated_node("why", AZ), [apb.MemberStatus(gang="g-00000001", incarnation=1, rank=0, phase=1, reason="x" * 100_000)]),
+     "register.members[0].reason"),
+]
+
+
+async def test_a_refused_registration_writes_no_node_record(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    for what, reg, words in REFUSED:
+        err = await register(coord.address, reg)
+        assert err is not None, f"{what}: accepted"
+        # Permanent: INVALID_ARGUMENT, never a retryable UNAVAILABLE.
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, err.code(), err.details())
+        assert words in err.details(), (what, err.details())
+    await asyncio.sleep(0.5)
+    nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
+    assert nodes == [], [kv.key for kv in nodes]
+    # A normal registration is still accepted and written.
+    assert await register(coord.address, reg_of(simulated_node("fine", AZ))) is None
+    nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
+    assert [kv.key for kv in nodes] == [c.store.keys.node(AZ, "fine")]
+    assert coord.proc.poll() is None
+
+
+# --- identifiers at the API ----------------------------------------------------------
+
+HOSTILE_IDS = ["nl\n", "ok-1234abcd\n", "nul\x00", "a/b", "../x", "gаng", "ＡＢＣ", "x" * 64, " pad", "UPPER"]
+
+
+async def test_every_gang_id_field_is_matched_exactly(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    g = await c.submit(tiny("nlx", members=1, duration=30))
+    stub = c.stub()
+    for bad in HOSTILE_IDS + [g.id + "\n", "nlx\n"]:
+        calls = {
+            "get": stub.GetGang(gpb.GetGangRequest(id=bad), timeout=5),
+            "cancel": stub.CancelGang(gpb.CancelGangRequest(id=bad), timeout=5),
+            "explain": stub.ExplainGang(gpb.ExplainGangRequest(id=bad), timeout=5),
+        }
+        for what, call in calls.items():
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, bad, err.value.code())
+            assert "id:" in err.value.details(), (what, bad, err.value.details())
+        watch = stub.WatchGang(gpb.WatchGangRequest(id=bad), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in watch:
+                pass
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ("watch", bad)
+    # Spec identifiers: the name "nlx\n" cannot be admitted next to "nlx".
+    for field_, spec in [
+        ("name", tiny("nlx\n", members=1)),
+        ("name", tiny("nlx\x00", members=1)),
+        ("name", tiny("nlх", members=1)),  # Cyrillic ha
+        ("queue", tiny("q", members=1, queue="default\n")),
+        ("queue", tiny("q", members=1, queue="a/b")),
+        ("run.env", pb.GangSpec(name="e", members=1, resources=pb.Resources(gpus=1), run=pb.RunSpec(env={"PATH\n": "x"}))),
+        ("resources.gpu_model", pb.GangSpec(name="m", members=1, resources=pb.Resources(gpus=1, gpu_model="H100\n"))),
+    ]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await c.submit(spec)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field_, spec)
+        assert f"{field_}" in err.value.details(), (field_, err.value.details())
+    # The real gang is still reachable by its exact id and can be cancelled.
+    cancelled = await stub.CancelGang(gpb.CancelGangRequest(id=g.id, reason="done"), timeout=5)
+    assert cancelled.id == g.id
+
+
+async def test_cancel_reason_is_bounded_and_printable(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    g = await c.submit(tiny("why", members=1))
+    stub = c.stub()
+    for reason, words in [("x" * (limits.MAX_CANCEL_REASON_BYTES + 1), f"more than the limit of {limits.MAX_CANCEL_REASON_BYTES} bytes"),
+                          ("é" * 600, "1200 bytes"), ("two\nlines", "printable")]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.CancelGang(gpb.CancelGangRequest(id=g.id, reason=reason), timeout=5)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "reason:" in err.value.details() and words in err.value.details(), err.value.details()
+    still = await stub.GetGang(gpb.GetGangRequest(id=g.id), timeout=5)
+    assert still.state not in TERMINAL
+    done = await stub.CancelGang(gpb.CancelGangRequest(id=g.id, reason="x" * limits.MAX_CANCEL_REASON_BYTES), timeout=5)
+    assert done.id == g.id
+    kv = await c.store.get(c.store.keys.gang(g.id))
+    assert kv is not None and len(kv.value) <= limits.MAX_GANG_RECORD_BYTES
+
+
+async def test_empty_arguments_count_against_the_run_limit(local_cluster: LocalCluster) -> None:
+    """The issue's 900 KB request of empty arguments is refused, naming the
+    field, its size and the limit; nothing is written."""
+    c = local_cluster
+    c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    spec = pb.GangSpec(name="empty", members=1, resources=pb.Resources(gpus=1), run=pb.RunSpec(command=[""] * 300_000))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.submit(spec)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "run.command: 300000 arguments, more than the limit of 4096" in err.value.details(), err.value.details()
+    spec = pb.GangSpec(name="empty", members=1, resources=pb.Resources(gpus=1), run=pb.RunSpec(command=[""] * 4000, env={"A": "x" * 60_000}))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.submit(spec)
+    assert "run: command and env take" in err.value.details() and f"limit of {limits.MAX_RUN_BYTES} bytes" in err.value.details()
+    spec = pb.GangSpec(name="model", members=1, resources=pb.Resources(gpus=1, gpu_model="H" * 100_000))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.submit(spec)
+    assert "resources.gpu_model: must be at most 64 characters, got 100000" in err.value.details(), err.value.details()
+    gangs, _ = await c.store.get_prefix(c.store.keys.gangs(), keys_only=True)
+    assert gangs == []
