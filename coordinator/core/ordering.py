@@ -1,6 +1,6 @@
 """The total order on gangs that makes cross-AZ reservations deadlock-free.
 
-DESIGN §5.6: conflicting prepares are ordered by gang. A gang that comes first
+docs/two-phase.md: conflicting prepares are ordered by gang. A gang that comes first
 in this order ("older") may abort a later gang's undecided PREPARED hold; a
 later gang is refused and retries with a new incarnation but the *same* key
 (priority and first submission time are kept across retries), so the gang at

@@ -1,10 +1,10 @@
-"""Topology-aware gang placement (DESIGN §7; docs/placement.md).
+"""Topology-aware gang placement (docs/placement.md).
 
 Pure: no I/O, no clock, no asyncio/grpc. The leader loop calls :func:`place`
 once per pending gang per cycle with one immutable view of the inventory and
 gets back either a :class:`Placement` (who goes where, with a one-line reason)
 or an :class:`Unplaceable` (why not, as per-domain shortfalls). Infeasibility
-is data, never an exception (STYLE 11).
+is data, never an exception.
 
 The algorithm, in order of what matters most:
 
@@ -408,7 +408,7 @@ _Unit = Union[_Entry, _Domain]
 
 def _fit_key(u: _Unit) -> tuple[int, int, str]:
     # Best fit: the unit with the least room that still fits, so the roomy
-    # ones stay whole for bigger gangs (DESIGN §7).
+    # ones stay whole for bigger gangs.
     return (u.cap, u.nfree, u.name)
 
 
@@ -752,7 +752,7 @@ def span_of(members: Sequence[tuple[NodeTopology, Sequence[int]]]) -> tuple[Leve
 
 def violations(request: PlacementRequest, placement: Placement, nodes: Sequence[NodeView]) -> list[str]:
     """Every way ``placement`` breaks the capacity and topology rules for
-    ``request`` on ``nodes``; empty when it is sound (STYLE 12: invariants
+    ``request`` on ``nodes``; empty when it is sound (invariants
     are code). Used by the property tests after every answer; a driver may
     run it before preparing a plan it got from elsewhere."""
     out: list[str] = []
