@@ -35,6 +35,7 @@ from coordinator.election import Election, LeaseSession  # noqa: E402
 from coordinator.store import Fence, Put, Store, absent, Compare  # noqa: E402
 from phalanx.etcd_server import EtcdServer  # noqa: E402
 from phalanx.procs import TERM, spawn  # noqa: E402
+from bench.machine import machine_line  # noqa: E402
 from phalanx.v1 import gang_pb2 as gpb, gang_pb2_grpc as ggrpc, types_pb2 as pb  # noqa: E402
 
 
@@ -197,7 +198,7 @@ async def wait_ready(address: str, azs: list[str], nodes: int, timeout: float = 
     raise TimeoutError("cluster not ready")
 
 
-async def main() -> None:
+async def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--azs", type=int, default=3)
     ap.add_argument("--nodes-per-az", type=int, default=32)
@@ -206,7 +207,7 @@ async def main() -> None:
     ap.add_argument("--duration", type=float, default=0.5, help="simulated member run time (churn)")
     ap.add_argument("--raw-seconds", type=float, default=3.0)
     ap.add_argument("--cross-az-gangs", type=int, default=20, help="sequential 3-AZ gangs for the cross-AZ row (0: skip)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
     etcd = EtcdServer(data_dir=tmp / "etcd", log_path=tmp / "etcd.log").start().wait_ready()
     procs: list[subprocess.Popen] = []
@@ -237,9 +238,9 @@ async def main() -> None:
             rows.append(await offered_load(addresses, store, rate, a.seconds, a.duration, f"r{i}"))
             await asyncio.sleep(a.duration + 1.0)  # let running gangs finish between steps
         await store.close()
-        cpu = os.cpu_count()
-        print(f"\nPhalanx admission benchmark — {a.azs} AZs x {a.nodes_per_az} simulated 8-GPU nodes, 8x1-GPU gangs, "
-              f"members run {a.duration}s (churn), {a.seconds}s per step, {cpu} CPUs, etcd fsync on")
+        print(f"\n{machine_line()}")
+        print(f"Phalanx admission benchmark — {a.azs} AZs x {a.nodes_per_az} simulated 8-GPU nodes, 8x1-GPU gangs, "
+              f"members run {a.duration}s (churn), {a.seconds}s per step, etcd fsync on")
         print(f"\nraw fenced reservation txn (same shape as a reservation), same etcd:")
         print(f"  {'writers':>8} {'txn/s':>8}")
         print(f"  {1:>8} {raw1:>8.0f}")
