@@ -4,7 +4,8 @@ The downward API gives a pod its own labels, never its node's, so the agent
 pod runs this as an init container: one ``GET /api/v1/nodes/<node>`` with the
 pod's ServiceAccount token (RBAC: ``get`` on ``nodes``), then the node's
 ``metadata.labels`` as a JSON object, written atomically. No dependency beyond
-the standard library; exit code 1 (with the reason on stderr) makes the
+the standard library (deploy/README.md says why not the ``kubernetes``
+client); exit code 1 (with the reason on stderr) makes the
 kubelet retry the init container with back-off.
 
     python /opt/phalanx/node_labels.py --node "$NODE_NAME" --out /etc/phalanx/node/labels.json

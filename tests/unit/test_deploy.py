@@ -17,6 +17,7 @@ import json
 import logging
 import re
 import shlex
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -444,44 +445,91 @@ def test_base_alone_schedules_nowhere() -> None:
 
 # --- the node-labels init step --------------------------------------------------------------------
 
+TLS = ROOT / "tests" / "fixtures" / "tls"  # a test CA and a server certificate for 127.0.0.1 (README there)
+NODE = {"metadata": {"name": "gpu-017", "labels": {
+    "topology.kubernetes.io/zone": "us-east-1a", "network.topology.nvidia.com/leaf": "leaf-3"}}}
+
+
+class NodesApi:
+    """A local HTTPS server speaking the one call of the nodes API the script makes:
+    ``GET /api/v1/nodes/<name>`` with a bearer token (403 for another token, 404 for another node)."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]], token: str) -> None:
+        self.seen: list[tuple[str, str]] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                auth = self.headers.get("Authorization", "")
+                api.seen.append((self.path, auth))
+                name = self.path.removeprefix("/api/v1/nodes/")
+                if auth != f"Bearer {token}":
+                    code, body = 403, {"kind": "Status", "reason": "Forbidden"}
+                elif self.path.startswith("/api/v1/nodes/") and name in nodes:
+                    code, body = 200, nodes[name]
+                else:
+                    code, body = 404, {"kind": "Status", "reason": "NotFound"}
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = HTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(TLS / "server.crt", TLS / "server.key")
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"https://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "NodesApi":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def run_node_labels(api: NodesApi, tmp_path: Path, node: str, *, token: str = "secret-token",
+                    ca: Path = TLS / "ca.crt") -> tuple[int, Path]:
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    out = tmp_path / "node" / f"{node}.json"
+    rc = load_node_labels_script().main(["--node", node, "--out", str(out), "--api-server", api.url,
+                                         "--token-file", str(token_file), "--ca-file", str(ca)])
+    return rc, out
+
+
 def test_node_labels_script_writes_what_the_agent_reads(tmp_path: Path) -> None:
-    script = load_node_labels_script()
-    node = {"metadata": {"name": "gpu-017", "labels": {
-        "topology.kubernetes.io/zone": "us-east-1a", "network.topology.nvidia.com/leaf": "leaf-3"}}}
-    seen: dict[str, str] = {}
+    with NodesApi({"gpu-017": NODE}, "secret-token") as api:
+        rc, out = run_node_labels(api, tmp_path, "gpu-017")
+    assert rc == 0
+    assert api.seen == [("/api/v1/nodes/gpu-017", "Bearer secret-token")]
+    assert agent_main.parse_labels("", str(out)) == NODE["metadata"]["labels"]
+    assert load_node_labels_script().labels_from_node({"metadata": {}}) == {}
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802
-            seen["path"], seen["auth"] = self.path, self.headers.get("Authorization", "")
-            body = json.dumps(node).encode() if self.path == "/api/v1/nodes/gpu-017" else b"{}"
-            self.send_response(200 if self.path == "/api/v1/nodes/gpu-017" else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        token = tmp_path / "token"
-        token.write_text("secret-token\n")
-        out = tmp_path / "node" / "labels.json"
-        api = f"http://127.0.0.1:{server.server_port}"
-        rc = script.main(["--node", "gpu-017", "--out", str(out), "--api-server", api, "--token-file", str(token)])
-        assert rc == 0
-        assert seen == {"path": "/api/v1/nodes/gpu-017", "auth": "Bearer secret-token"}
-        assert agent_main.parse_labels("", str(out)) == node["metadata"]["labels"]
-        # A missing node: a non-zero exit (the kubelet retries), no file.
-        missing = tmp_path / "missing.json"
-        rc = script.main(["--node", "gpu-404", "--out", str(missing), "--api-server", api, "--token-file", str(token)])
-        assert rc == 1 and not missing.exists()
-    finally:
-        server.shutdown()
-        server.server_close()
-    assert script.labels_from_node({"metadata": {}}) == {}
+def test_node_labels_script_fails_without_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A non-zero exit makes the kubelet retry the init container; no file is left for the agent."""
+    with NodesApi({"gpu-017": NODE}, "secret-token") as api:
+        rc, out = run_node_labels(api, tmp_path, "gpu-404")  # no such node
+        assert rc == 1 and not out.exists()
+        assert "error: GET node 'gpu-404': HTTP 404" in capsys.readouterr().err
+        rc, out = run_node_labels(api, tmp_path, "gpu-017", token="stale")  # RBAC / token problem
+        assert rc == 1 and not out.exists()
+        assert "HTTP 403 Forbidden (does the ServiceAccount have RBAC `get` on `nodes`?)" in capsys.readouterr().err
+        # A server whose certificate the CA file does not vouch for: refused, nothing sent.
+        before = len(api.seen)
+        rc, out = run_node_labels(api, tmp_path, "gpu-017", ca=TLS / "server.crt")
+        assert rc == 1 and not out.exists()
+        assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+        assert len(api.seen) == before
 
 
 # --- image ---------------------------------------------------------------------------------------
