@@ -25,6 +25,7 @@ from coordinator.leader import AzLeader
 from coordinator.service import GangServicer
 from coordinator.store import Store, StoreUnavailable, jitter
 from coordinator.twophase_driver import PeerRefused
+from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
@@ -111,7 +112,8 @@ class Coordinator:
             ("grpc.max_receive_message_length", self.config.max_request_bytes),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.aio.server(options=opts)
+        # (malformed request bytes: INVALID_ARGUMENT, not grpc's UNKNOWN)
+        server = grpc.aio.server(options=opts, interceptors=[UndecodableRequests()])
         gang_pb2_grpc.add_GangServiceServicer_to_server(GangServicer(self), server)
         agent_pb2_grpc.add_AgentServiceServicer_to_server(AgentServicer(self), server)
         peer_pb2_grpc.add_CoordinatorPeerServicer_to_server(PeerServicer(self), server)
