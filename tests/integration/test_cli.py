@@ -9,6 +9,8 @@ its own gang names, so tests do not see each other's gangs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import json
 import os
 import signal
@@ -39,8 +41,20 @@ AZS = ("az-a", "az-b")
 NODES_PER_AZ = 2
 
 
+@dataclasses.dataclass(frozen=True)
+class UpCluster:
+    address: str
+    cluster: str
+    etcd: str
+
+
 @pytest.fixture(scope="module")
-def address(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def address(up_cluster: UpCluster) -> str:
+    return up_cluster.address
+
+
+@pytest.fixture(scope="module")
+def up_cluster(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
     cluster = "t" + uuid.uuid4().hex[:10]
     state = tmp_path_factory.mktemp("up")
     up = UpProcess([
@@ -52,7 +66,7 @@ def address(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -
         up.start()
         asyncio.run(_wait_nodes_ready(up.address))
         asyncio.run(_start_hog(up.address))
-        yield up.address
+        yield UpCluster(up.address, cluster, etcd_server.endpoint)
     finally:
         code = up.stop()
         prefix = f"/phalanx/{cluster}/"
@@ -410,3 +424,125 @@ async def _wait_nodes_ready_n(address: str, n: int) -> None:
     async with AsyncClient(address) as client:
         while sum(az.nodes_ready for az in (await client.status()).azs) < n:
             await asyncio.sleep(0.2)
+
+
+# --- output a person can reuse; names; who answered; races ------------------------------------
+
+
+def _rfc3339(text: str) -> float:
+    assert isinstance(text, str) and text.endswith("Z"), text
+    return datetime.datetime.fromisoformat(text[:-1] + "+00:00").timestamp()
+
+
+def test_cli_get_yaml_spec_round_trips_through_submit(address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`get -o yaml` spells states and levels as the spec does and times as
+    RFC 3339; its `spec:` saved to a file is accepted by `phalanx submit`
+    and makes a gang with the same spec."""
+    name = unique("again")
+    data = small(name, topology={"required": "az", "preferred": "node"}, policy={"max_restarts": 0})
+    code, out, _ = run_cli(capsys, "submit", write_spec(tmp_path, data), "--address", address)
+    assert code == 0
+    first = out.strip()
+    assert run_cli(capsys, "wait", first, "--for", "succeeded", "--timeout", "120", "--address", address)[0] == 0
+
+    code, out, _ = run_cli(capsys, "get", first, "-o", "yaml", "--address", address)
+    assert code == 0
+    got = yaml.safe_load(out)
+    assert got["state"] == "SUCCEEDED"
+    assert got["span"] in {"nvlink_domain", "node"}
+    assert got["spec"]["topology"]["required"] == "az" and got["spec"]["topology"]["preferred"] == "node"
+    assert _rfc3339(got["submitted_at"]) <= _rfc3339(got["updated_at"])
+    assert got["spec"]["policy"]["max_restarts"] == 0
+
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(yaml.safe_dump(got["spec"]))
+    code, out, err = run_cli(capsys, "submit", str(saved), "--address", address)
+    assert code == 0, err
+    second = out.strip()
+    assert second != first and second.startswith(name + "-")
+    code, out, _ = run_cli(capsys, "get", second, "-o", "json", "--address", address)
+    assert code == 0 and json.loads(out)["spec"] == got["spec"]
+    assert run_cli(capsys, "wait", second, "--for", "succeeded", "--timeout", "120", "--address", address)[0] == 0
+
+
+async def test_a_name_resolves_to_its_latest_gang_while_list_shows_it(address: str) -> None:
+    """After a gang ends its name is free for reuse, but get/wait/explain/
+    cancel/watch NAME still find it (the newest gang of that name), as long
+    as ListGangs shows it; a longer name that starts the same is not taken."""
+    name = unique("kept")
+    async with AsyncClient(address) as client:
+        first = (await client.submit(small(name, members=1))).gang
+        await client.wait(first.id, {GangState.SUCCEEDED}, timeout=120)
+        assert [g.id for g in await client.list(name_prefix=name)] == [first.id]
+        assert (await client.get(name)).id == first.id
+        assert (await client.wait(name, {"succeeded"}, timeout=60)).id == first.id
+        assert (await client.explain(name)).gang.id == first.id
+        with pytest.raises(FailedPrecondition, match="already SUCCEEDED"):
+            await client.cancel(name)
+        other = (await client.submit(small(name + "-x", members=1))).gang  # id "<name>-x-<hex>"
+        await client.wait(other.id, {GangState.SUCCEEDED}, timeout=120)
+        assert (await client.get(name)).id == first.id
+
+        second = (await client.submit(small(name, members=1, duration_s=2.0))).gang
+        assert (await client.get(name)).id == second.id  # the live one
+        await client.wait(second.id, {GangState.SUCCEEDED}, timeout=120)
+        assert (await client.get(name)).id == second.id  # the newest finished one
+        assert [g.id async for g in client.watch(name)] == [second.id]
+
+
+def test_cli_by_name_after_the_gang_finished(address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's order: submit, watch to the end, then wait/explain/get
+    by name; the cancel says what the gang is, not that there is none."""
+    name = unique("readme")
+    assert run_cli(capsys, "submit", write_spec(tmp_path, small(name, members=1)), "--address", address)[0] == 0
+    assert run_cli(capsys, "watch", name, "--address", address)[0] == 0
+    code, out, _ = run_cli(capsys, "wait", name, "--for", "succeeded", "--timeout", "30", "--address", address)
+    assert code == 0 and "SUCCEEDED" in out
+    assert run_cli(capsys, "explain", name, "--address", address)[0] == 0
+    code, out, _ = run_cli(capsys, "get", name, "--address", address)
+    assert code == 0 and f"name:      {name}" in out
+    code, _, err = run_cli(capsys, "cancel", name, "--address", address)
+    assert code == 1 and "already SUCCEEDED" in err and "no gang" not in err
+
+
+def test_status_and_errors_say_which_cluster_answered(up_cluster: UpCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    first = one_address(up_cluster.address)
+    code, out, _ = run_cli(capsys, "status", "--address", first)
+    assert code == 0
+    assert out.splitlines()[0] == f"cluster {up_cluster.cluster} (answered by az-a-c0 at {first})"
+    missing = unique("nobody")
+    code, _, err = run_cli(capsys, "get", missing, "--address", first)
+    assert code == 1 and err.count("\n") == 1
+    assert err.startswith(f"error: id: no gang {missing!r} in cluster {up_cluster.cluster!r}")
+    assert err.rstrip().endswith(f"[cluster {up_cluster.cluster}, coordinator az-a-c0 at {first}]")
+    # The server's INVALID_ARGUMENT names its origin too.
+    code, _, err = run_cli(capsys, "get", "not/a/gang", "--address", first)
+    assert code == 2 and f"[cluster {up_cluster.cluster}, coordinator az-a-c0 at {first}]" in err
+
+
+def test_sdk_without_an_address_reads_phalanx_address(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PHALANX_ADDRESS", address)
+    with Client() as client:
+        assert client.status().azs
+        with pytest.raises(NotFound) as info:
+            client.get(unique("nobody"))
+    assert info.value.cluster and info.value.coordinator and info.value.address in address.split(",")
+
+
+async def test_cancel_that_loses_a_race_is_retried_until_it_takes_effect(up_cluster: UpCluster) -> None:
+    """A cancel whose compare loses to another write of the gang (admission
+    placing it at that moment) is answered ABORTED; the SDK retries it. The
+    other write is made deterministic here: the record is rewritten in etcd
+    with the same content, so the leader's copy is one revision behind."""
+    az_a = one_address(up_cluster.address)
+    async with AsyncClient(az_a) as client:
+        # All of az-a's GPUs, in az-a only: waits behind the hog's one GPU.
+        gang = (await client.submit(small(unique("race"), members=NODES_PER_AZ, gpus=8))).gang
+        assert gang.owner_az == "az-a"
+        key = f"/phalanx/{up_cluster.cluster}/gangs/{gang.id}"
+        value = etcdctl(up_cluster.etcd, "get", key, "--print-value-only").strip()
+        assert json.loads(value)["id"] == gang.id
+        etcdctl(up_cluster.etcd, "put", key, value)
+        cancelled = await client.cancel(gang.id, reason="race")
+        assert cancelled.state == GangState.CANCELLED
+        assert (await client.get(gang.id)).state == GangState.CANCELLED

@@ -180,3 +180,59 @@ def test_blocking_client(unused_address: str, silent_listener: tuple[socket.sock
         with pytest.raises(StoreUnavailable):
             list(client.watch("g-1"))
     client.close()  # closing twice is harmless
+
+
+BAD_ADDRESSES: list[tuple[str, str, str]] = [
+    ("port-over-65535", "127.0.0.1:99999", "port must be between 1 and 65535"),
+    ("port-zero", "h:0", "port must be between 1 and 65535"),
+    ("port-with-many-digits", "h:000000000000007070", "port must be between 1 and 65535"),
+    ("no-port", "127.0.0.1", "is not host:port"),
+    ("no-host", ":7070", "is not host:port"),
+    ("space-inside", "my host:7070", "is not host:port"),
+    ("path", "h:7070/x", "is not host:port"),
+]
+
+
+@pytest.mark.parametrize("given, words", [c[1:] for c in BAD_ADDRESSES], ids=[c[0] for c in BAD_ADDRESSES])
+def test_parse_addresses_names_a_bad_entry(given: str, words: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_addresses(f"a:1,{given}")
+    assert words in str(info.value) and given.strip() in str(info.value)
+
+
+def test_parse_addresses_accepts_ipv6_and_names() -> None:
+    assert parse_addresses("[::1]:7070, coord-0.az-a.svc:7071") == ("[::1]:7070", "coord-0.az-a.svc:7071")
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), 1e11, 3600.5, "10"], ids=str)
+def test_timeout_is_range_checked(timeout: Any) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        AsyncClient("a:1", timeout=timeout)
+    with pytest.raises(ValueError, match="timeout"):
+        Client("a:1", timeout=timeout)
+
+
+@pytest.mark.parametrize("limit", [-1, 2**31, 10**20, True, 1.5], ids=str)
+async def test_list_limit_is_range_checked_before_sending(limit: Any, silent_listener: tuple[socket.socket, str]) -> None:
+    sock, address = silent_listener
+    async with AsyncClient(address, timeout=1) as client:
+        with pytest.raises(ValueError, match="limit"):
+            await client.list(limit=limit)
+    assert never_contacted(sock)
+
+
+def test_address_less_clients_read_phalanx_address(unused_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.client import ADDRESS_ENV, DEFAULT_ADDRESS
+
+    monkeypatch.setenv(ADDRESS_ENV, f"{unused_address},127.0.0.1:1")
+    assert AsyncClient().addresses == (unused_address, "127.0.0.1:1")
+    with Client(timeout=1.0) as client:
+        assert client.addresses == (unused_address, "127.0.0.1:1")
+        with pytest.raises(StoreUnavailable) as info:
+            client.get("g-1")
+    assert unused_address in str(info.value)
+    monkeypatch.delenv(ADDRESS_ENV)
+    assert AsyncClient().addresses == (DEFAULT_ADDRESS,)
+    monkeypatch.setenv(ADDRESS_ENV, "h:99999")
+    with pytest.raises(ValueError, match="port"):
+        Client()

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -364,6 +365,75 @@ def test_format_table_aligns_columns() -> None:
 def test_format_state_counts_in_lifecycle_order() -> None:
     counts = {"GANG_STATE_SUCCEEDED": 2, "RUNNING": 3, "GANG_STATE_PENDING": 1, "FAILED": 0}
     assert cli.format_state_counts(counts) == "PENDING 1, RUNNING 3, SUCCEEDED 2"
+
+
+# --- -o json|yaml: what a person (and `phalanx submit`) can reuse -------------------------------
+
+
+def _gang_pb() -> Any:
+    from phalanx.v1 import types_pb2 as pb
+
+    return pb.Gang(
+        id="train-0123abcd", state=pb.GANG_STATE_PENDING, span=pb.TOPOLOGY_LEVEL_LEAF, owner_az="az-a",
+        submitted_at=1717230467.25, updated_at=1717230470.0, mod_revision=2**40,
+        spec=pb.GangSpec(
+            name="train", members=2, resources=pb.Resources(gpus=8, rdma_nics=8),
+            topology=pb.TopologyConstraint(required=pb.TOPOLOGY_LEVEL_SPINE, preferred=pb.TOPOLOGY_LEVEL_LEAF),
+            run=pb.RunSpec(command=["python", "train.py"], env={"EPOCHS": "3"}, duration_s=0.0),
+            policy=pb.Policy(admission_timeout_s=600, max_restarts=0, start_timeout_s=300),
+        ),
+        placement=[pb.MemberPlacement(rank=0, az="az-a", node="n0", gpus=[0, 1])],
+    )
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_dump_spells_states_levels_and_times_as_people_do(fmt: str) -> None:
+    import datetime
+    import json
+
+    import yaml
+
+    data = (yaml.safe_load if fmt == "yaml" else json.loads)(cli.dump(_gang_pb(), fmt))
+    assert data["state"] == "PENDING" and data["span"] == "leaf"
+    assert data["spec"]["topology"] == {"required": "spine", "preferred": "leaf", "allow_cross_az": False}
+    assert data["submitted_at"] == "2024-06-01T08:27:47.250Z"
+    assert datetime.datetime.fromisoformat(data["updated_at"].replace("Z", "+00:00")).timestamp() == 1717230470.0
+    assert data["mod_revision"] == 2**40  # a number, not protobuf JSON's string
+    assert data["placement"] == [{"rank": 0, "az": "az-a", "node": "n0", "gpus": [0, 1], "nics": []}]
+    assert "not_before" not in data  # an unset time is left out, not 1970
+
+
+def test_dumped_spec_is_accepted_by_submit_unchanged(tmp_path: Path, silent_listener: tuple[socket.socket, str], capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    from phalanx.spec import load_spec
+    from phalanx.wire import spec_from_pb
+
+    gang = _gang_pb()
+    spec_text = yaml.safe_dump(yaml.safe_load(cli.dump(gang, "yaml"))["spec"])
+    # Zero restarts and a zero duration survive (proto3 would drop them).
+    assert load_spec(spec_text) == spec_from_pb(gang.spec)
+    path = tmp_path / "again.yaml"
+    path.write_text(spec_text)
+    sock, address = silent_listener
+    assert cli.main(["submit", str(path), "--dry-run", "--address", address]) == 0
+    assert "name: train" in capsys.readouterr().out
+    assert_never_contacted(sock)
+
+
+def test_dump_of_other_messages() -> None:
+    from phalanx.v1 import gang_pb2 as gpb
+    from phalanx.v1 import types_pb2 as pb
+
+    node = cli.message_to_dict(pb.NodeStatus(
+        topology=pb.NodeTopology(node="n0", links=[pb.GpuNicLink(gpu=0, nic="mlx5_0", distance=pb.PCIE_DISTANCE_PIX)]),
+        last_heartbeat=0.5,
+    ))
+    assert node["topology"]["links"] == [{"gpu": 0, "nic": "mlx5_0", "distance": "PIX"}]
+    assert node["last_heartbeat"] == "1970-01-01T00:00:00.500Z"
+    explain = cli.message_to_dict(gpb.ExplainGangResponse(shortfalls=[pb.DomainShortfall(level=pb.TOPOLOGY_LEVEL_NVLINK_DOMAIN)]))
+    assert explain["shortfalls"][0]["level"] == "nvlink_domain"
+    assert cli.message_to_dict(pb.Gang(state=42))["state"] == 42  # unknown: the number, not a crash
 
 
 # --- logs: files written by agents with --launch ---------------------------------------------
