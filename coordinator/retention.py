@@ -28,7 +28,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from coordinator.core.records import GangRecord
+from coordinator.core.records import GangRecord, read_records
 from coordinator.core.retention import FinishedGang, due_for_collection
 from coordinator.election import LeaseLost
 from coordinator.store import Compare, Delete, Get, StoreUnavailable, absent, none_under
@@ -125,15 +125,18 @@ class GangCollector:
         # Which gangs still have a reservation (any AZ) or a member summary:
         # skipped now, and compared again in the txn.
         self.l.check_valid()
-        snap = await self.l.store.txn([], [Get(k.reservations(), prefix=True, keys_only=True),
-                                           Get(k.member_summaries(), prefix=True, keys_only=True)])
+        # Keys only, in pages at one revision (docs/limits.md "Paged reads"):
+        # the reply does not grow with the number of gangs held.
+        rev = await self.l.store.revision()
+        res_keys, _ = await self.l.store.get_prefix_paged(k.reservations(), keys_only=True, revision=rev)
+        sum_keys, _ = await self.l.store.get_prefix_paged(k.member_summaries(), keys_only=True, revision=rev)
         reserved: set[str] = set()
         azs: set[str] = {self.az}
-        for kv in snap.results[0]:
+        for kv in res_keys:
             az, _, gang = kv.key[len(k.reservations()):].partition("/")
             azs.add(az)
             reserved.add(gang)
-        summarised = {kv.key[len(k.member_summaries()):].split("/", 1)[0] for kv in snap.results[1]}
+        summarised = {kv.key[len(k.member_summaries()):].split("/", 1)[0] for kv in sum_keys}
         # The cap applies after this filter: gangs held elsewhere (another
         # AZ's leaderless participant, say) must not fill every sweep and
         # starve the collectable ones behind them.
@@ -202,7 +205,12 @@ class GangCollector:
             if not kvs:
                 self.forget(g.id)  # gone already
             else:
-                cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
-                self.note(cur)  # changed (or still held somewhere): judged again next sweep
-                log.info("gang %s not collected: changed concurrently or still held", g.id)
+                read, bad = read_records(kvs[:1], GangRecord.from_dict)
+                for cur in read:
+                    self.note(cur)  # changed (or still held somewhere): judged again next sweep
+                if bad:
+                    self.forget(g.id)  # no longer a record this leader can judge: not collected by it
+                    log.warning("gang %s not collected: its record is unreadable now: %s", g.id, bad[0][1])
+                else:
+                    log.info("gang %s not collected: changed concurrently or still held", g.id)
         return collected
