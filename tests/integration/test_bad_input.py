@@ -163,3 +163,41 @@ async def test_etcd_down_gives_unavailable_and_loses_nothing(tmp_path, cluster_n
     finally:
         await c.close()
         etcd.stop()
+
+
+async def test_errors_while_etcd_is_paused_say_etcd(tmp_path, cluster_name, capsys) -> None:
+    """While etcd does not answer, what the SDK and the CLI report names
+    etcd and the cluster, not only "no answer within 10s from <addresses>":
+    a coordinator answers UNAVAILABLE naming etcd before the caller's
+    deadline, and the SDK keeps those words even when a later attempt
+    merely runs out of time."""
+    from phalanx import cli
+    from phalanx.client import AsyncClient
+    from phalanx.errors import StoreUnavailable
+
+    etcd = EtcdServer(data_dir=tmp_path / "etcd", name="private", log_path=tmp_path / "etcd.log")
+    etcd.start().wait_ready()
+    c = LocalCluster(etcd.endpoint, cluster_name, tmp_path)
+    await c.start()
+    try:
+        a0 = c.start_coordinator(AZ, "a0")
+        a1 = c.start_coordinator(AZ, "a1")
+        await c.wait_leader(AZ)
+        gang = await c.submit(tiny("kept", members=64))
+        addresses = f"{a0.address},{a1.address}"
+        etcd.signal(signal.SIGSTOP)
+        try:
+            async with AsyncClient(addresses, timeout=4) as client:
+                for call in (lambda: client.get(gang.id), lambda: client.list(), lambda: client.status()):
+                    with pytest.raises(StoreUnavailable) as info:
+                        await call()
+                    assert "etcd" in str(info.value), str(info.value)
+            code = await asyncio.to_thread(cli.main, ["list", "--address", addresses, "--rpc-timeout", "4"])
+            err = capsys.readouterr().err
+            assert code == cli.EXIT_ERROR and err.count("\n") == 1
+            assert "etcd" in err and f"cluster {cluster_name}" in err, err
+        finally:
+            etcd.signal(signal.SIGCONT)
+    finally:
+        await c.close()
+        etcd.stop()
