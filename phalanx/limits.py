@@ -56,7 +56,7 @@ MAX_IDEMPOTENCY_KEY_LEN = 128
 # Agent ids, GPU UUIDs and models, PCI bus ids, NIC names and the like: short
 # printable ASCII without '/' (no control characters, nothing that renders
 # differently from what it is).
-TOKEN = r"[!-.0-~](?:[ -.0-~]*[!-.0-~])?"  # printable ASCII, no '/', no edge spaces
+TOKEN = r"[!-.0-\[\]-~](?:[ -.0-\[\]-~]*[!-.0-\[\]-~])?"  # printable ASCII but '/' and '\\', no edge spaces
 MAX_AGENT_ID_LEN = 128
 MAX_TOKEN_LEN = 64
 MAX_NIC_NAME_LEN = 32
@@ -91,7 +91,7 @@ ENV_KEY_WHAT = "an environment variable name (letters, digits, '_'; not starting
 LABEL_KEY_WHAT = "a label key ([dns-prefix/]name of letters, digits, '.', '_', '-')"
 LABEL_VALUE_WHAT = "a label value (letters, digits, '.', '_', '-' inside)"
 IDEMPOTENCY_KEY_WHAT = "letters, digits and . _ : + = @ -"
-TOKEN_WHAT = "printable ASCII without '/' or control characters"
+TOKEN_WHAT = "printable ASCII without '/', '\\' or control characters"
 
 # --- gang spec -------------------------------------------------------------
 
