@@ -1178,6 +1178,8 @@ class UpProcess:
         self.address = ""
         self.state_dir: Path | None = None
         self._cond = threading.Condition()
+        self._eof = False  # the reader has seen the end of the output
+        self._reader: threading.Thread | None = None
 
     @property
     def addresses(self) -> list[str]:
@@ -1190,7 +1192,8 @@ class UpProcess:
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=self.env, cwd=str(REPO_ROOT),
         )
-        threading.Thread(target=self._read, name="phalanx-up-output", daemon=True).start()
+        self._reader = threading.Thread(target=self._read, name="phalanx-up-output", daemon=True)
+        self._reader.start()
         m = self.wait_for_line(r"^PHALANX_ADDRESS=(\S+)$", timeout)
         self.address = m.group(1)
         sd = self.find_line(r"^phalanx up: state dir (\S+) ")
@@ -1204,6 +1207,7 @@ class UpProcess:
                 self.lines.append(line.rstrip("\n"))
                 self._cond.notify_all()
         with self._cond:
+            self._eof = True
             self._cond.notify_all()
 
     def find_line(self, pattern: str) -> re.Match[str] | None:
@@ -1227,7 +1231,9 @@ class UpProcess:
                     if m:
                         return m
                 seen = max(seen, len(self.lines))
-                exited = self.proc is not None and self.proc.poll() is not None
+                # Exited *and* every line it wrote read (a last line may still
+                # be in the pipe when the process is already gone).
+                exited = self.proc is not None and self.proc.poll() is not None and self._eof
                 left = deadline - time.monotonic()
                 if exited or left <= 0:
                     why = f"exited with code {self.proc.returncode}" if exited and self.proc else f"no match after {timeout:g}s"
@@ -1252,6 +1258,8 @@ class UpProcess:
                         pass
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=10)  # every line in self.lines
         return self.proc.returncode
 
     def __enter__(self) -> "UpProcess":

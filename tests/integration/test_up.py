@@ -9,17 +9,22 @@ led, and ``up``'s direct children are all gone.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import signal
 import socket
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from phalanx import procs
 from phalanx.client import AsyncClient
 from phalanx.etcd_server import EtcdServer
 from phalanx.up import UpProcess, proc_stat
+from tests.conftest import etcdctl
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +142,184 @@ def test_up_reports_a_failed_start_and_cleans_up(tmp_path: Path) -> None:
     assert up.stop() == 1
     assert any("error:" in line for line in up.lines)
     assert processes_mentioning(cluster) == []
+
+
+# --- pure decisions, by table -------------------------------------------------------------
+
+from phalanx.up import (  # noqa: E402
+    LAUNCH_MEMBER_BUDGET, LeaderSeen, choose_cluster_name, leaders_of_this_run, replaced_ports, stale_verdict,
+)
+
+CLUSTER_NAMES = [
+    ("given wins", "mine", "local-aaaaaa", "abc123", "mine"),
+    ("remembered by a kept state dir", "", "local-aaaaaa", "abc123", "local-aaaaaa"),
+    ("a garbled remembered name is ignored", "", "Not A Label\n", "abc123", "local-abc123"),
+    ("fresh", "", "", "abc123", "local-abc123"),
+]
+
+
+@pytest.mark.parametrize("given, remembered, token, want", [c[1:] for c in CLUSTER_NAMES], ids=[c[0] for c in CLUSTER_NAMES])
+def test_choose_cluster_name(given: str, remembered: str, token: str, want: str) -> None:
+    assert choose_cluster_name(given, remembered, token) == want
+
+
+REPLACED = [
+    ("all asked for, all got", 7070, [7070, 7071], []),
+    ("one taken", 7070, [7070, 40001], [(7071, 40001)]),
+    ("all taken", 7070, [40000, 40001], [(7070, 40000), (7071, 40001)]),
+    ("base 0 asks for nothing", 0, [40000, 40001], []),
+]
+
+
+@pytest.mark.parametrize("base, ports, want", [c[1:] for c in REPLACED], ids=[c[0] for c in REPLACED])
+def test_replaced_ports(base: int, ports: list[int], want: list[tuple[int, int]]) -> None:
+    assert replaced_ports(base, ports) == want
+
+
+OURS = {"127.0.0.1:7070", "127.0.0.1:7071"}
+LEADERS = [
+    ("elected in this run", [LeaderSeen("az-a", "az-a-c0", "127.0.0.1:7070", 120)], {"az-a"}, set()),
+    # The same id and address as this run's (fixed ports, kept state dir), but
+    # created before this run started: not ours.
+    ("an earlier run's key, same address", [LeaderSeen("az-a", "az-a-c0", "127.0.0.1:7070", 90)], set(), {"az-a"}),
+    ("epoch equal to the baseline", [LeaderSeen("az-a", "az-a-c0", "127.0.0.1:7070", 100)], set(), {"az-a"}),
+    ("new key, not one of our coordinators", [LeaderSeen("az-a", "x", "127.0.0.1:9999", 130)], set(), {"az-a"}),
+    ("an AZ we did not start is ignored", [LeaderSeen("az-z", "z", "127.0.0.1:7070", 130)], set(), set()),
+    (
+        "two AZs, one stale",
+        [LeaderSeen("az-a", "az-a-c0", "127.0.0.1:7070", 101), LeaderSeen("az-b", "az-b-c0", "127.0.0.1:7071", 7)],
+        {"az-a"}, {"az-b"},
+    ),
+]
+
+
+@pytest.mark.parametrize("seen, ours, stale", [c[1:] for c in LEADERS], ids=[c[0] for c in LEADERS])
+def test_leaders_of_this_run(seen: list[LeaderSeen], ours: set[str], stale: set[str]) -> None:
+    got_ours, got_stale = leaders_of_this_run(seen, ("az-a", "az-b"), 100, OURS)
+    assert got_ours == ours and set(got_stale) == stale
+
+
+STALE = [
+    ("no owner file: never ours to remove", None, False, [], False),
+    ("owner alive", {"pid": 5}, True, [], False),
+    ("owner dead, a process still uses it", {"pid": 5}, False, [77], False),
+    ("owner dead, unused", {"pid": 5}, False, [], True),
+]
+
+
+@pytest.mark.parametrize("owner, alive, users, remove", [c[1:] for c in STALE], ids=[c[0] for c in STALE])
+def test_stale_verdict(owner: dict | None, alive: bool, users: list[int], remove: bool) -> None:
+    assert (stale_verdict(owner, alive, users) is not None) == remove
+
+
+# --- ports, names, readiness, deaths ------------------------------------------------------------
+
+
+async def status_of(address: str):  # type: ignore[no-untyped-def]
+    async with AsyncClient(address) as client:
+        return await client.status()
+
+
+def test_up_says_which_ports_it_took_names_its_cluster_and_reports_a_dead_etcd(tmp_path: Path) -> None:
+    """Asked for a port another program holds: one warning naming the asked
+    and the taken port. No --cluster: a name of its own (local-<random>),
+    printed with PHALANX_ADDRESS and served by ClusterStatus. Its etcd killed
+    under it: one line that says so."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        busy = holder.getsockname()[1]
+        up = UpProcess(
+            ["--no-workload", "--azs", "1", "--coordinators-per-az", "1", "--nodes-per-az", "1", "--base-port", str(busy)],
+            env=dict(os.environ, TMPDIR=str(tmp_path)),
+        )
+        try:
+            up.start()
+            warning = up.find_line(rf"warning: asked for ports {busy}-{busy}; {busy} taken, using {busy}->(\d+) instead")
+            assert warning is not None, "\n".join(up.lines)
+            assert up.addresses == [f"127.0.0.1:{warning.group(1)}"]
+            name = up.find_line(r"^PHALANX_CLUSTER=(\S+)$")
+            assert name is not None and re.fullmatch(r"local-[0-9a-f]{6}", name.group(1))
+            assert asyncio.run(status_of(up.address)).cluster == name.group(1)
+            m = up.find_line(r"^phalanx up: etcd at \S+ \(pid (\d+)\)")
+            assert m is not None
+            os.kill(int(m.group(1)), signal.SIGKILL)
+            up.wait_for_line(rf"warning: etcd \(pid {m.group(1)}\) exited with code -9", timeout=30)
+        finally:
+            code = up.stop(signal.SIGINT)
+    assert code == 0, "\n".join(up.lines[-30:])
+    assert len([line for line in up.lines if "etcd (pid" in line]) == 1, "one line, once"
+
+
+def plant_leader(endpoint: str, cluster: str, az: str, address: str, ttl: int) -> int:
+    """A leader key as an earlier run leaves it (on a lease still running);
+    returns its create revision (the epoch it carries)."""
+    out = etcdctl(endpoint, "lease", "grant", str(ttl))
+    lease = re.search(r"lease ([0-9a-f]+) granted", out)
+    assert lease, out
+    value = json.dumps({"id": f"{az}-c0", "address": address})
+    etcdctl(endpoint, "put", f"/phalanx/{cluster}/leader/{az}", value, f"--lease={lease.group(1)}")
+    got = json.loads(etcdctl(endpoint, "get", f"/phalanx/{cluster}/leader/{az}", "-w", "json"))
+    return int(got["kvs"][0]["create_revision"])
+
+
+def test_up_is_ready_only_with_leaders_of_this_run(etcd_server: EtcdServer, cluster_name: str, tmp_path: Path) -> None:
+    """An earlier run's leader key still on its lease (a kept --state-dir
+    restarted at once, a shared --etcd): up must not take it for a leader
+    and print PHALANX_ADDRESS before its own coordinator is elected."""
+    stale_epoch = plant_leader(etcd_server.endpoint, cluster_name, "az-a", "127.0.0.1:1", ttl=12)
+    up = UpProcess([
+        "--no-workload", "--etcd", etcd_server.endpoint, "--cluster", cluster_name, "--azs", "1",
+        "--coordinators-per-az", "1", "--nodes-per-az", "1", "--base-port", "0", "--state-dir", str(tmp_path / "s"),
+    ])
+    try:
+        up.start()
+        (az,) = [a for a in asyncio.run(status_of(up.address)).azs if a.az == "az-a"]
+        assert az.has_leader and az.leader_address in up.addresses, (az, up.addresses)
+        assert az.epoch > stale_epoch
+        assert up.find_line(r"az-a: leader key of an earlier run \(az-a-c0 at 127\.0\.0\.1:1, epoch \d+\) still held")
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0, "\n".join(up.lines[-30:])
+    # The kept state dir remembers the cluster name for the next run.
+    assert (tmp_path / "s" / "cluster").read_text().strip() == cluster_name
+
+
+def shims_below(pid: int) -> int:
+    n = 0
+    for p in procs.descendants(pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if b"shim.py" in f.read():
+                    n += 1
+        except OSError:
+            pass
+    return n
+
+
+def test_up_launch_runs_a_sample_member_any_machine_has_within_its_member_budget(tmp_path: Path) -> None:
+    """--launch with the examples (torchrun, python train.py, none of them on
+    this machine): every member runs the shipped sample command and
+    succeeds, and no more than LAUNCH_MEMBER_BUDGET members run at once."""
+    up = UpProcess(
+        ["--launch", "--azs", "2", "--coordinators-per-az", "1", "--nodes-per-az", "2", "--base-port", "0"],
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
+    most = 0
+    try:
+        up.start()
+        assert up.proc is not None
+        deadline = time.monotonic() + 240
+        while not up.find_line(r"succeeded ([3-9]|\d\d)") and time.monotonic() < deadline:
+            most = max(most, shims_below(up.proc.pid))
+            assert up.proc.poll() is None, "\n".join(up.lines[-30:])
+            time.sleep(0.3)
+        progress = [line for line in up.lines if re.match(r"^\[\s*\d+s\] gangs:", line)]
+        assert progress and re.search(r"succeeded ([3-9]|\d\d)", progress[-1]), "\n".join(up.lines[-30:])
+        assert not any("failed" in line for line in progress), "\n".join(progress)
+        logs = [p.read_text() for p in tmp_path.rglob("rank-*.log")]
+        assert any(re.search(r"^rank=0 world=\d+ gang=\S+ node=\S+", t, re.M) for t in logs), logs[:3]
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0, "\n".join(up.lines[-30:])
+    assert 0 < most <= LAUNCH_MEMBER_BUDGET, most
