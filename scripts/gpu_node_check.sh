@@ -18,8 +18,9 @@
 #   d  end to end: etcd + one coordinator (AZ a) + one real agent (real
 #      discovery, real member processes); a 1-member gang on all GPUs of the
 #      node runs scripts/gpu_member_check.py and must SUCCEED; a gang asking for
-#      more GPUs than exist must stay PENDING, `phalanx explain` says why, then
-#      it is cancelled; everything is stopped and no process may be left.
+#      more GPUs than exist can never fit: it must FAIL at once and
+#      `phalanx explain` must say "never fits" and why; everything is stopped
+#      and no process may be left.
 #   e  fencing on the GPU (before the teardown): a 1-member gang on all GPUs
 #      runs gpu_member_check.py --hold (a context and 1 GiB cuMemAlloc+memset
 #      on every device, then `GPU_HOLD READY pid=.. devices=..` and sleep);
@@ -526,22 +527,20 @@ json.dump({"name": "too-big", "members": 2, "resources": {"gpus": int(sys.argv[2
                 if [ -z "$BIG" ]; then
                     result d-explain FAIL "submit of too-big failed"
                 else
-                    sleep 2
+                    pxshow wait "$BIG" --for FAILED --timeout 30
+                    wrc=$?
                     pxshow get "$BIG"
                     px explain "$BIG" >"$WORK/explain.txt" 2>&1
                     erc=$?
                     echo "--- \$ phalanx explain $BIG"
                     cat "$WORK/explain.txt"
                     pxshow explain "$BIG" -o json >/dev/null
-                    pxshow cancel "$BIG" --reason "gpu_node_check done"
-                    crc=$?
-                    pxshow wait "$BIG" --for CANCELLED --timeout 15
                     pxshow list
-                    why=$(sed -n 2p "$WORK/explain.txt" | cut -c1-300)
-                    if [ "$erc" = 0 ] && [[ $(sed -n 1p "$WORK/explain.txt") == *PENDING* ]] && [ "$crc" = 0 ]; then
-                        result d-explain PASS "too-big PENDING: $why; cancelled"
+                    why=$(grep -m1 -o 'never fits.*' "$WORK/explain.txt" | cut -c1-300)
+                    if [ "$wrc" = 0 ] && [ "$erc" = 0 ] && [[ $(sed -n 1p "$WORK/explain.txt") == *FAILED* ]] && [ -n "$why" ]; then
+                        result d-explain PASS "too-big FAILED at once: $why"
                     else
-                        result d-explain FAIL "explain rc=$erc cancel rc=$crc: $(head -2 "$WORK/explain.txt" | paste -sd' ' - | cut -c1-300)"
+                        result d-explain FAIL "wait rc=$wrc explain rc=$erc: $(head -2 "$WORK/explain.txt" | paste -sd' ' - | cut -c1-300)"
                     fi
                 fi
             fi

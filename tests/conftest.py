@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.etcd_server import EtcdServer
+from phalanx.programs import require
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +34,7 @@ def etcd_endpoint(etcd_server: EtcdServer) -> str:
 def etcdctl(endpoint: str, *args: str) -> str:
     env = dict(os.environ, ETCDCTL_API="3")
     return subprocess.run(
-        ["etcdctl", "--endpoints", f"http://{endpoint}", *args],
+        [require("etcdctl"), "--endpoints", f"http://{endpoint}", *args],
         env=env, check=True, capture_output=True, text=True, timeout=30,
     ).stdout
 

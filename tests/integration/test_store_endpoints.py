@@ -27,6 +27,7 @@ from coordinator.election import Election, LeaseSession, observe
 from coordinator.store import Delete, Fence, Put, Store
 from phalanx.errors import StoreUnavailable
 from phalanx.etcd_server import EtcdServer, loopback_cluster, start_members, stop_members
+from phalanx.programs import require
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,7 @@ def etcdctl(members: list[EtcdServer], *args: str) -> str:
     env = dict(os.environ, ETCDCTL_API="3")
     eps = ",".join(m.client_url for m in members)
     return subprocess.run(
-        ["etcdctl", "--endpoints", eps, "--dial-timeout", "2s", "--command-timeout", "5s", *args],
+        [require("etcdctl"), "--endpoints", eps, "--dial-timeout", "2s", "--command-timeout", "5s", *args],
         env=env, check=True, capture_output=True, text=True, timeout=30,
     ).stdout
 
