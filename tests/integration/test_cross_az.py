@@ -246,14 +246,24 @@ async def test_new_leaders_of_owner_and_participant_recover_a_running_gang_from_
     assert len(starts) == 3, starts
 
 
+async def hog(c: LocalCluster, az: str) -> pb.Gang:
+    """The only node of ``az`` busy for the test: a 3-AZ gang then waits,
+    although it would fit the empty cluster (so it is not failed as never
+    fitting, docs/admission.md)."""
+    g = await c.submit(tiny(f"hog-{az}", members=1, gpus=8, duration=300.0), address=c.coordinators[f"{az[-1]}0"].address)
+    await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    return g
+
+
 async def test_pending_gangs_of_a_leaderless_az_are_adopted_by_another_az(local_cluster: LocalCluster) -> None:
     """az-a's only coordinator dies while it owns a PENDING cross-AZ gang
-    (too big for the cluster). After owner_adopt_after_s without a leader in
+    (az-b's node is busy). After owner_adopt_after_s without a leader in
     az-a, another AZ's leader adopts it (fenced, guarded by the record's
     mod_revision) and admits it once capacity appears, without az-a."""
     c = local_cluster
     await three_azs(c, coordinators=1)
-    gang = await c.submit(cross("orphan", members=4, duration=1.0), address=c.coordinators["a0"].address)
+    busy = await hog(c, "az-b")
+    gang = await c.submit(cross("orphan", members=3, duration=1.0), address=c.coordinators["a0"].address)
     await asyncio.sleep(1.0)
     assert (await c.etcd_gangs())[gang.id].state.name == "PENDING"
     c.coordinators["a0"].signal(9)
@@ -270,20 +280,22 @@ async def test_pending_gangs_of_a_leaderless_az_are_adopted_by_another_az(local_
     done = await c.wait_state(gang.id, TERMINAL, timeout=60)
     assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
     assert "az-a" not in {m.az for m in done.placement}
+    await c.stub(c.coordinators["b0"].address).CancelGang(gpb.CancelGangRequest(id=busy.id, reason="done"))
     assert await no_reservations_left(c) == {}
     assert await settled_invariants(c) == []
 
 
-async def test_cross_az_gang_that_never_fits_fails_at_its_admission_timeout(local_cluster: LocalCluster) -> None:
+async def test_cross_az_gang_that_does_not_fit_now_fails_at_its_admission_timeout(local_cluster: LocalCluster) -> None:
     c = local_cluster
     await three_azs(c, coordinators=1)
-    spec = cross("toobig", members=4)
+    await hog(c, "az-b")
+    spec = cross("toobig", members=3)
     spec.policy.admission_timeout_s = 2.0
     gang = await c.submit(spec)
     done = await c.wait_state(gang.id, TERMINAL, timeout=30)
     assert done.state == pb.GANG_STATE_FAILED
     assert "admission_timeout_s=2" in done.reason, done.reason
-    assert await c.etcd_reservations() == {}
+    assert all(g.startswith("hog-") for _, g in await c.etcd_reservations())
 
 
 async def test_one_ledger_single_az_and_cross_az_gangs_never_share_devices(local_cluster: LocalCluster) -> None:
@@ -361,12 +373,14 @@ async def test_lost_node_restarts_the_whole_cross_az_gang_which_runs_again_when_
 async def test_cancel_a_waiting_cross_az_gang_leaves_nothing_behind(local_cluster: LocalCluster) -> None:
     c = local_cluster
     await three_azs(c, coordinators=1)
-    gang = await c.submit(cross("waiting", members=4))
+    busy = await hog(c, "az-b")
+    gang = await c.submit(cross("waiting", members=3))
     await asyncio.sleep(1.5)
     got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
     assert got.state == pb.GANG_STATE_PENDING
     ex = await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="changed my mind"))
     assert ex.state == pb.GANG_STATE_CANCELLED
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=busy.id, reason="done"))
     # The name is free again and a fitting cross-AZ gang is admitted at once.
     again = await c.submit(cross("waiting", members=3, duration=0.5))
     done = await c.wait_state(again.id, TERMINAL, timeout=30)
