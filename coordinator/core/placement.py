@@ -1019,16 +1019,19 @@ def never_fits(request: PlacementRequest, registered: Iterable[NodeTopology], in
     verdict is :func:`place` on that empty inventory, so it covers exactly
     the rules placement applies (member count, GPUs and NICs per member, GPU
     model, required level); the text names the first limit the gang breaks.
+
+    With no node registered in scope at all there is nothing to judge
+    against (the AZ's agents have not come yet): "" (the gang waits).
     """
     topos = [t for t in registered if request.azs is None or t.az in request.azs]
+    if not topos:
+        return ""
     views = [NodeView(topology=t, free_gpus=frozenset(t.gpu_indices),
                       free_nics=frozenset(n.name for n in t.nics if n.usable)) for t in topos]
     result = place(request, views, index)
     if isinstance(result, Placement):
         return ""
     scope = "in any AZ" if request.azs is None else f"in AZ{'s' if len(request.azs) > 1 else ''} {', '.join(sorted(request.azs))}"
-    if not topos:
-        return f"never fits: no node is registered {scope}"
     needle = request.gpu_model.lower()
 
     def eligible(t: NodeTopology) -> int:
