@@ -511,14 +511,15 @@ class Up:
         """A bare line on stdout (PHALANX_ADDRESS=..., progress)."""
         self.out.line(text)
 
-    def request_stop(self, why: str) -> None:
+    def request_stop(self, why: str, *, escalate: bool = True) -> None:
         """A signal or a closed stdout: the first cancels the main task, which
-        then shuts everything down in order; any later one (or one that comes
-        while shutdown already runs, after a failed start) only drops the
-        grace period. Never cancels the shutdown itself."""
+        then shuts everything down in order; a later signal (``escalate``)
+        drops the grace period, as does a second one after a failed start's
+        shutdown began. Never cancels the shutdown itself."""
         if self.stop_requested or self.shutting_down:
-            self.hurry = self.hurry or self.stop_requested
-            self.stop_requested = True
+            if escalate and self.stop_requested:
+                self.hurry = True
+            self.stop_requested = self.stop_requested or escalate
             return
         self.stop_requested = True
         self.say(f"{why}: shutting down")
@@ -531,7 +532,9 @@ class Up:
         if not self.stdout_closed:
             self.stdout_closed = True
             self.warn("stdout closed (nobody reads it any more)")
-            self.request_stop("stdout closed")
+            # Not a second Ctrl-C: the stop that made `tee` go away may be
+            # the very signal being handled now (its say() hit the EPIPE).
+            self.request_stop("stdout closed", escalate=False)
 
     async def main(self) -> int:
         """Start, serve until cancelled (signal, closed stdout), always clean up."""

@@ -204,16 +204,21 @@ def read_until(fd: int, pattern: str, timeout: float) -> list[str]:
     raise AssertionError(f"no line matching {pattern!r} within {timeout:g}s: {lines[-20:]}")
 
 
-def test_a_closed_stdout_shuts_down_cleanly(tmp_path: Path) -> None:
-    """``phalanx up | tee log`` whose reader goes away (Ctrl-C killed tee
-    first, ``| head``): up notices even with nothing to write, stops and
-    cleans up instead of dying on its next write or running unseen."""
+@pytest.mark.parametrize("how", ["reader-gone", "ctrl-c-with-tee"])
+def test_a_closed_stdout_shuts_down_cleanly(tmp_path: Path, how: str) -> None:
+    """``phalanx up | head``, whose reader goes away while up has nothing to
+    write ("reader-gone": up notices, stops and cleans up instead of running
+    unseen), and ``scripts/up.sh 2>&1 | tee up.log`` stopped with Ctrl-C
+    ("ctrl-c-with-tee": tee dies first, and up's own SIGINT handler then
+    writes to the closed pipe, stdout and stderr alike): either way a clean
+    stop, exit code 1, nothing left."""
     r, w = os.pipe()
     err_path = tmp_path / "up.err"
     with open(err_path, "wb") as err:
         proc = procs.spawn(
             [sys.executable, "-m", "phalanx", "up", "--no-workload", *SMALL], die_with_parent=procs.TERM,
-            stdin=subprocess.DEVNULL, stdout=w, stderr=err, env=up_env(tmp_path), cwd=str(REPO_ROOT),
+            stdin=subprocess.DEVNULL, stdout=w, stderr=w if how == "ctrl-c-with-tee" else err,
+            env=up_env(tmp_path), cwd=str(REPO_ROOT),
         )
     os.close(w)
     try:
@@ -223,6 +228,8 @@ def test_a_closed_stdout_shuts_down_cleanly(tmp_path: Path) -> None:
         assert len(tree) >= 3, tree
         os.close(r)
         r = -1
+        if how == "ctrl-c-with-tee":
+            proc.send_signal(signal.SIGINT)
         code = proc.wait(timeout=120)
     finally:
         if r >= 0:
@@ -232,7 +239,8 @@ def test_a_closed_stdout_shuts_down_cleanly(tmp_path: Path) -> None:
             proc.wait(timeout=60)
     err_text = err_path.read_text()
     assert code == 1, err_text
-    assert "stdout closed" in err_text and "Traceback" not in err_text, err_text
+    if how == "reader-gone":
+        assert "stdout closed" in err_text and "Traceback" not in err_text, err_text
     assert wait_gone(tree) == []
     assert not state.exists()
 
