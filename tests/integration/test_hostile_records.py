@@ -174,6 +174,8 @@ async def test_every_gang_id_field_is_matched_exactly(local_cluster: LocalCluste
     c.start_agents(AZ, [dgx_node("n0", AZ)])
     await c.wait_nodes_ready(AZ, 1)
     g = await c.submit(tiny("nlx", members=1, duration=30))
+    # Running, so the cancel at the end does not race its admission.
+    await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=30)
     stub = c.stub()
     for bad in HOSTILE_IDS + [g.id + "\n", "nlx\n"]:
         calls = {
