@@ -9,7 +9,6 @@ once.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Mapping
 
