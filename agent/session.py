@@ -122,6 +122,7 @@ class Agent:
         self._channels = channels if channels is not None else {}
         self._own_channels = channels is None
         self._outbox: asyncio.Queue | None = None
+        self._refused = ""  # the last refusal logged (details), so each is said once
         self._stopping = asyncio.Event()
         self.connected = asyncio.Event()
         self.leader_address = ""
@@ -183,6 +184,16 @@ class Agent:
                     await self._session_once()
                 except asyncio.CancelledError:
                     raise
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        # A refusal of what this agent sent: retrying sends the
+                        # same again, so say it loudly (once per reason); the
+                        # fence loop keeps running meanwhile.
+                        if exc.details() != self._refused:
+                            log.error("agent %s: the leader refused this agent: %s", self.node, exc.details())
+                        self._refused = exc.details()
+                    else:
+                        log.debug("agent %s session ended: %r", self.node, exc)
                 except Exception as exc:  # noqa: BLE001 - reconnect on anything
                     log.debug("agent %s session ended: %r", self.node, exc)
                 self.connected.clear()

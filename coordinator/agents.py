@@ -61,9 +61,20 @@ class AgentServicer(agrpc.AgentServiceServicer):
         if leader is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
             return
+        # An agent registers at once; one that has not within the time after
+        # which a silent node counts as not ready is told why, not dropped
+        # with OK.
+        wait_s = leader.t.node_not_ready_after_s
         try:
-            first = await asyncio.wait_for(request_iterator.__anext__(), timeout=10)
-        except (StopAsyncIteration, asyncio.TimeoutError):
+            first = await asyncio.wait_for(request_iterator.__anext__(), timeout=wait_s)
+        except StopAsyncIteration:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "register: the session ended before its first message (register)")
+            return
+        except asyncio.TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"register: no first message within {wait_s:g}s; a session must start with register",
+            )
             return
         if first.WhichOneof("kind") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind: the first message of a session must be register")

@@ -926,10 +926,6 @@ class AzLeader:
                         await self._evaluate(g.id)
 
     # ---------------------------------------------------------------- view
-    def explain_pending(self, gang_id: str) -> str:
-        return self.pending_reason.get(gang_id, "")
-
-
     async def explain(self, gang_id: str) -> "Explanation | None":
         """Why a gang this leader owns is not (yet) admitted, from the
         leader's own view: a single-AZ gang by a dry run of the same

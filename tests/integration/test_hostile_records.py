@@ -162,6 +162,29 @@ async def test_a_refused_registration_writes_no_node_record(local_cluster: Local
     assert coord.proc.poll() is None
 
 
+async def test_a_session_that_never_registers_is_told_why(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    async with grpc.aio.insecure_channel(coord.address) as ch:
+        # Silent: opens the stream and sends nothing.
+        call = agrpc.AgentServiceStub(ch).Session()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call.read(), 60)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (err.value.code(), err.value.details())
+        assert "must start with register" in err.value.details(), err.value.details()
+        # Closes its side without a message.
+        call = agrpc.AgentServiceStub(ch).Session()
+        await call.done_writing()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await asyncio.wait_for(call.read(), 60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.value.code(), err.value.details())
+        assert "register" in err.value.details(), err.value.details()
+    nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
+    assert nodes == [], [kv.key for kv in nodes]
+    assert coord.proc.poll() is None
+
+
 # --- identifiers at the API ----------------------------------------------------------
 
 HOSTILE_IDS = ["nl\n", "ok-1234abcd\n", "nul\x00", "a/b", "../x", "gаng", "ＡＢＣ", "x" * 64, " pad", "UPPER"]
