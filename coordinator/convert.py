@@ -1,4 +1,4 @@
-"""Coordinator records -> wire messages (servicers stay adapters, STYLE §8)."""
+"""Coordinator records -> wire messages (servicers stay adapters, docs/style.md §8)."""
 
 from __future__ import annotations
 

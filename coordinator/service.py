@@ -1,4 +1,4 @@
-"""GangService servicer: protobuf -> domain -> driver -> protobuf (STYLE §8).
+"""GangService servicer: protobuf -> domain -> driver -> protobuf (docs/style.md §8).
 
 Reads are served by any replica from etcd (linearizable reads). Writes go to
 the AZ leader: a standby forwards them to the leader it finds in

@@ -10,7 +10,7 @@ import enum
 
 
 class Level(enum.IntEnum):
-    """Network levels, leaf to root (DESIGN §7). Ordering is meaningful:
+    """Network levels, leaf to root (docs/design.md §11). Ordering is meaningful:
     a smaller level is a tighter domain."""
 
     NVLINK_DOMAIN = 1

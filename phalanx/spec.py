@@ -1,4 +1,4 @@
-"""The gang spec a submitter writes (DESIGN §4): parsing and validation.
+"""The gang spec a submitter writes (docs/design.md §6.1): parsing and validation.
 
 Pure: the same validation runs in the CLI (before anything is sent) and in the
 coordinator (the authority; a client can send anything). Every error names the
