@@ -649,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only validate; print the normalised spec")
 
     p = sub.add_parser("get", parents=[common], help="show one gang")
-    p.add_argument("id", metavar="ID", help="gang id, or the name of a live gang")
+    p.add_argument("id", metavar="ID", help="gang id, or a name (its live gang, else its newest kept one)")
     p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
 
     p = sub.add_parser("list", parents=[common], help="list gangs")

@@ -460,7 +460,8 @@ class AsyncClient:
         return SubmitResult(gang=response.gang, created=response.created)
 
     async def get(self, id: str) -> pb.Gang:
-        """The gang with this id, or the live gang with this name."""
+        """The gang with this id; for a name, the live gang of that name,
+        else the newest kept (finished, not yet collected) one."""
         return await self._call("GetGang", gang_pb2.GetGangRequest(id=id))
 
     async def list(
