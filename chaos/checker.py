@@ -1,4 +1,4 @@
-"""The design's invariants (DESIGN §8), checked on a recorded history. PURE.
+"""The design's invariants (docs/design.md §14), checked on a recorded history. PURE.
 
 Every check is a function of a :class:`chaos.history.History` (records parsed
 once) returning how many things it examined and the violations it found,
@@ -264,7 +264,7 @@ def _reservation_overlaps(h: History) -> Check:
     """(c) etcd never holds two reservations on one GPU: replayed in revision
     order (exact), after every reservation write the AZ's reservations at
     that revision go through the coordinator's own ledger invariant
-    (``coordinator.core.records.DeviceLedger.conflicts``, STYLE §12); any
+    (``coordinator.core.records.DeviceLedger.conflicts``, docs/style.md §12); any
     status holds devices, except a two-phase record whose incarnation's
     decision is already ABORT at that revision: the decision key is the
     commit point (docs/two-phase.md), so such a hold is dead and its devices

@@ -166,7 +166,7 @@ class RunParams:
     """What the checker needs to know about the run besides the records.
 
     ``token_window_s``: the longest a member start may trail the agent's
-    token read (DESIGN §6: one linearizable read "just before" starting; the
+    token read (docs/design.md §9.3: one linearizable read "just before" starting; the
     gap is process spawn + state-file fsync). ``release_tolerance_s``: slack
     for a member exit recorded after its reservation was seen deleted
     (scheduling jitter on a loaded machine). ``recovery_bound_s``: the stated

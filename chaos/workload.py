@@ -82,7 +82,7 @@ class PlannedSubmit:
     start_timeout_s: float = 30.0
 
     def spec(self) -> dict[str, Any]:
-        """The gang spec (DESIGN §4) as plain data."""
+        """The gang spec (docs/design.md §6.1) as plain data."""
         return {
             "name": self.name,
             "members": self.members,

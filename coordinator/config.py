@@ -1,4 +1,4 @@
-"""Coordinator and agent timing configuration, validated together (STYLE §9).
+"""Coordinator and agent timing configuration, validated together (docs/style.md §9).
 
 Every timing assumption of the safety argument lives here, and ``validate()``
 checks the relations between them at start-up; a bad combination fails fast

@@ -1,4 +1,4 @@
-"""Per-AZ leader election on etcd leases (DESIGN §3).
+"""Per-AZ leader election on etcd leases (docs/design.md §5).
 
 Shaped after etcd's ``client/v3/concurrency/{session,election}.go``:
 

@@ -1,4 +1,4 @@
-"""The AZ leader: the driver around the pure cores (DESIGN §3-§6).
+"""The AZ leader: the driver around the pure cores (docs/design.md §5-§10).
 
 Everything here happens while this coordinator holds its AZ's leader key. It
 is the only writer of its AZ's reservations and node records and of the gangs
@@ -823,7 +823,7 @@ class AzLeader:
 
     async def _transition(self, g: GangRecord, to: GangState, reason: str) -> None:
         """Apply a run-time transition; a failure restarts the whole gang
-        while restarts remain (DESIGN §4 failure policy)."""
+        while restarts remain (docs/design.md §10.3)."""
         if to == GangState.FAILED and g.restarts < g.spec.policy.max_restarts:
             to = GangState.RESTARTING
         self._inflight.add(g.id)

@@ -1,4 +1,4 @@
-"""One coordinator replica: gRPC server + election loop (DESIGN §1).
+"""One coordinator replica: gRPC server + election loop (docs/design.md §2.2).
 
 Serves GangService (reads from etcd; writes at the leader, forwarded by
 standbys), AgentService (leader only), CoordinatorPeer (cross-AZ, issue 3),

@@ -1,8 +1,8 @@
-"""The only module that talks to etcd (STYLE §5).
+"""The only module that talks to etcd (docs/style.md §5).
 
 Built directly on the etcd v3 gRPC stubs that ``aetcd`` ships
 (``aetcd.rpc``), over our own grpc.aio channel, because the high-level client
-leaves out what safety needs (DESIGN §3):
+leaves out what safety needs (docs/design.md §4):
 
 - every request carries ``hasleader=true`` metadata, so a member cut off from
   the etcd majority fails fast instead of answering stale;
@@ -65,7 +65,7 @@ _TRANSIENT = {
 
 @dataclass(frozen=True)
 class Keys:
-    """The key layout of DESIGN §3, in one place."""
+    """The key layout of docs/etcd-keys.md, in one place."""
 
     cluster: str
 
@@ -540,7 +540,7 @@ class Store:
     def _lease(self) -> egrpc.LeaseStub:
         return self._pin()[0].lease
 
-    # -- error translation (STYLE §6): one table, at the boundary
+    # -- error translation (docs/style.md §6): one table, at the boundary
     def _translate(self, exc: grpc.aio.AioRpcError, what: str) -> Exception:
         if exc.code() in _TRANSIENT:
             return StoreUnavailable(f"etcd unavailable during {what}: {exc.code().name}: {exc.details()}")

@@ -1,4 +1,4 @@
-"""A node's hardware and network position (DESIGN §7), as plain data.
+"""A node's hardware and network position (docs/design.md §11), as plain data.
 
 Produced by agent discovery (``agent/topology/``), carried in the
 ``NodeTopology`` wire message, stored in ``nodes/<az>/<node>`` and consumed by

@@ -1,4 +1,4 @@
-"""Topology discovery by node agents (DESIGN §7, docs/topology.md).
+"""Topology discovery by node agents (docs/design.md §11, docs/topology.md).
 
 ``discover(DiscoveryConfig(...))`` merges NVML, sysfs, ``nvidia-smi topo -m``,
 static config and node labels into one ``phalanx.topology.NodeTopology``.

@@ -6,7 +6,7 @@ know it. ``discover.merge`` combines the facts of all sources into one
 value (``numa_node=-1``, ``nvlink_island=0``) is what lets a lower-precedence
 source fill a gap without overriding a higher one.
 
-Nothing here does I/O; no grpc, asyncio or time (DESIGN §2).
+Nothing here does I/O; no grpc, asyncio or time (docs/design.md §3).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Discovery: run the enabled sources and merge their facts into one
-``phalanx.topology.NodeTopology`` (DESIGN §7).
+``phalanx.topology.NodeTopology`` (docs/design.md §11).
 
 Precedence (docs/topology.md): hardware facts — GPU and NIC fields, GPU↔NIC
 distances, NVLink peers, the NVLink domain — take the first *known* value in

@@ -1,4 +1,4 @@
-"""Durable records as frozen dataclasses, parsed once per read (STYLE §3).
+"""Durable records as frozen dataclasses, parsed once per read (docs/style.md §3).
 
 The JSON shapes stored in etcd (docs/etcd-keys.md). Pure: no I/O.
 """
@@ -211,7 +211,7 @@ class NodeRecord:
 @dataclass
 class DeviceLedger:
     """Devices held per node in one AZ, rebuilt from reservations. The AZ
-    leader's authoritative in-memory view (DESIGN §5 step 2)."""
+    leader's authoritative in-memory view (docs/design.md §7.2)."""
 
     held: dict[str, dict[str, NodeDevices]] = field(default_factory=dict)  # node -> gang -> devices
 

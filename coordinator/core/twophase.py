@@ -1,4 +1,4 @@
-"""Cross-AZ two-phase reservations (DESIGN §5) as pure state machines.
+"""Cross-AZ two-phase reservations (docs/design.md §8) as pure state machines.
 
 This module is the public face; the pieces live in:
 

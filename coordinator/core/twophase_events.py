@@ -123,7 +123,7 @@ class RetryDue(GangEvent):
 class PrepareReceived(GangEvent):
     """A ``Prepare`` RPC (``PrepareRequest``) from the owner's AZ leader.
 
-    ``local``: the single-AZ path (DESIGN §5: "collapses to one fenced txn").
+    ``local``: the single-AZ path (docs/design.md §8.7: one fenced txn).
     The gang lives in this AZ only, so this participant is the only voter and
     decides by itself: the hold is written COMMITTED at once (no decision
     key), and the vote is the answer to the local admission code. It goes
@@ -225,7 +225,7 @@ class GangForgotten(Event):
 @dataclass(frozen=True, kw_only=True)
 class ParticipantRecovered(Event):
     """A new leader of this AZ read its durable state once (one range read,
-    DESIGN §1) and starts from it. ``reservations`` are this AZ's records,
+    docs/design.md §8.10) and starts from it. ``reservations`` are this AZ's records,
     ``decisions`` every decision key, ``finished`` the attempts whose gang
     record says they are over."""
 
@@ -504,7 +504,7 @@ class RequestPlacement(Effect):
 @dataclass(frozen=True, kw_only=True)
 class DispatchGang(Effect):
     """The record is durably COMMITTED: send the assignments to the agents of
-    ``nodes`` (they re-check the record themselves, DESIGN §6)."""
+    ``nodes`` (they re-check the record themselves, docs/design.md §9.3)."""
 
     az: str
     gang: str

@@ -1,4 +1,4 @@
-"""Invariants of two-phase reservations, as code (STYLE 12).
+"""Invariants of two-phase reservations, as code (docs/style.md §12).
 
 One ``check(world)`` for unit tests at teardown, the hypothesis model test
 after every step, and the chaos checker on snapshots rebuilt from recorded

@@ -92,7 +92,7 @@ def describe_devices(devices: Iterable[Device], limit: int = 4) -> str:
 @dataclass(frozen=True, kw_only=True)
 class ReservationRecord:
     """``reservations/<az>/<gang>`` as read back from etcd (one record per
-    (AZ, gang), never one key per GPU: DESIGN §3 txn limits).
+    (AZ, gang), never one key per GPU: docs/design.md §4 txn limits).
 
     The order fields are stored so that a new leader can still apply the
     conflict order to holds it inherited.

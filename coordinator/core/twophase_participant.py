@@ -524,7 +524,7 @@ class ParticipantState:
             return []  # decided, gone, or our in-doubt create is already in flight
         if now < hold.deadline:
             return [self._prepare_timer(ev.stimulus_id, hold, hold.deadline)]
-        # In doubt (DESIGN §5.5): the owner may be dead. Create-if-absent
+        # In doubt (docs/design.md §8.5): the owner may be dead. Create-if-absent
         # ABORT: if the owner already decided, we lose and learn its outcome.
         self._holds[ev.gang] = dataclasses.replace(hold, deadline=None)
         return [CreateDecision(

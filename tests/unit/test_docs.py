@@ -30,3 +30,36 @@ def test_readme_example_spec_is_the_file(example: str) -> None:
 def test_every_example_is_a_valid_spec() -> None:
     for path in sorted((REPO / "examples").glob("*.yaml")):
         load_spec(path.read_text())
+
+
+# Files whose text may cite documents: code, protos, scripts, docs, examples.
+CITING = [p for pat in ("**/*.py", "**/*.proto", "**/*.sh", "**/*.md", "**/*.yaml")
+          for p in REPO.glob(pat)
+          if not {".venv", "build", ".git", ".hypothesis"} & set(p.relative_to(REPO).parts)]
+
+
+def _headings(doc: Path) -> set[str]:
+    """Section numbers ("4", "8.2") of a doc's numbered headings."""
+    return set(re.findall(r"^#+ (\d+(?:\.\d+)*)\.? ", doc.read_text(), re.M))
+
+
+def test_no_document_outside_the_clone_is_cited() -> None:
+    outside = re.compile(r"\b(?:DESIGN|STYLE) §|\.\./shared/|\b(?:DESIGN|STYLE)\.md\b")
+    bad = [f"{p.relative_to(REPO)}:{n}: {line.strip()}"
+           for p in CITING for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
+           if outside.search(line)]
+    assert bad == [], "cites a document a clone does not hold:\n" + "\n".join(bad)
+
+
+def test_every_cited_doc_and_section_exists() -> None:
+    cite = re.compile(r"\bdocs/([\w.-]+\.md)(?: (?:§|section )(\d+(?:\.\d+)*))?")
+    bad = []
+    for p in CITING:
+        for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            for doc, section in cite.findall(line):
+                target = REPO / "docs" / doc
+                if not target.is_file():
+                    bad.append(f"{p.relative_to(REPO)}:{n}: docs/{doc} does not exist")
+                elif section and section not in _headings(target):
+                    bad.append(f"{p.relative_to(REPO)}:{n}: docs/{doc} has no section {section}")
+    assert bad == [], "\n".join(bad)

@@ -267,7 +267,7 @@ FORBIDDEN = {"grpc", "aetcd", "etcd3", "asyncio", "time", "kubernetes", "socket"
 
 @pytest.mark.parametrize("path", CORE_FILES, ids=[p.name for p in CORE_FILES])
 def test_core_module_does_no_io(path: Path) -> None:
-    """DESIGN §2: nothing under core/ imports grpc, the etcd client, asyncio
+    """docs/design.md §3: nothing under core/ imports grpc, the etcd client, asyncio
     or time (nor a source of nondeterminism: same events, same effects)."""
     tree = ast.parse(path.read_text())
     imported = set()

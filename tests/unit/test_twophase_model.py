@@ -1,4 +1,4 @@
-"""Model test of two-phase reservations (hypothesis stateful, STYLE 14).
+"""Model test of two-phase reservations (hypothesis stateful, docs/style.md §14).
 
 A small world: three AZ leaders (each one ``ParticipantState`` plus the
 ``OwnerState`` of every cross-AZ gang submitted to it, plus a stand-in for the
