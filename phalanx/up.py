@@ -640,6 +640,8 @@ class Up:
         await self._wait_children_ready(env, deadline)
         self.addresses = [c.address for c in self.children if c.kind == "coordinator"]
         await self._wait_leaders(self.addresses, deadline)
+        # For `phalanx logs`: the agents' state dirs (member logs) are under it.
+        self.emit(f"PHALANX_STATE_DIR={self.state_dir}")
         self.emit(f"PHALANX_CLUSTER={self.cluster}")
         self.emit(f"PHALANX_ADDRESS={','.join(self.addresses)}")
 
