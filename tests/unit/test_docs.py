@@ -63,3 +63,12 @@ def test_every_cited_doc_and_section_exists() -> None:
                 elif section and section not in _headings(target):
                     bad.append(f"{p.relative_to(REPO)}:{n}: docs/{doc} has no section {section}")
     assert bad == [], "\n".join(bad)
+
+
+def test_test_files_have_unique_basenames() -> None:
+    # tests/unit and tests/integration are not packages: pytest refuses two
+    # test modules with one basename ("import file mismatch") at collection.
+    seen: dict[str, Path] = {}
+    for p in sorted((REPO / "tests").rglob("test_*.py")):
+        assert p.name not in seen, f"{p.relative_to(REPO)} and {seen[p.name].relative_to(REPO)} share a basename"
+        seen[p.name] = p
