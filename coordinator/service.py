@@ -16,7 +16,8 @@ import grpc
 
 from coordinator import convert
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
-from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation
+from coordinator.core import listing
+from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
 from coordinator.election import observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
 from phalanx import limits, wire
@@ -224,7 +225,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         the newest by create revision (a record is created once, at
         submission)."""
         prefix = self.keys.gang(name + "-")
-        kvs, _ = await self.store.get_prefix(prefix, keys_only=True)
+        kvs, _ = await self.store.get_prefix_paged(prefix, keys_only=True)
         mine = [kv for kv in kvs if _ID_SUFFIX.fullmatch(kv.key[len(prefix):])]
         if not mine:
             return None
@@ -244,10 +245,19 @@ class GangServicer(ggrpc.GangServiceServicer):
                 raise InvalidArgument(f"states: unknown gang state {s}") from None
         if request.limit < 0:
             raise InvalidArgument("limit: must not be negative")
-        kvs, _ = await self._within_deadline(context, self.store.get_prefix(self.keys.gangs()), "a range read of the gangs")
+        after = None
+        if request.page_token:
+            try:
+                after = listing.parse_token(request.page_token)
+            except listing.BadPageToken as exc:
+                raise InvalidArgument(f"page_token: {exc}") from None
+        # Paged range reads: no single etcd reply grows with the gang count.
+        kvs, _ = await self._within_deadline(context, self.store.get_prefix_paged(self.keys.gangs()), "a range read of the gangs")
+        gangs, bad = read_records(kvs, GangRecord.from_dict)
+        if bad:
+            log.warning("ListGangs skipped %d unreadable gang record(s), e.g. %s: %s", len(bad), *bad[0])
         out = []
-        for kv in kvs:
-            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+        for g in gangs:
             if states and g.state not in states:
                 continue
             if request.queue and g.spec.queue != request.queue:
@@ -260,7 +270,12 @@ class GangServicer(ggrpc.GangServiceServicer):
         out.sort(key=lambda g: (g.submitted_at, g.id))
         if request.limit:
             out = out[-request.limit:]
-        return gpb.ListGangsResponse(gangs=[convert.gang_to_pb(g) for g in out])
+        msgs = [(g.submitted_at, g.id, convert.gang_to_pb(g)) for g in out]
+        chosen, next_token = listing.page(
+            msgs, key=lambda m: (m[0], m[1]), size=lambda m: m[2].ByteSize() + 8,
+            budget=limits.LIST_REPLY_BYTES, after=after,
+        )
+        return gpb.ListGangsResponse(gangs=[m[2] for m in chosen], next_page_token=next_token)
 
     async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
         self._tag(context)
@@ -310,8 +325,8 @@ class GangServicer(ggrpc.GangServiceServicer):
                 await asyncio.sleep(WATCH_RESUME_PAUSE_S)
 
     async def _az_state(self, az: str) -> tuple[dict[str, NodeRecord], DeviceLedger]:
-        node_kvs, _ = await self.store.get_prefix(self.keys.nodes(az))
-        res_kvs, _ = await self.store.get_prefix(self.keys.reservations(az))
+        node_kvs, _ = await self.store.get_prefix_paged(self.keys.nodes(az))
+        res_kvs, _ = await self.store.get_prefix_paged(self.keys.reservations(az))
         nodes = {}
         for kv in node_kvs:
             n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
@@ -406,7 +421,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         return gpb.ListNodesResponse(nodes=out)
 
     async def _azs(self) -> set[str]:
-        kvs, _ = await self.store.get_prefix(self.keys.nodes(), keys_only=True)
+        kvs, _ = await self.store.get_prefix_paged(self.keys.nodes(), keys_only=True)
         azs = {kv.key[len(self.keys.nodes()):].split("/", 1)[0] for kv in kvs}
         azs |= set((await observe_all(self.store)).keys())
         return azs
@@ -435,8 +450,11 @@ class GangServicer(ggrpc.GangServiceServicer):
                 gpus_total=total,
                 gpus_free=total - used,
             ))
-        kvs, _ = await self.store.get_prefix(self.keys.gangs())
+        kvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
         for kv in kvs:
-            state = kv.json().get("state", "UNKNOWN")
+            try:
+                state = str(kv.json().get("state", "UNKNOWN"))[:32]
+            except (ValueError, AttributeError):
+                state = "UNREADABLE"  # a corrupt record is counted, not fatal
             resp.gangs_by_state[state] = resp.gangs_by_state[state] + 1
         return resp

@@ -483,8 +483,15 @@ class AsyncClient:
             name_prefix=name_prefix,
             limit=limit,
         )
-        response: gang_pb2.ListGangsResponse = await self._call("ListGangs", request)
-        return list(response.gangs)
+        # A reply carries a bounded number of bytes; follow the pages. A
+        # coordinator older than paging sends no token: one page is all.
+        gangs: list[pb.Gang] = []
+        while True:
+            response: gang_pb2.ListGangsResponse = await self._call("ListGangs", request)
+            gangs.extend(response.gangs)
+            if not response.next_page_token:
+                return gangs
+            request.page_token = response.next_page_token
 
     async def watch(self, id: str) -> AsyncIterator[pb.Gang]:
         """Yield the gang now, then on every change, until it is terminal.

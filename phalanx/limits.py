@@ -317,3 +317,9 @@ def registration_errors(topology: Any, agent_id: str, members: Any) -> list[str]
             if len(out) > 20:
                 break
     return out
+
+# One ListGangs reply holds at most this many bytes of gangs (then a
+# next_page_token), well under gRPC's default 4 MiB receive limit, so a list
+# is never refused for size however many or large the gangs are. A single
+# gang always fits: its record is bounded far below this (docs/limits.md).
+LIST_REPLY_BYTES = 2 * 1024 * 1024

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from phalanx.v1 import types_pb2 as phalanx_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15phalanx/v1/gang.proto\x12\nphalanx.v1\x1a\x16phalanx/v1/types.proto\"P\n\x11SubmitGangRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.phalanx.v1.GangSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"E\n\x12SubmitGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1c\n\x0eGetGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"~\n\x10ListGangsRequest\x12%\n\x06states\x18\x01 \x03(\x0e\x32\x15.phalanx.v1.GangState\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x10\n\x08owner_az\x18\x03 \x01(\t\x12\x13\n\x0bname_prefix\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\x05\"4\n\x11ListGangsResponse\x12\x1f\n\x05gangs\x18\x01 \x03(\x0b\x32\x10.phalanx.v1.Gang\"\x1e\n\x10WatchGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\tGangEvent\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x10\n\x08revision\x18\x02 \x01(\x03\"/\n\x11\x43\x61ncelGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x12\x45xplainGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xa2\x01\n\x13\x45xplainGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12/\n\nshortfalls\x18\x03 \x03(\x0b\x32\x1b.phalanx.v1.DomainShortfall\x12\x15\n\rleader_reason\x18\x04 \x01(\t\x12\x12\n\nnever_fits\x18\x05 \x01(\x08\"\x1e\n\x10ListNodesRequest\x12\n\n\x02\x61z\x18\x01 \x01(\t\":\n\x11ListNodesResponse\x12%\n\x05nodes\x18\x01 \x03(\x0b\x32\x16.phalanx.v1.NodeStatus\"\x16\n\x14\x43lusterStatusRequest\"\xb5\x01\n\x08\x41zStatus\x12\n\n\x02\x61z\x18\x01 \x01(\t\x12\x12\n\nhas_leader\x18\x02 \x01(\x08\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x13\n\x0bnodes_ready\x18\x06 \x01(\x05\x12\x13\n\x0bnodes_total\x18\x07 \x01(\x05\x12\x12\n\ngpus_total\x18\x08 \x01(\x05\x12\x11\n\tgpus_free\x18\t \x01(\x05\"\xe0\x01\n\x15\x43lusterStatusResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12!\n\x03\x61zs\x18\x02 \x03(\x0b\x32\x14.phalanx.v1.AzStatus\x12\x11\n\tserved_by\x18\x03 \x01(\t\x12K\n\x0egangs_by_state\x18\x04 \x03(\x0b\x32\x33.phalanx.v1.ClusterStatusResponse.GangsByStateEntry\x1a\x33\n\x11GangsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x32\xd0\x04\n\x0bGangService\x12K\n\nSubmitGang\x12\x1d.phalanx.v1.SubmitGangRequest\x1a\x1e.phalanx.v1.SubmitGangResponse\x12\x37\n\x07GetGang\x12\x1a.phalanx.v1.GetGangRequest\x1a\x10.phalanx.v1.Gang\x12H\n\tListGangs\x12\x1c.phalanx.v1.ListGangsRequest\x1a\x1d.phalanx.v1.ListGangsResponse\x12\x42\n\tWatchGang\x12\x1c.phalanx.v1.WatchGangRequest\x1a\x15.phalanx.v1.GangEvent0\x01\x12=\n\nCancelGang\x12\x1d.phalanx.v1.CancelGangRequest\x1a\x10.phalanx.v1.Gang\x12N\n\x0b\x45xplainGang\x12\x1e.phalanx.v1.ExplainGangRequest\x1a\x1f.phalanx.v1.ExplainGangResponse\x12H\n\tListNodes\x12\x1c.phalanx.v1.ListNodesRequest\x1a\x1d.phalanx.v1.ListNodesResponse\x12T\n\rClusterStatus\x12 .phalanx.v1.ClusterStatusRequest\x1a!.phalanx.v1.ClusterStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15phalanx/v1/gang.proto\x12\nphalanx.v1\x1a\x16phalanx/v1/types.proto\"P\n\x11SubmitGangRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.phalanx.v1.GangSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"E\n\x12SubmitGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1c\n\x0eGetGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x92\x01\n\x10ListGangsRequest\x12%\n\x06states\x18\x01 \x03(\x0e\x32\x15.phalanx.v1.GangState\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x10\n\x08owner_az\x18\x03 \x01(\t\x12\x13\n\x0bname_prefix\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"M\n\x11ListGangsResponse\x12\x1f\n\x05gangs\x18\x01 \x03(\x0b\x32\x10.phalanx.v1.Gang\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x10WatchGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\tGangEvent\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x10\n\x08revision\x18\x02 \x01(\x03\"/\n\x11\x43\x61ncelGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x12\x45xplainGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xa2\x01\n\x13\x45xplainGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12/\n\nshortfalls\x18\x03 \x03(\x0b\x32\x1b.phalanx.v1.DomainShortfall\x12\x15\n\rleader_reason\x18\x04 \x01(\t\x12\x12\n\nnever_fits\x18\x05 \x01(\x08\"\x1e\n\x10ListNodesRequest\x12\n\n\x02\x61z\x18\x01 \x01(\t\":\n\x11ListNodesResponse\x12%\n\x05nodes\x18\x01 \x03(\x0b\x32\x16.phalanx.v1.NodeStatus\"\x16\n\x14\x43lusterStatusRequest\"\xb5\x01\n\x08\x41zStatus\x12\n\n\x02\x61z\x18\x01 \x01(\t\x12\x12\n\nhas_leader\x18\x02 \x01(\x08\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x13\n\x0bnodes_ready\x18\x06 \x01(\x05\x12\x13\n\x0bnodes_total\x18\x07 \x01(\x05\x12\x12\n\ngpus_total\x18\x08 \x01(\x05\x12\x11\n\tgpus_free\x18\t \x01(\x05\"\xe0\x01\n\x15\x43lusterStatusResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12!\n\x03\x61zs\x18\x02 \x03(\x0b\x32\x14.phalanx.v1.AzStatus\x12\x11\n\tserved_by\x18\x03 \x01(\t\x12K\n\x0egangs_by_state\x18\x04 \x03(\x0b\x32\x33.phalanx.v1.ClusterStatusResponse.GangsByStateEntry\x1a\x33\n\x11GangsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\x32\xd0\x04\n\x0bGangService\x12K\n\nSubmitGang\x12\x1d.phalanx.v1.SubmitGangRequest\x1a\x1e.phalanx.v1.SubmitGangResponse\x12\x37\n\x07GetGang\x12\x1a.phalanx.v1.GetGangRequest\x1a\x10.phalanx.v1.Gang\x12H\n\tListGangs\x12\x1c.phalanx.v1.ListGangsRequest\x1a\x1d.phalanx.v1.ListGangsResponse\x12\x42\n\tWatchGang\x12\x1c.phalanx.v1.WatchGangRequest\x1a\x15.phalanx.v1.GangEvent0\x01\x12=\n\nCancelGang\x12\x1d.phalanx.v1.CancelGangRequest\x1a\x10.phalanx.v1.Gang\x12N\n\x0b\x45xplainGang\x12\x1e.phalanx.v1.ExplainGangRequest\x1a\x1f.phalanx.v1.ExplainGangResponse\x12H\n\tListNodes\x12\x1c.phalanx.v1.ListNodesRequest\x1a\x1d.phalanx.v1.ListNodesResponse\x12T\n\rClusterStatus\x12 .phalanx.v1.ClusterStatusRequest\x1a!.phalanx.v1.ClusterStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,32 +40,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITGANGRESPONSE']._serialized_end=212
   _globals['_GETGANGREQUEST']._serialized_start=214
   _globals['_GETGANGREQUEST']._serialized_end=242
-  _globals['_LISTGANGSREQUEST']._serialized_start=244
-  _globals['_LISTGANGSREQUEST']._serialized_end=370
-  _globals['_LISTGANGSRESPONSE']._serialized_start=372
-  _globals['_LISTGANGSRESPONSE']._serialized_end=424
-  _globals['_WATCHGANGREQUEST']._serialized_start=426
-  _globals['_WATCHGANGREQUEST']._serialized_end=456
-  _globals['_GANGEVENT']._serialized_start=458
-  _globals['_GANGEVENT']._serialized_end=519
-  _globals['_CANCELGANGREQUEST']._serialized_start=521
-  _globals['_CANCELGANGREQUEST']._serialized_end=568
-  _globals['_EXPLAINGANGREQUEST']._serialized_start=570
-  _globals['_EXPLAINGANGREQUEST']._serialized_end=602
-  _globals['_EXPLAINGANGRESPONSE']._serialized_start=605
-  _globals['_EXPLAINGANGRESPONSE']._serialized_end=767
-  _globals['_LISTNODESREQUEST']._serialized_start=769
-  _globals['_LISTNODESREQUEST']._serialized_end=799
-  _globals['_LISTNODESRESPONSE']._serialized_start=801
-  _globals['_LISTNODESRESPONSE']._serialized_end=859
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=861
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=883
-  _globals['_AZSTATUS']._serialized_start=886
-  _globals['_AZSTATUS']._serialized_end=1067
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1070
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1294
-  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_start=1243
-  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_end=1294
-  _globals['_GANGSERVICE']._serialized_start=1297
-  _globals['_GANGSERVICE']._serialized_end=1889
+  _globals['_LISTGANGSREQUEST']._serialized_start=245
+  _globals['_LISTGANGSREQUEST']._serialized_end=391
+  _globals['_LISTGANGSRESPONSE']._serialized_start=393
+  _globals['_LISTGANGSRESPONSE']._serialized_end=470
+  _globals['_WATCHGANGREQUEST']._serialized_start=472
+  _globals['_WATCHGANGREQUEST']._serialized_end=502
+  _globals['_GANGEVENT']._serialized_start=504
+  _globals['_GANGEVENT']._serialized_end=565
+  _globals['_CANCELGANGREQUEST']._serialized_start=567
+  _globals['_CANCELGANGREQUEST']._serialized_end=614
+  _globals['_EXPLAINGANGREQUEST']._serialized_start=616
+  _globals['_EXPLAINGANGREQUEST']._serialized_end=648
+  _globals['_EXPLAINGANGRESPONSE']._serialized_start=651
+  _globals['_EXPLAINGANGRESPONSE']._serialized_end=813
+  _globals['_LISTNODESREQUEST']._serialized_start=815
+  _globals['_LISTNODESREQUEST']._serialized_end=845
+  _globals['_LISTNODESRESPONSE']._serialized_start=847
+  _globals['_LISTNODESRESPONSE']._serialized_end=905
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=907
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=929
+  _globals['_AZSTATUS']._serialized_start=932
+  _globals['_AZSTATUS']._serialized_end=1113
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1116
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1340
+  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_start=1289
+  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_end=1340
+  _globals['_GANGSERVICE']._serialized_start=1343
+  _globals['_GANGSERVICE']._serialized_end=1935
 # @@protoc_insertion_point(module_scope)

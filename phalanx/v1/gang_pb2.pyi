@@ -30,24 +30,28 @@ class GetGangRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ...) -> None: ...
 
 class ListGangsRequest(_message.Message):
-    __slots__ = ("states", "queue", "owner_az", "name_prefix", "limit")
+    __slots__ = ("states", "queue", "owner_az", "name_prefix", "limit", "page_token")
     STATES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     OWNER_AZ_FIELD_NUMBER: _ClassVar[int]
     NAME_PREFIX_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     states: _containers.RepeatedScalarFieldContainer[_types_pb2.GangState]
     queue: str
     owner_az: str
     name_prefix: str
     limit: int
-    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.GangState, str]]] = ..., queue: _Optional[str] = ..., owner_az: _Optional[str] = ..., name_prefix: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    page_token: str
+    def __init__(self, states: _Optional[_Iterable[_Union[_types_pb2.GangState, str]]] = ..., queue: _Optional[str] = ..., owner_az: _Optional[str] = ..., name_prefix: _Optional[str] = ..., limit: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class ListGangsResponse(_message.Message):
-    __slots__ = ("gangs",)
+    __slots__ = ("gangs", "next_page_token")
     GANGS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     gangs: _containers.RepeatedCompositeFieldContainer[_types_pb2.Gang]
-    def __init__(self, gangs: _Optional[_Iterable[_Union[_types_pb2.Gang, _Mapping]]] = ...) -> None: ...
+    next_page_token: str
+    def __init__(self, gangs: _Optional[_Iterable[_Union[_types_pb2.Gang, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class WatchGangRequest(_message.Message):
     __slots__ = ("id",)

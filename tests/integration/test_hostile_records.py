@@ -81,6 +81,39 @@ async def test_a_new_leader_takes_over_past_oversized_and_corrupt_records_and_ad
     assert second.proc.poll() is None
 
 
+async def test_list_pages_past_the_grpc_reply_limit(local_cluster: LocalCluster) -> None:
+    """Eighty legal gangs of ~60 KB each (4.8 MB, past gRPC's 4 MiB default
+    receive limit): ListGangs answers in pages of at most LIST_REPLY_BYTES and
+    the SDK follows them; ClusterStatus counts every one."""
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    n = 80
+    for i in range(n):
+        gid = f"big{i:02d}-{i:08x}"
+        spec = {"name": gid.rsplit("-", 1)[0], "members": 1, "resources": {"gpus": 1},
+                "run": {"command": ["true"], "env": {"PAD": "x" * 60_000}}}
+        # Owned by an AZ with no leader, and finished: nobody acts on them.
+        record = {"id": gid, "spec": spec, "state": "SUCCEEDED", "owner_az": "az-q",
+                  "submitted_at": 1000.0 + i, "updated_at": 1000.0 + i}
+        await plant(c, c.store.keys.gang(gid), json.dumps(record).encode())
+    stub = c.stub(coord.address)
+    first = await stub.ListGangs(gpb.ListGangsRequest(), timeout=30)
+    assert first.next_page_token, "one reply carried every gang"
+    assert first.ByteSize() <= limits.LIST_REPLY_BYTES + 64 * 1024
+    from phalanx.client import AsyncClient
+
+    async with AsyncClient(coord.address) as client:
+        gangs = await client.list()
+        assert [g.id for g in gangs] == [f"big{i:02d}-{i:08x}" for i in range(n)]
+        assert len(await client.list(limit=5)) == 5
+        st = await client.status()
+        assert st.gangs_by_state["SUCCEEDED"] == n
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ListGangs(gpb.ListGangsRequest(page_token="not-a-token"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in err.value.details()
+
+
 async def test_store_pages_a_prefix_larger_than_one_range_reply(local_cluster: LocalCluster) -> None:
     """get_prefix_paged reads what one range cannot: nine 1.35 MB values
     (12 MB) under a prefix, against a receive limit of 8 MiB."""
