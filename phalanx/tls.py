@@ -1,0 +1,217 @@
+"""gRPC credentials from certificate files, renewed without a restart
+(docs/security.md).
+
+A process names three files: the cluster's CA certificate (a bundle of
+several during a CA rotation), its own certificate and its own key. Both
+sides read them again when they change:
+
+* a server (``ServerCredentialsSource``) gives gRPC a fetcher that gRPC calls
+  before every new connection's handshake; the fetcher looks at the three
+  files' stat and, when one changed, loads and checks them again and hands
+  gRPC the new configuration. A renewal that does not pass the checks (a
+  half-written pair, an expired certificate) is logged once, naming the file
+  and the check, and the server keeps what it had.
+* a client builds channel credentials from the current files for every new
+  channel (``channel_credentials`` / ``secure_channel``).
+
+Every check failure is a TlsError whose message names the file and the
+check (``unknown CA``, ``expired``, ``wrong cluster``, ...). Nothing here is
+wired into the coordinator, the agents or the CLI yet.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from phalanx.certs import CA_CERT, Identity, IdentityError, identity_of, leaf_paths
+
+log = logging.getLogger("phalanx.tls")
+
+Clock = Callable[[], datetime.datetime]
+CHECK_BAD_PEER = "bad certificate"
+
+
+def utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+class TlsError(Exception):
+    """A credential file that cannot be used: ``path`` is the file, ``check``
+    the check that failed."""
+
+    def __init__(self, path: Path | str, check: str, detail: str) -> None:
+        super().__init__(f"{path}: {check}: {detail}")
+        self.path = str(path)
+        self.check = check
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def issued(cls, directory: Path | str, role: str, name: str) -> "TlsFiles":
+        """The files ``phalanx certs issue --dir D`` writes for ``role``/``name``."""
+        d = Path(directory)
+        cert, key = leaf_paths(d, role, name)
+        return cls(d / CA_CERT, cert, key)
+
+    def paths(self) -> tuple[Path, Path, Path]:
+        return self.ca, self.cert, self.key
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Checked credential files, as gRPC wants them (PEM bytes)."""
+
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+    cas: tuple[x509.Certificate, ...]
+    cert: x509.Certificate
+    identity: Identity
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise TlsError(path, "cannot read", exc.strerror or str(exc)) from None
+
+
+def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> Loaded:
+    """Read and check the three files: the CA bundle parses, the certificate
+    parses, the key is the certificate's, and the certificate is this
+    cluster's CA's, valid at ``now``, for ``use`` ("client"/"server")."""
+    ca_pem, cert_pem, key_pem = _read(files.ca), _read(files.cert), _read(files.key)
+    try:
+        cas = tuple(x509.load_pem_x509_certificates(ca_pem))
+    except ValueError as exc:
+        raise TlsError(files.ca, "not a PEM certificate", str(exc)) from None
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as exc:
+        raise TlsError(files.cert, "not a PEM certificate", str(exc)) from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise TlsError(files.key, "not an unencrypted PEM key", str(exc)) from None
+    if key.public_key() != cert.public_key():
+        # Most often a renewal seen half-way: the new certificate with the old key.
+        raise TlsError(files.key, "key mismatch", f"not the key of {files.cert}")
+    try:
+        identity = identity_of(cert, ca=cas, cluster=cluster, now=now, use=use)
+    except IdentityError as exc:
+        raise TlsError(files.cert, exc.check, f"{exc.detail} (CA: {files.ca})") from None
+    return Loaded(ca_pem, cert_pem, key_pem, cas, cert, identity)
+
+
+def _stat_key(files: TlsFiles) -> tuple[Any, ...]:
+    """What changes when a file is replaced or rewritten."""
+    out: list[Any] = []
+    for p in files.paths():
+        try:
+            st = os.stat(p)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size, st.st_ctime_ns))
+        except OSError as exc:
+            out.append(("missing", exc.errno))
+    return tuple(out)
+
+
+class ServerCredentialsSource:
+    """Server credentials that require a client certificate from the CA and
+    follow the files on disk (see the module docstring). The first load
+    raises TlsError: a server does not start with unusable credentials."""
+
+    def __init__(self, files: TlsFiles, *, cluster: str, clock: Clock = utc_now) -> None:
+        self.files = files
+        self.cluster = cluster
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._seen = _stat_key(files)
+        self.current = load(files, cluster=cluster, use="server", now=clock())
+        self._refused: tuple[Any, ...] | None = None
+        self.last_error: TlsError | None = None
+        log.info("TLS: serving %s (serial %x, until %s)", self.current.identity.uri(),
+                 self.current.cert.serial_number, self.current.cert.not_valid_after_utc.isoformat())
+
+    def _config(self, loaded: Loaded) -> grpc.ServerCertificateConfiguration:
+        return grpc.ssl_server_certificate_configuration([(loaded.key_pem, loaded.cert_pem)], root_certificates=loaded.ca_pem)
+
+    def credentials(self) -> grpc.ServerCredentials:
+        return grpc.dynamic_ssl_server_credentials(self._config(self.current), self._fetch, require_client_authentication=True)
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        # Called by gRPC's own threads before each handshake: it never
+        # raises (gRPC would refuse the connection) and is cheap when
+        # nothing changed (three stat calls).
+        try:
+            return self.refresh()
+        except Exception:  # pragma: no cover - a bug here must not take the server down
+            log.exception("TLS: reloading %s failed", self.files.cert)
+            return None
+
+    def refresh(self) -> grpc.ServerCertificateConfiguration | None:
+        """A new configuration if the files changed and pass the checks, else None."""
+        with self._lock:
+            seen = _stat_key(self.files)
+            if seen == self._seen or seen == self._refused:
+                return None
+            try:
+                loaded = load(self.files, cluster=self.cluster, use="server", now=self.clock())
+            except TlsError as exc:
+                self._refused = seen  # logged once per state of the files
+                self.last_error = exc
+                log.error("TLS: keeping the current certificate (serial %x): the files on disk are refused: %s",
+                          self.current.cert.serial_number, exc)
+                return None
+            self._seen, self._refused, self.last_error = seen, None, None
+            self.current = loaded
+            log.info("TLS: now serving %s (serial %x, until %s)", loaded.identity.uri(),
+                     loaded.cert.serial_number, loaded.cert.not_valid_after_utc.isoformat())
+            return self._config(loaded)
+
+
+def channel_credentials(files: TlsFiles, *, cluster: str, now: datetime.datetime | None = None) -> grpc.ChannelCredentials:
+    """Channel credentials from the files as they are now: call it for each
+    new channel, so a renewed certificate is used by the next one."""
+    loaded = load(files, cluster=cluster, use="client", now=now or utc_now())
+    return grpc.ssl_channel_credentials(root_certificates=loaded.ca_pem, private_key=loaded.key_pem,
+                                        certificate_chain=loaded.cert_pem)
+
+
+def secure_channel(target: str, files: TlsFiles, *, cluster: str, options: Sequence[tuple[str, Any]] = (),
+                   now: datetime.datetime | None = None) -> grpc.aio.Channel:
+    """A grpc.aio channel to ``target`` with this process's certificate. gRPC
+    checks that the server's certificate is from the CA and names the host
+    in ``target`` (only coordinator certificates name hosts)."""
+    return grpc.aio.secure_channel(target, channel_credentials(files, cluster=cluster, now=now), options=list(options))
+
+
+def peer_identity(context: Any, *, cas: Sequence[x509.Certificate], cluster: str, now: datetime.datetime) -> Identity:
+    """The identity of the client of a call, from the certificate gRPC's
+    handshake verified (``context`` is a grpc or grpc.aio servicer context).
+    IdentityError if the call carries no certificate or it names no valid
+    identity of ``cluster``."""
+    pems = context.auth_context().get("x509_pem_cert") or []
+    if not pems:
+        raise IdentityError("no certificate", "the call carries no client certificate (plaintext, or TLS without client authentication)")
+    try:
+        cert = x509.load_pem_x509_certificate(pems[0])
+    except ValueError as exc:
+        raise IdentityError(CHECK_BAD_PEER, f"the client certificate does not parse: {exc}") from None
+    return identity_of(cert, ca=cas, cluster=cluster, now=now, use="client")
+
