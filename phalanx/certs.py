@@ -275,10 +275,8 @@ def build_ca(key: ec.EllipticCurvePrivateKey, cluster: str, *, not_before: datet
 
 def parse_hosts(text: str) -> tuple[str, ...]:
     """``--hosts a.example,10.0.0.7`` -> the names, each a DNS name or an IP."""
-    hosts = tuple(h.strip() for h in text.split(","))
+    hosts = parse_list(text, "--hosts")
     for h in hosts:
-        if not h:
-            raise CertError(f"--hosts has an empty entry in {text!r}")
         try:
             ipaddress.ip_address(h)
             continue
@@ -363,6 +361,28 @@ def cert_pem(cert: x509.Certificate) -> bytes:
 
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+
+
+def parse_list(text: str, flag: str) -> tuple[str, ...]:
+    """``a,b`` -> ("a", "b"); an empty entry is an error naming ``flag``."""
+    items = tuple(item.strip() for item in text.split(","))
+    if any(not item for item in items):
+        raise CertError(f"{flag} has an empty entry in {text!r}")
+    return items
+
+
+def describe(cert: x509.Certificate) -> str:
+    """One line for people: the identity URI, the hosts, serial and end."""
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        sans = [str(v) for v in names.get_values_for_type(x509.UniformResourceIdentifier)]
+        hosts = [str(v) for v in names.get_values_for_type(x509.DNSName)] + [str(v) for v in names.get_values_for_type(x509.IPAddress)]
+    except x509.ExtensionNotFound:
+        sans, hosts = [], []
+    text = " ".join(sans) or "(no identity)"
+    if hosts:
+        text += " hosts " + ",".join(hosts)
+    return f"{text}, serial {cert.serial_number:x}, valid until {cert.not_valid_after_utc.isoformat()}"
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:

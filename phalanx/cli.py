@@ -483,6 +483,26 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_certs(args: argparse.Namespace) -> int:
+    """``phalanx certs init|issue``: the files only (phalanx.certs)."""
+    from phalanx import certs  # local: cryptography is needed only here
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    try:
+        if args.certs_command == "init":
+            crt, key = certs.init_ca(Path(args.dir), args.cluster, now=now, days=args.days)
+            _print(f"wrote {crt} and {key} (0600): the CA of cluster {args.cluster}")
+            return EXIT_OK
+        queues = certs.parse_list(args.queues, "--queues") if args.queues is not None else ()
+        hosts = certs.parse_hosts(args.hosts) if args.hosts is not None else None
+        crt, key, cert = certs.issue(Path(args.dir), args.role, args.name, now=now, queues=queues,
+                                     node=args.node, days=args.days, hosts=hosts)
+    except certs.CertError as exc:
+        raise UsageError(str(exc)) from None
+    _print(f"wrote {crt} and {key} (0600): {certs.describe(cert)}")
+    return EXIT_OK
+
+
 @dataclass
 class _Followed:
     offset: int = 0
@@ -692,6 +712,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--incarnation", type=_non_negative_int, default=None, help="default: the latest one found")
     p.add_argument("--state-dir", default=None, help=f"the agents' state dir (env {STATE_DIR_ENV})")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the members have ended (Ctrl-C stops)")
+
+    # Local only: files in --dir, no coordinator is contacted (docs/security.md).
+    p = sub.add_parser("certs", help="a cluster's CA and the certificates it issues (files in --dir)")
+    actions = p.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
+    q = actions.add_parser("init", help="create a CA: DIR/ca.crt and DIR/ca.key (0600); never replaces one")
+    q.add_argument("--dir", required=True, help="directory for the CA (created 0700)")
+    q.add_argument("--cluster", default="local", help="the cluster the CA is for (default local, as the coordinator's)")
+    q.add_argument("--days", type=_int_in(1, 36600), default=3650, help="validity of the CA (default 3650)")
+    q = actions.add_parser("issue", help="issue DIR/<role>-<name>.crt and .key (0600) naming the identity and role; re-issuing renews")
+    q.add_argument("--dir", required=True, help="directory holding the CA (phalanx certs init)")
+    q.add_argument("--role", required=True, choices=["admin", "submitter", "viewer", "agent", "coordinator"])
+    q.add_argument("--name", required=True, help="who: a user, a service, an agent or coordinator id")
+    q.add_argument("--queues", default=None, help="submitter only (required): the queues it may use, comma-separated")
+    q.add_argument("--node", default=None, help="agent only (required): the node it may register as")
+    q.add_argument("--hosts", default=None, help="coordinator only: DNS names and IPs clients dial, comma-separated (default localhost,127.0.0.1,::1)")
+    q.add_argument("--days", type=_int_in(1, 36600), default=365, help="validity (default 365; not beyond the CA's)")
     return parser
 
 
@@ -752,6 +788,8 @@ def run(args: argparse.Namespace) -> int:
             return up_module.run(args)
         if args.command == "logs":
             return cmd_logs(args)
+        if args.command == "certs":
+            return cmd_certs(args)
         return asyncio.run(_run_remote(args))
     except InvalidSpec as exc:
         _print(f"error: {exc}", sys.stderr)
