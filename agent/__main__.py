@@ -24,10 +24,11 @@ from agent.session import Agent
 from coordinator.config import timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range
 from coordinator.store import Store
+from phalanx.usage import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
+    p = OneLineParser(prog="python -m agent", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
     p.add_argument("--etcd", required=True)

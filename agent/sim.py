@@ -8,7 +8,6 @@ differ. Prints ``PHALANX_AGENTS_READY az=AZ nodes=K`` once started.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -25,6 +24,7 @@ from coordinator.config import Timings, timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, split_port_range
 from coordinator.store import Store
 from phalanx.topology import NodeTopology
+from phalanx.usage import OneLineParser
 
 
 class HistoryFile(list):
@@ -131,7 +131,7 @@ async def run_agents(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.sim", description=__doc__)
+    p = OneLineParser(prog="python -m agent.sim", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
     p.add_argument("--etcd", required=True)

@@ -40,6 +40,7 @@ from chaos.cluster import REPO, PhalanxCluster
 from chaos.faults import HealthCheckFailed, heal_all, run_schedule
 from chaos.netns import ChaosEnvironmentError, NetnsCluster
 from chaos.scenarios import MATRIX, SCENARIOS, Scenario, scenario
+from phalanx.usage import OneLineParser
 
 # How long a member start may trail the agent's token read, and the slack
 # for an exit recorded after its reservation was seen released (see
@@ -216,7 +217,7 @@ def _verdict_json(r: RunResult) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """``phalanx chaos run`` / ``python -m chaos.run``; returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__,
+    p = OneLineParser(prog="python -m chaos.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scenario", action="append", default=[], metavar="NAME", help="run this scenario (repeatable)")
     p.add_argument("--all", action="store_true", help=f"every scenario that must hold: {', '.join(MATRIX)}")

@@ -7,7 +7,6 @@ leadership so a standby takes over at once, not after a TTL).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -16,10 +15,11 @@ import sys
 
 from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.server import Coordinator
+from phalanx.usage import OneLineParser
 
 
 def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
-    p = argparse.ArgumentParser(prog="python -m coordinator", description=__doc__)
+    p = OneLineParser(prog="python -m coordinator", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
     p.add_argument("--id", required=True, help="coordinator id, unique in the cluster")
@@ -43,7 +43,12 @@ async def amain(config: CoordinatorConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coord.stop)
-    address = await coord.start()
+    try:
+        address = await coord.start()
+    except OSError as exc:  # --listen names a host that does not resolve, or a port that is taken
+        await coord.close()
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"PHALANX_COORDINATOR_READY id={config.coordinator_id} az={config.az} address={address}", flush=True)
     try:
         await coord.run()

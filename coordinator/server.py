@@ -126,7 +126,10 @@ class Coordinator:
             reflection.SERVICE_NAME,
         ]
         reflection.enable_server_reflection(names, server)
-        port = server.add_insecure_port(self.config.listen)
+        try:
+            port = server.add_insecure_port(self.config.listen)
+        except RuntimeError as exc:  # grpc >= 1.58 raises instead of returning 0
+            raise OSError(f"cannot listen on {self.config.listen}: {' '.join(str(exc).split(';')[0].split())}") from None
         if port == 0:
             raise OSError(f"cannot listen on {self.config.listen}")
         host = self.config.listen.rsplit(":", 1)[0]

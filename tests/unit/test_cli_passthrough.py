@@ -28,3 +28,31 @@ def test_agent_subcommand_discovers_and_prints_topology(capsys, tmp_path: Path,
     out = capsys.readouterr().out
     assert '"node": "h1"' in out and "L40S" in out
     assert list(tmp_path.iterdir()) == [], "the replayed sysfs tree is removed after discovery"
+
+
+@pytest.mark.parametrize("argv", [
+    ["coordinator"],
+    ["coordinator", "--az", "a", "--id", "c1", "--etcd", "127.0.0.1:1", "--bogus"],
+    ["agent", "--az", "a"],
+    ["agents-sim", "--az", "a", "--etcd", "127.0.0.1:1", "--nodes", "x"],
+    ["chaos", "run", "--seeds", "x"],
+    ["chaos", "bogus"],
+])
+def test_usage_errors_of_the_server_processes_are_one_error_line(argv: list[str], capsys) -> None:
+    """Like every other phalanx command: one ``error:`` line and exit code 2, not a usage dump."""
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # argparse exits; phalanx's own main turns that into the exit code
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: python -m ") and err.count("\n") == 1, err
+    assert "usage:" not in err
+
+
+def test_coordinator_that_cannot_listen_says_so_in_one_line(capsys) -> None:
+    rc = main(["coordinator", "--az", "a", "--id", "c1", "--etcd", "127.0.0.1:1", "--listen", "no-such-host.invalid:1",
+               "--log-level", "ERROR"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot listen on no-such-host.invalid:1") and err.count("\n") == 1, err
