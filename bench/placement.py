@@ -74,11 +74,31 @@ def hgx(name: str, az: str, spine: str, leaf: str) -> NodeTopology:
     return NodeTopology(node=name, az=az, spine=spine, leaf=leaf, gpus=_GPUS, nics=_NICS, links=_LINKS)
 
 
+FABRIC_COLUMNS = ("ip", "DSW", "PSW", "ASW")
+
+
 def load_fabric(path: Path) -> list[NodeTopology]:
-    """One node per CSV row, in file order (the count-only placer's order)."""
-    with path.open(newline="") as fh:
-        return [hgx(f"h{i:04d}-{row['ip'][:8]}", row["DSW"], row["PSW"], row["ASW"])
-                for i, row in enumerate(csv.DictReader(fh))]
+    """One node per CSV row, in file order (the count-only placer's order).
+    A file that is not such a CSV is a ValueError naming the file and what is
+    wrong (not a division by zero over an empty fabric later on)."""
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in FABRIC_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise ValueError(f"{path}: not a fabric CSV: no column {', '.join(missing)} "
+                                 f"(want a header {','.join(FABRIC_COLUMNS)})")
+            nodes = []
+            for i, row in enumerate(reader):
+                empty = [c for c in FABRIC_COLUMNS if not row.get(c)]
+                if empty:
+                    raise ValueError(f"{path}: line {reader.line_num}: empty {', '.join(empty)}")
+                nodes.append(hgx(f"h{i:04d}-{row['ip'][:8]}", row["DSW"], row["PSW"], row["ASW"]))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"{path}: cannot read it as a CSV: {exc}") from None
+    if not nodes:
+        raise ValueError(f"{path}: no nodes (a header and no rows)")
+    return nodes
 
 
 def synthetic_fabric(seed: int) -> list[NodeTopology]:
@@ -417,20 +437,37 @@ def choose_fabric(fabric: str, seed: int) -> tuple[list[NodeTopology], str]:
     return synthetic_fabric(seed), f"generated (seed {seed})"
 
 
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: ``kind`` (int or float), more than zero (a stream of
+    no jobs, or no load, has nothing to measure)."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0 or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+        return value
+    return parse
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--fabric", default=str(DEFAULT_FABRIC),
                     help=f"topology CSV (ip,DSW,PSW,ASW), or '{GENERATED}' (default: {DEFAULT_FABRIC.relative_to(ROOT)})")
-    ap.add_argument("--jobs", type=int, default=10000, help="jobs in the stream (default 10000)")
+    ap.add_argument("--jobs", type=_positive(int), default=10000, help="jobs in the stream (default 10000)")
     ap.add_argument("--seed", type=int, default=1, help="seed for jobs (and the generated fabric)")
-    ap.add_argument("--load", type=float, nargs="+", default=[0.9, 1.2],
+    ap.add_argument("--load", type=_positive(float), nargs="+", default=[0.9, 1.2],
                     help="offered loads to replay, GPU-time demanded / GPU-time available (default 0.9 1.2)")
-    ap.add_argument("--timing-runs", type=int, default=300, help="decisions timed per case")
+    ap.add_argument("--timing-runs", type=_positive(int), default=300, help="decisions timed per case")
     args = ap.parse_args(argv)
 
     started = time.perf_counter()
     print(machine_line())
-    topologies, source = choose_fabric(args.fabric, args.seed)
+    try:
+        topologies, source = choose_fabric(args.fabric, args.seed)
+    except ValueError as exc:
+        ap.error(f"--fabric: {exc}")
     leaves = {t.domain(Level.LEAF) for t in topologies}
     spines = {t.domain(Level.SPINE) for t in topologies}
     total = GPUS_PER_NODE * len(topologies)

@@ -63,3 +63,29 @@ def test_machine_line_without_proc_cpuinfo_still_names_cores_and_python(tmp_path
     line = machine_line(tmp_path / "missing")
     assert MACHINE.match(line), line
     assert f"{len(os.sched_getaffinity(0))} " in line
+
+
+@pytest.mark.parametrize("content,why", [
+    ("{not a csv\n", "not a fabric CSV: no column ip, DSW, PSW, ASW"),
+    ("ip,DSW,PSW\n1,G1,P1\n", "not a fabric CSV: no column ASW"),
+    ("ip,DSW,PSW,ASW\n", "no nodes"),
+    ("ip,DSW,PSW,ASW\n1,G1,P1,S1\n2,G1,,S1\n", "line 3: empty PSW"),
+])
+def test_placement_refuses_a_file_that_is_not_a_fabric_in_one_line(content: str, why: str, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """An existing file that is not a fabric CSV is named with the reason, not a traceback from an empty fabric."""
+    bad = tmp_path / "fabric.csv"
+    bad.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        placement.main(["--fabric", str(bad), *TINY])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f": error: --fabric: {bad}: {why}" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--jobs", "--load", "--timing-runs"])
+def test_placement_refuses_nothing_to_measure(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        placement.main([*TINY, flag, "0"])
+    assert exc.value.code == 2
+    assert f"argument {flag}: must be more than 0, got 0" in capsys.readouterr().err
