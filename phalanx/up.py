@@ -159,6 +159,15 @@ class UpConfig:
             raise ValueError(f"--cluster must be a DNS label (a-z, 0-9, '-', at most 63), got {a.cluster!r}")
         if not a.start_timeout > 0:
             raise ValueError(f"--start-timeout must be positive, got {a.start_timeout}")
+        if a.etcd:
+            from coordinator.store import parse_endpoints  # the coordinators' own parser: what they would refuse
+
+            try:
+                parse_endpoints(normalize_etcd(a.etcd))
+            except ValueError as exc:
+                raise ValueError(f"--etcd: {exc}") from None
+        if a.state_dir and os.path.exists(a.state_dir) and not os.path.isdir(a.state_dir):
+            raise ValueError(f"--state-dir: {a.state_dir} exists and is not a directory")
         return cls(
             azs=tuple(f"az-{string.ascii_lowercase[i]}" for i in range(a.azs)),
             coordinators_per_az=a.coordinators_per_az,

@@ -292,6 +292,8 @@ UP_BAD_FLAGS: list[tuple[str, list[str], str]] = [
     ("zero-nodes", ["--nodes-per-az", "0"], "--nodes-per-az"),
     ("privileged-port", ["--base-port", "80"], "--base-port"),
     ("bad-cluster-name", ["--cluster", "My Cluster"], "--cluster"),
+    ("etcd-without-port", ["--etcd", "nohost"], "--etcd: etcd endpoint 'nohost': missing port"),
+    ("etcd-one-of-two-bad", ["--etcd", "127.0.0.1:2379,[::1"], "--etcd: etcd endpoint '[::1'"),
 ]
 
 
@@ -301,6 +303,15 @@ def test_up_rejects_bad_flags_before_starting_anything(argv: list[str], flag: st
     assert cli.main(["up", "--state-dir", str(state), *argv]) == cli.EXIT_INVALID
     assert flag in capsys.readouterr().err
     assert not state.exists()
+
+
+def test_up_refuses_a_state_dir_that_is_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = tmp_path / "state"
+    file.write_text("not a directory\n")
+    assert cli.main(["up", "--state-dir", str(file)]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err == f"error: --state-dir: {file} exists and is not a directory\n"
+    assert file.read_text() == "not a directory\n"
 
 
 def test_up_config_names_azs_and_normalises_etcd() -> None:
