@@ -26,6 +26,10 @@ class Timings:
     keepalive_interval_s: float = 5 / 3
     # Deadline of one etcd request (and one keepalive round trip).
     etcd_timeout_s: float = 1.0
+    # A replica that is not the leader forwards a write (or an explain) to
+    # the leader within the caller's own remaining deadline; this is the
+    # deadline of the forwarded call only when the caller set none.
+    forward_timeout_s: float = 5.0
     # The leader stops acting at (send time of the last acknowledged
     # keepalive) + TTL - margin, judged on its own monotonic clock. The
     # margin covers clock-rate drift between this host and the etcd leader.
@@ -134,6 +138,11 @@ class Timings:
              "(stop_grace_s < fence_after_s + replace_margin_s - lease_ttl_s)")
         rule(self.prepare_timeout_s >= 2 * self.etcd_timeout_s,
              "prepare_timeout_s must be at least two etcd round trips")
+        # A forwarded submission costs the leader at least one etcd txn, and
+        # a cross-AZ cancel a read and a txn.
+        rule(self.forward_timeout_s >= 2 * self.etcd_timeout_s,
+             "forward_timeout_s must be at least two etcd round trips "
+             f"({self.forward_timeout_s} < {2 * self.etcd_timeout_s:g})")
         rule(self.vote_timeout_s < self.prepare_timeout_s,
              "vote_timeout_s must be below prepare_timeout_s (the owner normally decides before participants give up)")
         rule(self.owner_adopt_after_s > self.lease_ttl_s + self.campaign_retry_s,
@@ -168,6 +177,7 @@ class Timings:
             lease_ttl_s=2,
             keepalive_interval_s=0.3,
             etcd_timeout_s=0.5,
+            forward_timeout_s=2.5,
             step_down_margin_s=0.6,
             heartbeat_interval_s=0.3,
             node_not_ready_after_s=1.5,

@@ -276,6 +276,8 @@ class AzLeader:
     async def submit(self, spec: GangSpec, idempotency_key: str) -> tuple[GangRecord, bool]:
         self.check_valid()
         await self._until_rebuilt()
+        await failpoints.hit("leader.before_submit")
+        self.check_valid()
         k = self.keys
         # No pre-read of the idempotency key: the txn below creates it only if
         # absent, and only a lost compare costs the extra read.

@@ -18,7 +18,7 @@ from coordinator import convert
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
 from coordinator.core import listing
 from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
-from coordinator.election import observe, observe_all
+from coordinator.election import LeaderInfo, observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
 from phalanx import limits, wire
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
@@ -43,6 +43,10 @@ WATCH_RESUME_PAUSE_S = 0.2
 # caller learns that etcd is the cause instead of seeing its own deadline
 # expire without a word (the rest of the deadline carries the answer back).
 ETCD_SHARE_OF_DEADLINE = 0.8
+# An explain forwarded to the leader gets this share of the caller's
+# remaining deadline: the rest is for the answer from etcd alone when the
+# leader does not answer.
+EXPLAIN_SHARE_OF_DEADLINE = 0.5
 # A gang id is its name, '-' and 8 hex digits (coordinator/leader.py).
 _ID_SUFFIX = re.compile(r"[0-9a-f]{8}")
 
@@ -117,6 +121,56 @@ class GangServicer(ggrpc.GangServiceServicer):
         self.c = coordinator
         self.store = coordinator.store
         self.keys = coordinator.store.keys
+        self._leader_reads: dict[str, asyncio.Future[LeaderInfo | None]] = {}
+
+    async def _leader_of(self, az: str) -> LeaderInfo | None:
+        """The leader of ``az`` from etcd, one read shared by every request
+        that asks while it is in flight. A burst of 2,000 submissions sent to
+        a standby made 2,000 concurrent reads of the same key; on a busy
+        machine many outlived etcd_timeout_s and the burst was told "etcd
+        unavailable ... Deadline Exceeded" while etcd was up. A stale answer
+        is harmless: the leader it names refuses a forwarded call it no
+        longer leads for, and the caller retries."""
+        fut = self._leader_reads.get(az)
+        if fut is None:
+            fut = asyncio.ensure_future(observe(self.store, az))
+            self._leader_reads[az] = fut
+
+            def done(f: asyncio.Future[LeaderInfo | None], az: str = az) -> None:
+                self._leader_reads.pop(az, None)
+                if not f.cancelled():
+                    f.exception()  # retrieved: every waiter may have gone
+
+            fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
+    def _forward_timeout(self, context: grpc.aio.ServicerContext, share: float = ETCD_SHARE_OF_DEADLINE) -> float:
+        """Deadline of a call forwarded to a leader: ``share`` of the
+        caller's remaining deadline (the rest carries the answer back), or
+        forward_timeout_s when the caller set none. A fixed deadline shorter
+        than the caller's gave up on a leader busy with a burst while the
+        caller was still willing to wait."""
+        left = context.time_remaining()
+        if left is None:
+            return self.c.config.timings.forward_timeout_s
+        return max(left * share, 0.0)
+
+    async def _forward(self, context: grpc.aio.ServicerContext, info: LeaderInfo, method: str, request: Any) -> Any:
+        """``method`` on ``info``'s leader, within the caller's deadline;
+        its error becomes ours, and a forwarded call that ran out of time
+        says which leader did not answer (not grpc's bare "Deadline
+        Exceeded" or "CANCELLED", which read as the caller's own)."""
+        timeout = self._forward_timeout(context)
+        stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
+        try:
+            return await getattr(stub, method)(request, timeout=timeout, metadata=((FORWARDED, "1"),))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"the leader of {info.az} ({info.coordinator_id} at {info.address}) did not answer "
+                                    f"{method} within {timeout:.1f}s (forwarded by {self.c.config.coordinator_id}); "
+                                    "it may be overloaded")
+            await context.abort(exc.code(), exc.details() or "")
 
     # ------------------------------------------------------------- writes
     async def _leader_or_forward(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> tuple[Any, Any]:
@@ -126,17 +180,12 @@ class GangServicer(ggrpc.GangServiceServicer):
             return leader, None
         if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
             raise NotLeader(f"coordinator {self.c.config.coordinator_id} is not the leader of {self.c.config.az}; retry")
-        info = await observe(self.store, self.c.config.az)
+        info = await self._leader_of(self.c.config.az)
         if info is None or not info.address:
             raise Unavailable(f"{self.c.config.az} has no leader right now; retry shortly")
         if info.coordinator_id == self.c.config.coordinator_id:
             raise Unavailable(f"{self.c.config.az}: leadership is changing; retry shortly")
-        stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
-        try:
-            resp = await getattr(stub, method)(request, timeout=self.c.config.timings.etcd_timeout_s * 5, metadata=((FORWARDED, "1"),))
-        except grpc.aio.AioRpcError as exc:
-            await context.abort(exc.code(), exc.details() or "")
-        return None, resp
+        return None, await self._forward(context, info, method, request)
 
     @handled
     async def SubmitGang(self, request: gpb.SubmitGangRequest, context: grpc.aio.ServicerContext) -> gpb.SubmitGangResponse:
@@ -162,14 +211,10 @@ class GangServicer(ggrpc.GangServiceServicer):
             raise FailedPrecondition(f"id: gang {rec.id} is already {rec.state.name}; nothing to cancel")
         if rec.owner_az != self.c.config.az:
             # Owned by another AZ: forward to that AZ's leader.
-            info = await observe(self.store, rec.owner_az)
+            info = await self._leader_of(rec.owner_az)
             if info is None:
                 raise Unavailable(f"{rec.owner_az}, which owns gang {rec.id}, has no leader right now; retry shortly")
-            stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
-            try:
-                return await stub.CancelGang(request, timeout=5.0)
-            except grpc.aio.AioRpcError as exc:
-                await context.abort(exc.code(), exc.details() or "")
+            return await self._forward(context, info, "CancelGang", request)
         leader, forwarded = await self._leader_or_forward(context, "CancelGang", request)
         if forwarded is not None:
             return forwarded
@@ -362,7 +407,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         elif any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
             why = f"the leadership of {g.owner_az} is changing"
         else:
-            info = await observe(self.store, g.owner_az)
+            info = await self._leader_of(g.owner_az)
             if info is None or not info.address:
                 why = f"{g.owner_az}, which owns this gang, has no leader right now: nothing is admitted for it until one is elected"
             elif info.coordinator_id == self.c.config.coordinator_id:
@@ -370,7 +415,7 @@ class GangServicer(ggrpc.GangServiceServicer):
             else:
                 stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
                 try:
-                    return await stub.ExplainGang(request, timeout=self.c.config.timings.etcd_timeout_s * 5,
+                    return await stub.ExplainGang(request, timeout=self._forward_timeout(context, EXPLAIN_SHARE_OF_DEADLINE),
                                                   metadata=((FORWARDED, "1"),))
                 except grpc.aio.AioRpcError as exc:
                     why = f"the leader of {g.owner_az} ({info.coordinator_id}) did not answer: {exc.code().name}"

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from phalanx.v1 import gang_pb2 as gpb
+from phalanx.v1 import gang_pb2_grpc as gpb_grpc
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
 
@@ -173,3 +174,27 @@ async def test_new_leader_whose_rebuild_fails_keeps_its_leadership_and_retries(
     done = await c.wait_state(g.id, TERMINAL, timeout=60)
     assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
     assert (await c.wait_leader(AZ)).epoch == leader.epoch  # never stepped down
+
+
+async def test_a_standby_forwards_within_the_callers_deadline(local_cluster: LocalCluster) -> None:
+    """issue 12: submissions forwarded by a standby were given a fixed
+    5 x etcd_timeout_s, so a leader slower than that (a burst) cost the
+    caller a bare "Deadline Exceeded" or "CANCELLED" while it was still
+    willing to wait. The forward now gets the caller's own deadline; with
+    none, forward_timeout_s, and the error names the leader that did not
+    answer."""
+    c = local_cluster
+    slow = c.timings.forward_timeout_s + 1.5  # slower than any fixed forward deadline
+    c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS": f"leader.before_submit=delay({slow})"})
+    leader = await c.wait_leader(AZ)
+    standby = c.start_coordinator(AZ, "a1")
+    assert leader.coordinator_id == "a0"
+    async with grpc.aio.insecure_channel(standby.address) as ch:
+        stub = gpb_grpc.GangServiceStub(ch)
+        resp = await stub.SubmitGang(gpb.SubmitGangRequest(spec=tiny("patient", members=1)), timeout=slow + 20)
+        assert resp.created and resp.gang.owner_az == AZ
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.SubmitGang(gpb.SubmitGangRequest(spec=tiny("no-deadline", members=1)))
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.value
+        assert "the leader of az-a (a0 at " in err.value.details() and "forwarded by a1" in err.value.details(), err.value.details()
+    assert [g.spec.name for g in (await c.etcd_gangs()).values() if g.spec.name == "patient"] == ["patient"]

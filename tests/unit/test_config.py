@@ -23,6 +23,8 @@ def test_defaults_and_fast_profile_are_valid() -> None:
         ({"node_not_ready_after_s": 1.5}, "node_not_ready_after_s must be at least two heartbeat"),
         ({"stop_grace_s": 20.0}, "stop_grace_s must end before"),
         ({"prepare_timeout_s": 1.0}, "prepare_timeout_s must be at least two etcd round trips"),
+        ({"forward_timeout_s": 1.5}, "forward_timeout_s must be at least two etcd round trips"),
+        ({"forward_timeout_s": 0.0}, "forward_timeout_s must be a positive number"),
         ({"heartbeat_interval_s": -1.0}, "heartbeat_interval_s must be a positive number"),
         ({"vote_timeout_s": 10.0}, "vote_timeout_s must be below prepare_timeout_s"),
         ({"owner_adopt_after_s": 5.0}, "owner_adopt_after_s must exceed lease_ttl_s"),
