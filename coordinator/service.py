@@ -457,6 +457,9 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def ListNodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:
+        return await self._within_deadline(context, self._list_nodes(request), "the reads of the node list")
+
+    async def _list_nodes(self, request: gpb.ListNodesRequest) -> gpb.ListNodesResponse:
         azs = [request.az] if request.az else sorted(await self._azs())
         out = []
         for az in azs:

@@ -188,7 +188,8 @@ async def test_errors_while_etcd_is_paused_say_etcd(tmp_path, cluster_name, caps
         etcd.signal(signal.SIGSTOP)
         try:
             async with AsyncClient(addresses, timeout=4) as client:
-                for call in (lambda: client.get(gang.id), lambda: client.list(), lambda: client.status()):
+                for call in (lambda: client.get(gang.id), lambda: client.list(), lambda: client.status(),
+                             lambda: client.nodes()):
                     with pytest.raises(StoreUnavailable) as info:
                         await call()
                     assert "etcd" in str(info.value), str(info.value)
