@@ -62,6 +62,9 @@ class MemberRecord:
 
 
 UNCONFIRMED = "cannot confirm the leader's token"
+# The leader's own reservation says this incarnation was torn down (a
+# cancel that raced its admission): the member will never start here.
+TORN_DOWN = "torn down by its leader"
 
 # Recorded effects, for tests and the chaos history: (monotonic, wall, event, detail)
 HistoryHook = Callable[[str, dict[str, Any]], None]
@@ -399,6 +402,8 @@ class Agent:
         if not r:
             return f"no reservation for {gang} in {self.az}", None
         rec = r[0].json()
+        if rec.get("status") == "RELEASING" and int(rec.get("incarnation", -1)) == incarnation:
+            return f"{TORN_DOWN}: reservation of {gang} is RELEASING for incarnation {incarnation}", None
         if rec.get("status") != "COMMITTED" or int(rec.get("incarnation", -1)) != incarnation:
             return f"reservation of {gang} is {rec.get('status')} for incarnation {rec.get('incarnation')}, not COMMITTED for {incarnation}", None
         return "", rec.get("nodes", {}).get(self.node)
@@ -434,9 +439,13 @@ class Agent:
             if why:
                 self._record("assign_refused_token", key=str(key), epoch=epoch, reason=why)
                 log.warning("agent %s refused %s: %s", self.node, key, why)
-                if why.startswith(UNCONFIRMED):
+                if why.startswith((UNCONFIRMED, TORN_DOWN)):
                     # Not started, and say so: the leader can fail (and
                     # restart) the gang now instead of at its start timeout.
+                    # A torn-down incarnation's devices stay held (RELEASING)
+                    # until the leader hears that no member of it runs; a
+                    # refusal said to no one held them until the agent
+                    # registered again.
                     rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason=why, at=time.time())
                     self.members[key] = rec
                     self._report(rec)

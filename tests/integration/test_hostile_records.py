@@ -309,3 +309,29 @@ async def test_empty_arguments_count_against_the_run_limit(local_cluster: LocalC
     assert "resources.gpu_model: must be at most 64 characters, got 100000" in err.value.details(), err.value.details()
     gangs, _ = await c.store.get_prefix(c.store.keys.gangs(), keys_only=True)
     assert gangs == []
+
+
+async def test_a_cancel_between_reservation_and_start_frees_the_devices(local_cluster: LocalCluster, tmp_path) -> None:
+    """A cancel that lands after a gang's reservation is written but before
+    its assignment reaches the agent: the agent refuses the assignment (the
+    reservation is RELEASING) and must say so, or the leader keeps the
+    devices held for a member that never started until the agent registers
+    again (seen with `phalanx cancel` racing admission: 8 of 16 GPUs held by
+    a CANCELLED gang)."""
+    c = local_cluster
+    fp = tmp_path / "failpoints"
+    fp.write_text("leader.after_reserve=delay(3)")
+    c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS_FILE": str(fp)})
+    await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    whole = await c.submit(tiny("whole-node", members=1, gpus=8, duration=600))
+    cur = await c.wait_state(whole.id, {pb.GANG_STATE_RESERVED} | TERMINAL, timeout=30)
+    assert cur.state == pb.GANG_STATE_RESERVED, cur  # reserved, its assignment not yet sent
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=whole.id), timeout=10)
+    fp.write_text("")
+    # The same 8 GPUs go to the next gang once the refused member is known.
+    nxt = await c.submit(tiny("next", members=1, gpus=8, duration=600))
+    done = await c.wait_state(nxt.id, {pb.GANG_STATE_RUNNING} | TERMINAL, timeout=30)
+    assert done.state == pb.GANG_STATE_RUNNING, done
+    assert await c.store.get(c.store.keys.reservation(AZ, whole.id)) is None
