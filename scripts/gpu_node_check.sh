@@ -764,7 +764,8 @@ if gpu:
 t_member, t_gone, rec, t_rec = None, None, None, None
 while time.monotonic() - t0 < bound:
     t = time.monotonic() - t0
-    if t_member is None and (stat(mpid) is None or stat(mpid)[0] == "Z"):
+    st = stat(mpid)  # once: the member may vanish between two reads
+    if t_member is None and (st is None or st[0] == "Z"):
         t_member = t
     if t_gone is None and not group(pgid):
         t_gone = t
