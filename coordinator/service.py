@@ -17,11 +17,11 @@ import grpc
 from coordinator import convert
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
 from coordinator.core import listing
-from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
+from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
 from coordinator.election import LeaderInfo, observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
 from phalanx import limits, wire
-from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
+from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, DataLoss, InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
 from phalanx.model import GangState, Level
 from phalanx.spec import InvalidSpec
 from phalanx.v1 import gang_pb2 as gpb
@@ -260,7 +260,14 @@ class GangServicer(ggrpc.GangServiceServicer):
             raise NotFound(f"id: no gang {ident!r} in cluster {self.keys.cluster!r}: neither an id nor the name of "
                            f"a kept gang (finished gangs are deleted gang_retention_s="
                            f"{self.c.config.timings.gang_retention_s:g}s after they end)")
-        return GangRecord.from_dict(kv.json(), kv.mod_revision)
+        records, bad = read_records([kv], GangRecord.from_dict)
+        if bad:
+            # The stored record is unreadable (written past the bounds or by
+            # hand): not the caller's fault, so not INVALID_ARGUMENT.
+            log.warning("unreadable gang record %s: %s", *bad[0])
+            raise DataLoss(f"id: the stored record of gang {ident!r} cannot be read ({bad[0][1][:200]}); "
+                           "an operator must delete or repair it")
+        return records[0]
 
     async def _latest_of_name(self, name: str) -> Any:
         """The record of the newest kept gang named ``name``, or None. The
@@ -290,6 +297,16 @@ class GangServicer(ggrpc.GangServiceServicer):
                 raise InvalidArgument(f"states: unknown gang state {s}") from None
         if request.limit < 0:
             raise InvalidArgument("limit: must not be negative")
+        # Filters are identifiers too: one alphabet, matched whole.
+        for field, value, pattern, max_len, what in (
+            ("queue", request.queue, limits.DNS_LABEL, limits.MAX_QUEUE_LEN, limits.DNS_LABEL_WHAT),
+            ("owner_az", request.owner_az, limits.LABEL_VALUE, limits.MAX_AZ_NAME_LEN, limits.LABEL_VALUE_WHAT),
+            ("name_prefix", request.name_prefix, r"[a-z0-9-]+", limits.MAX_GANG_ID_LEN,
+             "a prefix of a DNS label (lowercase letters a-z, digits, '-')"),
+        ):
+            why = limits.name_error(value, pattern, max_len, what, required=False)
+            if why:
+                raise InvalidArgument(f"{field}: {why[:200]}")
         after = None
         if request.page_token:
             try:
@@ -372,14 +389,14 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def _az_state(self, az: str) -> tuple[dict[str, NodeRecord], DeviceLedger]:
         node_kvs, _ = await self.store.get_prefix_paged(self.keys.nodes(az))
         res_kvs, _ = await self.store.get_prefix_paged(self.keys.reservations(az))
-        nodes = {}
-        for kv in node_kvs:
-            n = NodeRecord.from_dict(kv.json(), kv.mod_revision)
-            nodes[n.name] = n
-        reservations = {}
-        for kv in res_kvs:
-            r = Reservation.from_dict(kv.json(), kv.mod_revision)
-            reservations[r.gang] = r
+        # An unreadable record is skipped (and logged), as rebuild() does: one
+        # corrupt key must not stop status, nodes or explain for everyone.
+        node_recs, bad_nodes = read_records(node_kvs, NodeRecord.from_dict)
+        res_recs, bad_res = read_records(res_kvs, Reservation.from_dict)
+        for key, why in bad_nodes + bad_res:
+            log.warning("skipped unreadable record %s: %s", key, why)
+        nodes = {n.name: n for n in node_recs}
+        reservations = {r.gang: r for r in res_recs}
         return nodes, DeviceLedger.from_reservations(reservations)
 
     @handled
@@ -501,8 +518,10 @@ class GangServicer(ggrpc.GangServiceServicer):
         kvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
         for kv in kvs:
             try:
-                state = str(kv.json().get("state", "UNKNOWN"))[:32]
-            except (ValueError, AttributeError):
-                state = "UNREADABLE"  # a corrupt record is counted, not fatal
+                state = str(kv.json().get("state", ""))
+            except UNREADABLE:
+                state = ""
+            if state not in GangState.__members__:
+                state = "UNREADABLE"  # a corrupt record is counted as such, not fatal
             resp.gangs_by_state[state] = resp.gangs_by_state[state] + 1
         return resp

@@ -4,9 +4,9 @@ grpc's server decodes a request before any servicer code runs; when the bytes
 do not parse it answers UNKNOWN ("Unexpected DecodeError"), which says
 nothing about whose fault it is. This interceptor lets the decode fail into
 a marker instead, and the method answers INVALID_ARGUMENT naming the error
-(docs/limits.md "Malformed messages"). Methods whose requests are a stream
-(the agents' Session) are left as they are: there the servicer reads the
-stream itself.
+(docs/limits.md "Malformed messages"). For a method whose requests are a
+stream (the agents' Session) the servicer reads a checked stream: the first
+message that does not parse ends the call with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -39,9 +39,25 @@ async def _refuse(request: _Undecodable, context: grpc.aio.ServicerContext, meth
 class UndecodableRequests(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
         handler = await continuation(details)
-        if handler is None or handler.request_streaming or handler.request_deserializer is None:
+        if handler is None or handler.request_deserializer is None:
             return handler
         method = details.method.rsplit("/", 1)[-1]
+        if handler.request_streaming:
+            if not handler.response_streaming:
+                return handler  # no stream-unary method exists; nothing to wrap
+            inner_bidi = handler.stream_stream
+
+            async def stream_stream(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                async def checked() -> AsyncIterator[Any]:
+                    async for request in requests:
+                        if isinstance(request, _Undecodable):
+                            await _refuse(request, context, method)  # raises: the call ends
+                        yield request
+
+                async for item in inner_bidi(checked(), context):
+                    yield item
+
+            return handler._replace(request_deserializer=_safe(handler.request_deserializer), stream_stream=stream_stream)
         if handler.response_streaming:
             inner_stream = handler.unary_stream
 

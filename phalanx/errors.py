@@ -93,6 +93,13 @@ class PermissionDenied(PhalanxError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class DataLoss(PhalanxError):
+    """A stored record cannot be read back (corrupt, or written by hand past
+    the bounds): the cluster's fault, not the caller's, and not retryable."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
 _BY_CODE: dict[grpc.StatusCode, type[PhalanxError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
@@ -102,6 +109,7 @@ _BY_CODE: dict[grpc.StatusCode, type[PhalanxError]] = {
     grpc.StatusCode.UNAVAILABLE: StoreUnavailable,
     grpc.StatusCode.ABORTED: Conflict,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.DATA_LOSS: DataLoss,
 }
 
 

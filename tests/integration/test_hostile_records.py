@@ -78,6 +78,20 @@ async def test_a_new_leader_takes_over_past_oversized_and_corrupt_records_and_ad
     log = second.log()
     for key in ("huge0-00000000", "notjson-00000001", "partial-00000001", "badstate-00000001", "garbage-00000001", "nodes/az-a/ghost"):
         assert "skipped unreadable record" in log and key in log, f"{key} not reported as skipped:\n{log[-3000:]}"
+    # Reading one back is the cluster's fault, said as such (not the caller's
+    # INVALID_ARGUMENT); status counts them as unreadable, not as new states.
+    stub = c.stub(second.address)
+    for gid in ("notjson-00000001", "badstate-00000001", "huge0-00000000"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.GetGang(gpb.GetGangRequest(id=gid), timeout=10)
+        assert err.value.code() == grpc.StatusCode.DATA_LOSS, (gid, err.value.code(), err.value.details())
+        assert "cannot be read" in err.value.details()
+    st = await stub.ClusterStatus(gpb.ClusterStatusRequest(), timeout=10)
+    assert "EXPLODED" not in st.gangs_by_state and st.gangs_by_state["UNREADABLE"] >= 3, dict(st.gangs_by_state)
+    nodes = await stub.ListNodes(gpb.ListNodesRequest(), timeout=10)
+    assert [n.topology.node for n in nodes.nodes] == ["n0"], nodes  # the corrupt "ghost" is skipped
+    listed = await stub.ListGangs(gpb.ListGangsRequest(), timeout=10)
+    assert g.id in [x.id for x in listed.gangs]
     assert second.proc.poll() is None
 
 
@@ -112,6 +126,21 @@ async def test_list_pages_past_the_grpc_reply_limit(local_cluster: LocalCluster)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await stub.ListGangs(gpb.ListGangsRequest(page_token="not-a-token"), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "page_token" in err.value.details()
+
+
+async def test_list_filters_are_identifiers(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    stub = c.stub(coord.address)
+    for field_, bad in [("queue", "q\n"), ("queue", "Q"), ("queue", "a/b"), ("owner_az", "az\x00"),
+                        ("owner_az", "x" * 200), ("name_prefix", "nl\n"), ("name_prefix", "gаng")]:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.ListGangs(gpb.ListGangsRequest(**{field_: bad}), timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (field_, bad)
+        assert err.value.details().startswith(f"{field_}:"), err.value.details()
+    ok = await stub.ListGangs(gpb.ListGangsRequest(queue="default", owner_az=AZ, name_prefix="a-"), timeout=10)
+    assert list(ok.gangs) == []
 
 
 async def test_store_pages_a_prefix_larger_than_one_range_reply(local_cluster: LocalCluster) -> None:
@@ -215,6 +244,32 @@ async def test_a_session_that_never_registers_is_told_why(local_cluster: LocalCl
         assert "register" in err.value.details(), err.value.details()
     nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
     assert nodes == [], [kv.key for kv in nodes]
+    assert coord.proc.poll() is None
+
+
+async def test_undecodable_agent_messages_are_invalid_argument(local_cluster: LocalCluster) -> None:
+    """Bytes that are not an AgentMessage, first or after a good register:
+    INVALID_ARGUMENT naming the message, not UNKNOWN; nothing written."""
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "a0")
+    await c.wait_leader(AZ)
+    good = apb.AgentMessage(register=reg_of(simulated_node("raw", AZ))).SerializeToString()
+    async with grpc.aio.insecure_channel(coord.address) as ch:
+        session = ch.stream_stream("/phalanx.v1.AgentService/Session",
+                                   request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        for first in ([b"\xff\xff\xff"], [good, b"\x0a\xff\x01"]):
+            call = session()
+            for raw in first:
+                await call.write(raw)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                while True:
+                    if await asyncio.wait_for(call.read(), 30) is grpc.aio.EOF:
+                        break
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (err.value.code(), err.value.details())
+            assert "not a valid Session message" in err.value.details(), err.value.details()
+    nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
+    # The second stream registered "raw" before its bad message; nothing else.
+    assert [kv.key for kv in nodes] in ([], [c.store.keys.node(AZ, "raw")]), [kv.key for kv in nodes]
     assert coord.proc.poll() is None
 
 
