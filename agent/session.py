@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
 from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
 from agent.core.rendezvous import port_refusal
@@ -381,18 +382,21 @@ class Agent:
         ops = [Get(self.keys.leader(self.az))]
         if gang is not None:
             ops.append(Get(self.keys.reservation(self.az, gang)))
-        res = None
-        for attempt in range(3):
-            # A transient etcd error (e.g. "no leader" during an etcd
-            # election) must not silently drop an assignment: retry briefly.
-            try:
-                res = await self.store.txn([], ops)
-                break
-            except StoreUnavailable as exc:
-                last = exc
-                await asyncio.sleep(0.2 * 2 ** attempt)
-        if res is None:
-            return f"{UNCONFIRMED}: {last}", None
+        # A transient etcd error (e.g. "no leader" during an etcd election)
+        # must not silently drop an assignment: retry briefly, three tries
+        # at most and never past the reconnect budget, then report the token
+        # unconfirmed (the leader re-sends; nothing is started unconfirmed).
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(StoreUnavailable),
+                stop=stop_after_attempt(3) | stop_after_delay(self.t.reconnect_budget_s),
+                wait=wait_exponential(multiplier=0.2),
+                reraise=True,
+            ):
+                with attempt:
+                    res = await self.store.txn([], ops)
+        except StoreUnavailable as exc:
+            return f"{UNCONFIRMED}: {exc}", None
         leader = res.results[0]
         if not leader or leader[0].create_revision != epoch:
             return f"epoch {epoch} is no longer the leader of {self.az}", None

@@ -34,6 +34,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
 
 from coordinator.core import progress
 from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
@@ -273,12 +274,20 @@ class TwoPhaseDriver:
 
     # ------------------------------------------------------- store effects
     async def _read(self, key: str, gang: str = "") -> Any:
-        for i in range(5):
-            try:
-                self._rt(gang)
-                return await self.store.get(key)
-            except StoreUnavailable:
-                await asyncio.sleep(0.2 * (i + 1))
+        """A read retried briefly (a read is safe to repeat), never past the
+        lease TTL; a leader that still cannot read steps down."""
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(StoreUnavailable),
+                stop=stop_after_attempt(5) | stop_after_delay(self.l.t.lease_ttl_s),
+                wait=wait_incrementing(start=0.2, increment=0.2),
+                reraise=True,
+            ):
+                with attempt:
+                    self._rt(gang)
+                    return await self.store.get(key)
+        except StoreUnavailable:
+            pass
         raise NotLeader(f"{self.az}: cannot read {key}; stepping down")
 
     async def _fenced(self, compares: list, ops: list, failure: list = (), gang: str = "") -> Any:
