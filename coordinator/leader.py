@@ -24,7 +24,7 @@ from coordinator.core import progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
-from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, read_records
+from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, holds_for_unreadable, read_records
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
@@ -214,8 +214,9 @@ class AzLeader:
         # A record that cannot be read (corrupt, hostile, from a future
         # version) is logged, counted and skipped: retrying would read it
         # again, and an AZ without a leader admits nothing. A skipped
-        # reservation's devices are not offered by this leader (its nodes
-        # show them free only once the record is readable or gone).
+        # reservation's devices are still held, as far as its gang's record
+        # names them (holds_for_unreadable), until a rebuild finds the
+        # record readable or gone.
         reservations, bad_res = read_records(res_kvs, Reservation.from_dict)
         gangs, bad_gangs = read_records(gang_kvs, GangRecord.from_dict)
         nodes, bad_nodes = read_records(node_kvs, NodeRecord.from_dict)
@@ -227,6 +228,8 @@ class AzLeader:
                 continue  # the two-phase participant's (TwoPhaseDriver.recover)
             self.reservations[r.gang] = r
         self.ledger = DeviceLedger.from_reservations(self.reservations)
+        for hold in holds_for_unreadable((key for key, _ in bad_res), k.reservations(self.az), gangs, self.az):
+            self.ledger.hold(hold)
         for g in gangs:
             if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
                 # (RESTARTING gangs are not terminal: they are kept too.)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from coordinator.core.rendezvous import DEFAULT_PORTS
 from phalanx import limits
@@ -272,3 +272,34 @@ def read_records(kvs: Any, parse: Any) -> tuple[list[Any], list[tuple[str, str]]
         except UNREADABLE as exc:
             bad.append((kv.key, f"{type(exc).__name__}: {str(exc)[:200]}"))
     return out, bad
+
+
+UNREADABLE_HOLD = "unreadable:"  # ledger key prefix of a hold kept for an unreadable reservation
+
+
+def holds_for_unreadable(bad_keys: Iterable[str], prefix: str, gangs: Iterable["GangRecord"], az: str) -> list[Reservation]:
+    """Safety before liveness: a reservation record that cannot be read may
+    still be holding devices that members use. For each unreadable key
+    ``<prefix><gang>`` whose gang record is readable, hold the devices that
+    gang's placement names in ``az`` under ``unreadable:<gang>``, so the
+    leader does not offer them to another gang; they are offered again once
+    the record is readable or gone (at the next rebuild). A gang whose record
+    is unreadable too names no devices: the agents' own ledgers still refuse
+    an overlapping assignment."""
+    by_id = {g.id: g for g in gangs}
+    out = []
+    for key in bad_keys:
+        if not key.startswith(prefix):
+            continue
+        g = by_id.get(key[len(prefix):])
+        if g is None:
+            continue
+        nodes: dict[str, NodeDevices] = {}
+        for m in g.placement:
+            if m.az != az:
+                continue
+            cur = nodes.get(m.node, NodeDevices((), ()))
+            nodes[m.node] = NodeDevices(cur.gpus + tuple(m.gpus), cur.nics + tuple(m.nics))
+        if nodes:
+            out.append(Reservation(az, UNREADABLE_HOLD + g.id, g.incarnation, "UNREADABLE", nodes, 0))
+    return out
