@@ -143,6 +143,30 @@ async def test_list_filters_are_identifiers(local_cluster: LocalCluster) -> None
     assert list(ok.gangs) == []
 
 
+async def test_an_unreadable_reservation_keeps_its_devices_held(local_cluster: LocalCluster) -> None:
+    """Safety before liveness: a running gang's reservation made unreadable,
+    then a takeover: the new leader does not offer that gang's GPUs."""
+    c = local_cluster
+    k = c.store.keys
+    first = c.start_coordinator(AZ, "a0")
+    info = await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    holder = await c.submit(tiny("holder", members=1, gpus=8, duration=300))
+    await c.wait_state(holder.id, {pb.GANG_STATE_RUNNING}, timeout=30)
+    await plant(c, k.reservation(AZ, holder.id), b"{corrupt")
+    second = c.start_coordinator(AZ, "a1")
+    first.signal(signal.SIGKILL)
+    await c.wait_leader(AZ, not_epoch=info.epoch, timeout=30)
+    late = await c.submit(tiny("late", members=1, gpus=1, duration=1), address=second.address)
+    stub = c.stub(second.address)
+    for _ in range(25):  # 5 s: a free-looking GPU is placed within a cycle
+        g = await stub.GetGang(gpb.GetGangRequest(id=late.id), timeout=10)
+        assert g.state == pb.GANG_STATE_PENDING, f"placed on a GPU the unreadable reservation holds: {g}"
+        await asyncio.sleep(0.2)
+    assert f"reservations/{AZ}/{holder.id}" in second.log()
+
+
 async def test_store_pages_a_prefix_larger_than_one_range_reply(local_cluster: LocalCluster) -> None:
     """get_prefix_paged reads what one range cannot: nine 1.35 MB values
     (12 MB) under a prefix, against a receive limit of 8 MiB."""
