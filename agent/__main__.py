@@ -24,7 +24,11 @@ from agent.session import Agent
 from coordinator.config import timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range
 from coordinator.store import Store
+from phalanx.tls import TlsError, TlsFiles, load, utc_now
 from phalanx.usage import OneLineParser
+
+log = logging.getLogger("agent")
+PLAINTEXT_WARNING = "connecting in plaintext (no --tls-dir): anyone who reaches this node's coordinator can pose as this node"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +61,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
     p.add_argument("--history", default="")
     p.add_argument("--print-topology", action="store_true", help="discover, print the topology as JSON and exit")
+    p.add_argument("--tls-dir", default="",
+                   help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key "
+                        "(phalanx certs issue --role agent --name NODE --node NODE); default plaintext, with a warning")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     return p
+
+
+def tls_files(a: argparse.Namespace) -> TlsFiles | None:
+    """The --tls-dir files, checked now (TlsError names the file and the
+    check): an agent does not start with credentials no leader accepts."""
+    if not a.tls_dir:
+        return None
+    files = TlsFiles.issued(a.tls_dir, "agent", a.node)
+    load(files, cluster=a.cluster, use="client", now=utc_now())
+    return files
 
 
 def parse_labels(text: str, path: str) -> dict[str, str]:
@@ -109,6 +126,9 @@ async def amain(a: argparse.Namespace) -> int:
     if a.print_topology:
         print(json.dumps(topo.to_dict(), indent=1, sort_keys=True))
         return 0
+    tls = tls_files(a)
+    if tls is None:
+        log.warning(PLAINTEXT_WARNING)
     state_dir = Path(a.state_dir or tempfile.mkdtemp(prefix=f"phalanx-agent-{a.node}-"))
     agent_id = agent_identity(a.node, state_dir)
     # Member-side fencing (docs/agents.md): real members run under agent/shim.py,
@@ -134,7 +154,7 @@ async def amain(a: argparse.Namespace) -> int:
         history = HistoryFile(Path(a.history))
     agent = Agent(cluster=a.cluster, az=a.az, topology=topo, store=store, launcher_factory=factory, timings=timings,
                   agent_id=agent_id, fence_lease=fence_lease, advertise_address=address, rendezvous_ports=ports,
-                  check_ports=not a.simulate_members, history=(lambda e, d: history.append((e, d))) if history is not None else None)
+                  check_ports=not a.simulate_members, tls=tls, history=(lambda e, d: history.append((e, d))) if history is not None else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -157,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         rendezvous_args(a)
+        tls_files(a)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except TlsError as exc:
+        print(f"error: --tls-dir: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agent-{a.node} %(levelname)s %(name)s: %(message)s")
     return asyncio.run(amain(a))

@@ -37,6 +37,7 @@ from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.store import Get, Store, StoreUnavailable
 from phalanx import failpoints, wire
 from phalanx.model import MemberPhase
+from phalanx.tls import TlsFiles, secure_channel
 from phalanx.topology import NodeTopology
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
@@ -88,8 +89,12 @@ class Agent:
         advertise_address: str = "",
         rendezvous_ports: tuple[int, int] = DEFAULT_PORTS,
         check_ports: bool = True,
+        tls: TlsFiles | None = None,
     ):
         self.cluster = cluster
+        # This agent's certificate files (--tls-dir): its channels to leaders
+        # are TLS with them; None: plaintext.
+        self.tls = tls
         self.az = az
         self.topology = topology
         self.node = topology.node
@@ -148,7 +153,12 @@ class Agent:
     def _channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address)
+            # A cached channel keeps the certificate it was made with; a
+            # renewal on disk is used by the channels made after it.
+            if self.tls is not None:
+                ch = secure_channel(address, self.tls, cluster=self.cluster)
+            else:
+                ch = grpc.aio.insecure_channel(address)
             self._channels[address] = ch
         return ch
 

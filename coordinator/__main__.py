@@ -15,10 +15,16 @@ import sys
 
 from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.server import Coordinator
+from phalanx.tls import TlsError, TlsFiles
 from phalanx.usage import OneLineParser
 
 
 def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
+    return parse_all(argv)[0]
+
+
+def parse_all(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None]:
+    """The validated config and the --tls-dir files (None: plaintext)."""
     p = OneLineParser(prog="python -m coordinator", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
@@ -28,23 +34,32 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     p.add_argument("--advertise", default="")
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""),
                    help="JSON object of timing overrides, or 'fast' (validated together at start-up)")
+    p.add_argument("--tls-dir", default="",
+                   help="serve only TLS with client certificates: DIR holds ca.crt and coordinator-ID.crt/.key "
+                        "(phalanx certs init/issue --role coordinator --name ID); default plaintext, with a warning")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s {a.id} %(levelname)s %(name)s: %(message)s")
     timings = timings_from_arg(a.timings)
-    return CoordinatorConfig(
+    config = CoordinatorConfig(
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,
     ).validate()
+    tls = TlsFiles.issued(a.tls_dir, "coordinator", a.id) if a.tls_dir else None
+    return config, tls
 
 
-async def amain(config: CoordinatorConfig) -> int:
-    coord = Coordinator(config)
+async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None) -> int:
+    coord = Coordinator(config, tls=tls)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coord.stop)
     try:
         address = await coord.start()
+    except TlsError as exc:  # the --tls-dir files: which file, which check
+        await coord.close()
+        print(f"error: --tls-dir: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:  # --listen names a host that does not resolve, or a port that is taken
         await coord.close()
         print(f"error: {exc}", file=sys.stderr)
@@ -59,11 +74,11 @@ async def amain(config: CoordinatorConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        config = parse_args(argv)
+        config, tls = parse_all(argv)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(amain(config))
+    return asyncio.run(amain(config, tls))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from coordinator.store import Store, StoreUnavailable, jitter
 from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
+from phalanx.tls import ServerCredentialsSource, TlsFiles, secure_channel
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -86,9 +87,19 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
         return await self._decision(request, context, False)
 
 
+PLAINTEXT_WARNING = "serving plaintext (no --tls-dir): anyone who reaches this port can submit and cancel gangs"
+
+
 class Coordinator:
-    def __init__(self, config: CoordinatorConfig):
+    """``tls``: this coordinator's certificate files (``--tls-dir``). With
+    them every service is served only over TLS with client certificates from
+    the CA, and peer channels present the same certificate; without them,
+    plaintext (the default until TLS is turned on everywhere)."""
+
+    def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None):
         self.config = config.validate()
+        self.tls = tls
+        self.tls_source: ServerCredentialsSource | None = None
         self.store = Store(list(config.etcd), config.cluster, timeout=config.timings.etcd_timeout_s)
         self.leader: AzLeader | None = None
         self.address = ""
@@ -102,11 +113,23 @@ class Coordinator:
     def peer_channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 8 * 1024 * 1024)])
+            opts = [("grpc.max_receive_message_length", 8 * 1024 * 1024)]
+            # A cached channel keeps the certificate it was made with; a
+            # renewal on disk is used by channels made after it.
+            if self.tls is not None:
+                ch = secure_channel(address, self.tls, cluster=self.config.cluster, options=opts)
+            else:
+                ch = grpc.aio.insecure_channel(address, options=opts)
             self._channels[address] = ch
         return ch
 
     async def start(self) -> str:
+        if self.tls is not None:
+            # Before anything else: unusable files stop the start (TlsError
+            # names the file and the check).
+            self.tls_source = ServerCredentialsSource(self.tls, cluster=self.config.cluster)
+        else:
+            log.warning(PLAINTEXT_WARNING)
         await self.store.connect()
         opts = [
             ("grpc.max_receive_message_length", self.config.max_request_bytes),
@@ -127,7 +150,10 @@ class Coordinator:
         ]
         reflection.enable_server_reflection(names, server)
         try:
-            port = server.add_insecure_port(self.config.listen)
+            if self.tls_source is not None:
+                port = server.add_secure_port(self.config.listen, self.tls_source.credentials())
+            else:
+                port = server.add_insecure_port(self.config.listen)
         except RuntimeError as exc:  # grpc >= 1.58 raises instead of returning 0
             raise OSError(f"cannot listen on {self.config.listen}: {' '.join(str(exc).split(';')[0].split())}") from None
         if port == 0:

@@ -35,6 +35,7 @@ from phalanx.client import (
     DEFAULT_ADDRESS,
     MAX_LIMIT,
     MAX_TIMEOUT_S,
+    TLS_DIR_ENV,
     AsyncClient,
     TerminalStateReached,
     check_timeout,
@@ -46,6 +47,7 @@ from phalanx.client import (
 from phalanx.errors import InvalidArgument, PhalanxError
 from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, InvalidSpec, load_spec, read_spec_bytes
+from phalanx.tls import TlsError
 from phalanx.v1 import types_pb2 as pb
 from phalanx.wire import message_to_dict, topology_from_pb
 
@@ -640,6 +642,11 @@ def _common_options() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help=f"deadline of each API call in seconds, failover included (default 10, at most {MAX_TIMEOUT_S:g})",
     )
+    common.add_argument(
+        "--tls-dir",
+        default=argparse.SUPPRESS,
+        help=f"connect with TLS: a directory with ca.crt, client.crt and client.key (env {TLS_DIR_ENV}; default plaintext)",
+    )
     return common
 
 
@@ -768,7 +775,11 @@ async def _run_remote(args: argparse.Namespace) -> int:
         addresses = parse_addresses(resolve_address(args))
     except ValueError as exc:
         raise UsageError(f"{_address_source(args)}: {exc}") from None
-    client = AsyncClient(addresses, timeout=getattr(args, "rpc_timeout", 10.0))
+    tls_dir = getattr(args, "tls_dir", None)
+    try:
+        client = AsyncClient(addresses, timeout=getattr(args, "rpc_timeout", 10.0), tls_dir=tls_dir)
+    except TlsError as exc:  # names the file and the check
+        raise UsageError(f"{'--tls-dir' if tls_dir is not None else TLS_DIR_ENV}: TLS: {exc}") from None
     async with client:
         if args.command == "submit":
             spec = read_spec_file(args.file)  # validated before any connection
@@ -802,6 +813,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     except PhalanxError as exc:
         _print(f"error: {_one_line(exc)}", sys.stderr)
+        return EXIT_ERROR
+    except TlsError as exc:  # a TLS file that changed under a running command
+        _print(f"error: TLS: {exc}", sys.stderr)
         return EXIT_ERROR
     except ImportError as exc:
         # topology/logs need modules that may not be installed in this build.

@@ -52,6 +52,7 @@ import re
 import threading
 import time
 import uuid
+from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -64,6 +65,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, Conflict, FailedPrecondition, PhalanxError, from_status
 from phalanx.model import TERMINAL_STATES, GangState
 from phalanx.spec import FieldError, GangSpec, InvalidSpec, load_spec, parse_spec
+from phalanx.tls import TlsError, TlsFiles, channel_credentials
 from phalanx.v1 import gang_pb2, gang_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
 from phalanx.wire import spec_from_pb, spec_to_pb
@@ -74,6 +76,7 @@ __all__ = [
     "SubmitResult",
     "TerminalStateReached",
     "ADDRESS_ENV",
+    "TLS_DIR_ENV",
     "DEFAULT_ADDRESS",
     "MAX_LIMIT",
     "MAX_MESSAGE_BYTES",
@@ -88,6 +91,12 @@ __all__ = [
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 # Where the CLI and the SDK look for the cluster when no address is given.
 ADDRESS_ENV = "PHALANX_ADDRESS"
+# A directory with the client's TLS files (docs/security.md): the cluster's
+# CA certificate and this client's certificate and key, under these names.
+TLS_DIR_ENV = "PHALANX_TLS_DIR"
+TLS_CA_FILE = "ca.crt"
+TLS_CERT_FILE = "client.crt"
+TLS_KEY_FILE = "client.key"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # A call's deadline: gRPC turns a deadline of about 1e11 s or more into "no
 # deadline" (an overflow), so a typo would hang for ever; an hour is far
@@ -154,6 +163,52 @@ def default_address() -> str:
     """What an address-less client talks to: ``$PHALANX_ADDRESS``, else
     ``127.0.0.1:7070`` (the CLI's ``--address`` default too)."""
     return os.environ.get(ADDRESS_ENV, "").strip() or DEFAULT_ADDRESS
+
+
+def default_tls_dir() -> str:
+    """Where an SDK client without ``tls_dir`` finds its TLS files:
+    ``$PHALANX_TLS_DIR`` ("" = plaintext)."""
+    return os.environ.get(TLS_DIR_ENV, "").strip()
+
+
+def client_tls(directory: str | os.PathLike[str]) -> tuple[TlsFiles, str]:
+    """The client's TLS files in ``directory`` and the cluster its CA is
+    for, checked now: TlsError names the file and the check (a missing
+    file, a key that is not the certificate's, another CA, expired)."""
+    from cryptography import x509
+
+    from phalanx.certs import CertError, ca_cluster
+
+    d = Path(directory)
+    files = TlsFiles(d / TLS_CA_FILE, d / TLS_CERT_FILE, d / TLS_KEY_FILE)
+    try:
+        ca_pem = files.ca.read_bytes()
+    except OSError as exc:
+        raise TlsError(files.ca, "cannot read", exc.strerror or str(exc)) from None
+    try:
+        cluster = ca_cluster(x509.load_pem_x509_certificate(ca_pem))
+    except ValueError as exc:  # CertError is a ValueError: a CA phalanx did not make
+        raise TlsError(files.ca, "not a PEM certificate" if not isinstance(exc, CertError) else "bad identity", str(exc)) from None
+    channel_credentials(files, cluster=cluster)  # every check the channel will make
+    return files, cluster
+
+
+# gRPC's words for a failed handshake (the Python API gives no better signal).
+_TLS_WORDS = ("ssl", "tls", "handshake", "certificate", "hostname verification")
+
+
+def _tls_hint(details: str, tls: bool) -> str:
+    """What to add to "no coordinator could answer" when the reason may be TLS."""
+    low = details.lower()
+    if tls and any(w in low for w in _TLS_WORDS):
+        return (" (TLS handshake failed: the coordinator's certificate does not verify against this client's ca.crt"
+                " or does not name this host, or the coordinator serves plaintext)")
+    if tls:
+        return (" (connecting with TLS: a coordinator that closes the connection at once refused this client's"
+                " certificate: another CA, expired, or not yet valid)")
+    if "socket closed" in low or "connection reset" in low or "handshake" in low:
+        return " (connecting in plaintext: if the coordinator serves TLS, set $PHALANX_TLS_DIR or --tls-dir)"
+    return ""
 
 
 def parse_address(item: str) -> str:
@@ -328,11 +383,18 @@ class AsyncClient:
 
     ``addresses`` ``None`` (the default): ``$PHALANX_ADDRESS``, else
     ``127.0.0.1:7070``, as the CLI. ``timeout``: each call's deadline in
-    seconds, failover included, at most MAX_TIMEOUT_S."""
+    seconds, failover included, at most MAX_TIMEOUT_S. ``tls_dir``: a
+    directory with ``ca.crt``, ``client.crt`` and ``client.key`` (TLS with
+    this client certificate); ``None`` (the default): ``$PHALANX_TLS_DIR``;
+    unset or ``""``: plaintext. The files are checked here (TlsError names
+    the file and the check) and read again for every new channel."""
 
-    def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0):
+    def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0,
+                 tls_dir: str | os.PathLike[str] | None = None):
         self.timeout = check_timeout(timeout)
         self.addresses: tuple[str, ...] = parse_addresses(default_address() if addresses is None else addresses)
+        directory = default_tls_dir() if tls_dir is None else str(tls_dir)
+        self._tls: tuple[TlsFiles, str] | None = client_tls(directory) if directory else None
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, gang_pb2_grpc.GangServiceStub] = {}
         # Index of the address that answered last: stick to a working server.
@@ -351,7 +413,11 @@ class AsyncClient:
             raise RuntimeError("client is closed")
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
+            if self._tls is not None:
+                files, cluster = self._tls
+                channel = grpc.aio.secure_channel(address, channel_credentials(files, cluster=cluster), options=list(_CHANNEL_OPTIONS))
+            else:
+                channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
             self._channels[address] = channel
             stub = self._stubs[address] = gang_pb2_grpc.GangServiceStub(channel)
         return stub
@@ -446,7 +512,8 @@ class AsyncClient:
             return from_status(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {budget:g}s from {where}")
         code = last.error.code()
         details = last.error.details() or code.name
-        return _translate(last.error, last.address, f"{method}: no coordinator could answer (tried {where}): {details}")
+        hint = _tls_hint(details, self._tls is not None) if code == grpc.StatusCode.UNAVAILABLE else ""
+        return _translate(last.error, last.address, f"{method}: no coordinator could answer (tried {where}): {details}{hint}")
 
     # -- API --
 
@@ -661,8 +728,9 @@ class Client:
     method submits a coroutine there and waits for its result. Safe to share
     between threads. ``watch`` returns a plain iterator."""
 
-    def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0):
-        self._async = AsyncClient(addresses, timeout)  # validates before a thread exists
+    def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0,
+                 tls_dir: str | os.PathLike[str] | None = None):
+        self._async = AsyncClient(addresses, timeout, tls_dir)  # validates before a thread exists
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="phalanx-client", daemon=True)
         self._thread.start()
