@@ -92,12 +92,13 @@ class LocalCluster:
 
         return json.dumps(dataclasses.asdict(self.timings))
 
-    def start_coordinator(self, az: str, cid: str, extra_env: dict[str, str] | None = None) -> CoordProc:
+    def start_coordinator(self, az: str, cid: str, extra_env: dict[str, str] | None = None,
+                          extra_args: list[str] | None = None) -> CoordProc:
         log_path = self.workdir / f"{cid}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         proc = subprocess.Popen(
             [sys.executable, "-m", "coordinator", "--cluster", self.cluster, "--az", az, "--id", cid,
-             "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO"],
+             "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO", *(extra_args or [])],
             stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO, env=env,
         )
         ready, _, _ = select.select([proc.stdout], [], [], 30)
