@@ -15,8 +15,8 @@ sides read them again when they change:
   channel (``channel_credentials`` / ``secure_channel``).
 
 Every check failure is a TlsError whose message names the file and the
-check (``unknown CA``, ``expired``, ``wrong cluster``, ...). Nothing here is
-wired into the coordinator, the agents or the CLI yet.
+check (``unknown CA``, ``expired``, ``wrong cluster``, ...). The coordinator,
+the agents, the SDK and the CLI use it when given ``--tls-dir`` (opt-in).
 """
 
 from __future__ import annotations
