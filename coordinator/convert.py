@@ -26,6 +26,7 @@ def gang_to_pb(g: GangRecord) -> pb.Gang:
         mod_revision=g.mod_revision,
         span=wire.level_to_pb(g.span),
         not_before=g.not_before,
+        owner=g.owner,
     )
 
 

@@ -140,6 +140,10 @@ def describe_gang(gang: pb.Gang, now: float | None = None) -> str:
         ("submitted", f"{_clock(gang.submitted_at)} ({age_since(gang.submitted_at, now)} ago)" if gang.submitted_at else "-"),
         ("updated", f"{_clock(gang.updated_at)} ({age_since(gang.updated_at, now)} ago)" if gang.updated_at else "-"),
     ]
+    if gang.owner:
+        # Only a TLS cluster records who submitted a gang; a plaintext one's
+        # output stays as it was.
+        fields.insert(4, ("submitted by", gang.owner))
     if gang.reason:
         fields.append(("reason", gang.reason))
     width = max(len(k) for k, _ in fields) + 1

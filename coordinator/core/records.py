@@ -55,6 +55,9 @@ class GangRecord:
     # (re-sent, by a successor, by another AZ) gives every member the same.
     master_addr: str = ""
     master_port: int = 0
+    # Who submitted it, "<role>/<name>" from the client certificate
+    # (coordinator/core/authz.py); "" when submitted without TLS.
+    owner: str = ""
     mod_revision: int = 0  # from the read; not stored
 
     @property
@@ -83,6 +86,8 @@ class GangRecord:
             "idempotency_key": self.idempotency_key,
             "not_before": self.not_before,
             **({"master_addr": self.master_addr, "master_port": self.master_port} if self.master_port else {}),
+            # Absent without TLS, so a plaintext cluster's records are as before.
+            **({"owner": self.owner} if self.owner else {}),
         }
 
     @classmethod
@@ -103,6 +108,7 @@ class GangRecord:
             not_before=float(d.get("not_before", 0.0)),
             master_addr=str(d.get("master_addr", "")),
             master_port=int(d.get("master_port", 0)),
+            owner=str(d.get("owner", "")),
             mod_revision=mod_revision,
         )
 

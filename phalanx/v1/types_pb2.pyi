@@ -144,7 +144,7 @@ class MemberPlacement(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., az: _Optional[str] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Gang(_message.Message):
-    __slots__ = ("id", "spec", "state", "owner_az", "incarnation", "reason", "submitted_at", "updated_at", "placement", "restarts", "mod_revision", "span", "not_before")
+    __slots__ = ("id", "spec", "state", "owner_az", "incarnation", "reason", "submitted_at", "updated_at", "placement", "restarts", "mod_revision", "span", "not_before", "owner")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -158,6 +158,7 @@ class Gang(_message.Message):
     MOD_REVISION_FIELD_NUMBER: _ClassVar[int]
     SPAN_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: GangSpec
     state: GangState
@@ -171,7 +172,8 @@ class Gang(_message.Message):
     mod_revision: int
     span: TopologyLevel
     not_before: float
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ..., not_before: _Optional[float] = ...) -> None: ...
+    owner: str
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ..., not_before: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_mib", "pci_bus_id", "numa_node", "nvlink_island", "nvlink_peers", "pcie_switch")
