@@ -14,6 +14,7 @@ import signal
 import sys
 
 from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
+from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
 from phalanx.tls import TlsError, TlsFiles
 from phalanx.usage import OneLineParser
@@ -25,6 +26,13 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
 
 def parse_all(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None]:
     """The validated config and the --tls-dir files (None: plaintext)."""
+    config, tls, _ = parse_everything(argv)
+    return config, tls
+
+
+def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None, Policy | None]:
+    """The validated config, the --tls-dir files (None: plaintext) and the
+    --policy (None: the defaults)."""
     p = OneLineParser(prog="python -m coordinator", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
@@ -37,6 +45,9 @@ def parse_all(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFile
     p.add_argument("--tls-dir", default="",
                    help="serve only TLS with client certificates: DIR holds ca.crt and coordinator-ID.crt/.key "
                         "(phalanx certs init/issue --role coordinator --name ID); default plaintext, with a warning")
+    p.add_argument("--policy", default="",
+                   help="YAML file of what GangService allows each role (max_priority per role; docs/security.md); "
+                        "needs --tls-dir; validated at start-up")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s {a.id} %(levelname)s %(name)s: %(message)s")
@@ -46,11 +57,21 @@ def parse_all(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFile
         listen=a.listen, advertise=a.advertise, timings=timings,
     ).validate()
     tls = TlsFiles.issued(a.tls_dir, "coordinator", a.id) if a.tls_dir else None
-    return config, tls
+    policy = None
+    if a.policy:
+        if tls is None:
+            # Without TLS no caller has an identity, so a policy would be
+            # silently ignored: refuse it instead.
+            raise ConfigError("--policy: needs --tls-dir (without TLS callers have no identity and nothing is enforced)")
+        try:
+            policy = load_policy(a.policy)
+        except PolicyError as exc:
+            raise ConfigError(f"--policy: {exc}") from None
+    return config, tls, policy
 
 
-async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None) -> int:
-    coord = Coordinator(config, tls=tls)
+async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None) -> int:
+    coord = Coordinator(config, tls=tls, policy=policy)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coord.stop)
@@ -74,11 +95,11 @@ async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        config, tls = parse_all(argv)
+        config, tls, policy = parse_everything(argv)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(amain(config, tls))
+    return asyncio.run(amain(config, tls, policy))
 
 
 if __name__ == "__main__":

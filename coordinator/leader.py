@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from coordinator.config import CoordinatorConfig
-from coordinator.core import progress
+from coordinator.core import peer_auth, progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
@@ -51,6 +51,7 @@ class AgentConn:
     closed: bool = False
     address: str = ""  # advertised for rendezvous ("" = older agent: the node name is used)
     ports: tuple[int, int] = DEFAULT_PORTS  # its rendezvous port range
+    identity: Any = None  # phalanx.certs.Identity of its client certificate (None: plaintext)
 
 
 @dataclass
@@ -276,7 +277,7 @@ class AzLeader:
         self.twophase.forget(gang_id)
 
     # ----------------------------------------------------------- submission
-    async def submit(self, spec: GangSpec, idempotency_key: str) -> tuple[GangRecord, bool]:
+    async def submit(self, spec: GangSpec, idempotency_key: str, owner: str = "") -> tuple[GangRecord, bool]:
         self.check_valid()
         await self._until_rebuilt()
         await failpoints.hit("leader.before_submit")
@@ -288,7 +289,7 @@ class AzLeader:
         gang_id = f"{spec.name}-{secrets.token_hex(4)}"
         rec = GangRecord(
             id=gang_id, spec=spec, state=GangState.PENDING, owner_az=self.az, submitted_at=now,
-            updated_at=now, idempotency_key=idempotency_key, reason="waiting for placement",
+            updated_at=now, idempotency_key=idempotency_key, reason="waiting for placement", owner=owner,
         )
         compares = [absent(k.name(spec.name))]
         ops = [Put(k.name(spec.name), {"id": gang_id})]
@@ -714,6 +715,12 @@ class AzLeader:
         reported: dict[tuple[str, int], set[int]] = {}
         for m in members:
             key_ = (m.gang, m.incarnation)
+            why = self._report_refused(node, m)
+            if why is not None:
+                # Not revoked: a revocation names gang and incarnation, not
+                # the rank, and would stop this node's own members of it.
+                log.warning("ignored a member report at registration: %s", why)
+                continue
             if self.twophase.owns_members(m.gang, m.incarnation):
                 # Cross-AZ gang committed here: kept, and published for its owner.
                 reported.setdefault(key_, set()).add(m.rank)
@@ -779,8 +786,27 @@ class AzLeader:
             live.last_contact = conn.last_seen
         return self.session.is_valid() and not self.stopped.is_set()
 
+    def _report_refused(self, node: str, m: Any) -> str | None:
+        """Why a member report from ``node`` is not taken: the member is
+        placed on another node (or nowhere in this AZ). None when it is, or
+        when its incarnation is unknown here (the callers already drop or
+        revoke those)."""
+        hold = self.twophase.participant.holds.get(m.gang)
+        g = (self.twophase.gang_cache.get(m.gang) if hold is not None else None) or self.gangs.get(m.gang)
+        if g is not None and g.incarnation == m.incarnation:
+            placed = next((p.node for p in g.placement if p.rank == m.rank and p.az == self.az), None)
+        elif hold is not None and hold.incarnation == m.incarnation:
+            placed = node if node in hold.nodes else None
+        else:
+            return None
+        return peer_auth.member_refusal(node, m.gang, m.rank, placed)
+
     async def on_member(self, conn: AgentConn, m: Any) -> None:
         conn.last_seen = self.mono()
+        why = self._report_refused(conn.node, m)
+        if why is not None:
+            log.warning("ignored a member report: %s", why)
+            return
         if m.gang in self.twophase.participant.holds:
             # Cross-AZ gang: this AZ publishes its members' status for the owner.
             await self.twophase.on_member(conn.node, m)

@@ -18,9 +18,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.agents import AgentServicer
+from coordinator.agents import AgentServicer, caller_identity
 from coordinator.config import CoordinatorConfig
-from coordinator.election import Election, LeaseLost, LeaseSession
+from coordinator.core import peer_auth
+from coordinator.core.authz import Policy
+from coordinator.election import Election, LeaderInfo, LeaseLost, LeaseSession
 from coordinator.leader import AzLeader
 from coordinator.service import GangServicer
 from coordinator.store import Store, StoreUnavailable, jitter
@@ -39,10 +41,34 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
     against etcd first (the caller's epoch is the create_revision of
     ``leader/<caller az>``; a Prepare names the attempt recorded in
     ``gangs/<gang>``; a Commit/Abort matches ``decisions/<gang>/<inc>``);
-    a refused call changes nothing."""
+    a refused call changes nothing. Under TLS the caller must also hold a
+    coordinator certificate of this cluster whose name is the coordinator id
+    in ``leader/<caller az>`` (coordinator/core/peer_auth.py)."""
 
     def __init__(self, coordinator: "Coordinator"):
         self.c = coordinator
+
+    async def _authenticate(self, request: Any, context: grpc.aio.ServicerContext) -> None:
+        """Refuse (abort) a caller that is not the current leader of the AZ
+        it speaks for; nothing when serving plaintext."""
+        identity = await caller_identity(self.c, context, "CoordinatorPeer")
+        if identity is None:
+            return
+        refusal = peer_auth.peer_refusal(identity, self.c.config.cluster)
+        if refusal is None:
+            caller = request.caller
+            try:
+                kv = await self.c.store.get(self.c.store.keys.leader(caller.az)) if caller.az else None
+            except StoreUnavailable as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {exc}")
+            leader = None
+            if kv is not None:
+                info = LeaderInfo.from_kv(caller.az, kv)
+                leader = (info.coordinator_id, info.epoch)
+            refusal = peer_auth.leader_refusal(identity, caller.az, caller.epoch, leader)
+        if refusal is not None:
+            log.warning("CoordinatorPeer refused: %s", refusal.message)
+            await context.abort(refusal.code, refusal.message)
 
     async def _driver(self, context: grpc.aio.ServicerContext) -> Any:
         leader = self.c.leader
@@ -67,6 +93,7 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time")
 
     async def Prepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authenticate(request, context)
         driver = await self._driver(context)
         if not request.gang or request.incarnation <= 0 or not request.nodes:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gang, incarnation > 0 and nodes are required")
@@ -74,6 +101,7 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
         return peer_pb2.PrepareResponse(vote=peer_pb2.VOTE_YES if yes else peer_pb2.VOTE_NO, reason=reason)
 
     async def _decision(self, request: Any, context: grpc.aio.ServicerContext, commit: bool) -> Any:
+        await self._authenticate(request, context)
         driver = await self._driver(context)
         if not request.gang or request.incarnation <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gang and incarnation > 0 are required")
@@ -94,11 +122,14 @@ class Coordinator:
     """``tls``: this coordinator's certificate files (``--tls-dir``). With
     them every service is served only over TLS with client certificates from
     the CA, and peer channels present the same certificate; without them,
-    plaintext (the default until TLS is turned on everywhere)."""
+    plaintext (the default until TLS is turned on everywhere). ``policy``:
+    what GangService allows each role (``--policy``); enforced only with
+    TLS, where callers have identities."""
 
-    def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None):
+    def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None):
         self.config = config.validate()
         self.tls = tls
+        self.policy = policy or Policy()
         self.tls_source: ServerCredentialsSource | None = None
         self.store = Store(list(config.etcd), config.cluster, timeout=config.timings.etcd_timeout_s)
         self.leader: AzLeader | None = None

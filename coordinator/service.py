@@ -16,7 +16,7 @@ import grpc
 
 from coordinator import convert
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
-from coordinator.core import listing
+from coordinator.core import authz, listing
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
 from coordinator.election import LeaderInfo, observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
@@ -26,6 +26,9 @@ from phalanx.model import GangState, Level
 from phalanx.spec import InvalidSpec
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
+from phalanx.certs import Identity, IdentityError
+from phalanx.errors import PermissionDenied
+from phalanx.tls import peer_identity, utc_now
 from phalanx.v1 import types_pb2 as pb
 
 if TYPE_CHECKING:
@@ -34,6 +37,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FORWARDED = "x-phalanx-forwarded"
+# The owner of a forwarded SubmitGang, as the first coordinator identified
+# its caller; trusted only on a call from a coordinator certificate of this
+# cluster (docs/security.md "Forwarded calls").
+OWNER = "x-phalanx-owner"
 # WatchGang resumes a broken etcd watch this many times in a row (a move to
 # another etcd member breaks it once) before answering UNAVAILABLE.
 WATCH_RESUMES = 5
@@ -155,7 +162,8 @@ class GangServicer(ggrpc.GangServiceServicer):
             return self.c.config.timings.forward_timeout_s
         return max(left * share, 0.0)
 
-    async def _forward(self, context: grpc.aio.ServicerContext, info: LeaderInfo, method: str, request: Any) -> Any:
+    async def _forward(self, context: grpc.aio.ServicerContext, info: LeaderInfo, method: str, request: Any,
+                       owner: str = "") -> Any:
         """``method`` on ``info``'s leader, within the caller's deadline;
         its error becomes ours, and a forwarded call that ran out of time
         says which leader did not answer (not grpc's bare "Deadline
@@ -163,7 +171,8 @@ class GangServicer(ggrpc.GangServiceServicer):
         timeout = self._forward_timeout(context)
         stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
         try:
-            return await getattr(stub, method)(request, timeout=timeout, metadata=((FORWARDED, "1"),))
+            metadata = ((FORWARDED, "1"),) + (((OWNER, owner),) if owner else ())
+            return await getattr(stub, method)(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -173,7 +182,8 @@ class GangServicer(ggrpc.GangServiceServicer):
             await context.abort(exc.code(), exc.details() or "")
 
     # ------------------------------------------------------------- writes
-    async def _leader_or_forward(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> tuple[Any, Any]:
+    async def _leader_or_forward(self, context: grpc.aio.ServicerContext, method: str, request: Any,
+                                 owner: str = "") -> tuple[Any, Any]:
         """(leader, None) when we lead; else (None, the leader's response)."""
         leader = self.c.leader
         if leader is not None:
@@ -185,7 +195,7 @@ class GangServicer(ggrpc.GangServiceServicer):
             raise Unavailable(f"{self.c.config.az} has no leader right now; retry shortly")
         if info.coordinator_id == self.c.config.coordinator_id:
             raise Unavailable(f"{self.c.config.az}: leadership is changing; retry shortly")
-        return None, await self._forward(context, info, method, request)
+        return None, await self._forward(context, info, method, request, owner)
 
     @handled
     async def SubmitGang(self, request: gpb.SubmitGangRequest, context: grpc.aio.ServicerContext) -> gpb.SubmitGangResponse:
@@ -195,16 +205,18 @@ class GangServicer(ggrpc.GangServiceServicer):
                                 limits.IDEMPOTENCY_KEY_WHAT, required=False)
         if why:
             raise InvalidArgument(f"idempotency_key: {why[:200]}")
-        leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request)
+        owner = await self._authorize(context, authz.SUBMIT, queue=spec.queue, priority=spec.priority)
+        leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request, owner)
         if forwarded is not None:
             return forwarded
-        rec, created = await leader.submit(spec, key)
+        rec, created = await leader.submit(spec, key, owner=owner)
         return gpb.SubmitGangResponse(gang=convert.gang_to_pb(rec), created=created)
 
     @handled
     async def CancelGang(self, request: gpb.CancelGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
         _valid_reason(request.reason)  # before anything is read or forwarded
         rec = await self._load(request.id)
+        await self._authorize(context, authz.CANCEL, gang_owner=rec.owner, gang_id=rec.id)
         if rec.state.terminal:
             from phalanx.errors import FailedPrecondition
 
@@ -219,6 +231,37 @@ class GangServicer(ggrpc.GangServiceServicer):
         if forwarded is not None:
             return forwarded
         return convert.gang_to_pb(await leader.cancel(rec.id, request.reason))
+
+    def _forwarded(self, context: grpc.aio.ServicerContext) -> bool:
+        return any(k == FORWARDED for k, _ in (context.invocation_metadata() or ()))
+
+    async def _authorize(self, context: grpc.aio.ServicerContext, action: str, **what: Any) -> str:
+        """Refuse the call unless its caller may do ``action``
+        (coordinator/core/authz.py); return the owner a submission records.
+        Without TLS nothing is checked and the owner is "". Decided here, at
+        the first coordinator the call reaches: a coordinator that forwards
+        has already decided, so a forwarded call from a coordinator
+        certificate is let through and carries its caller's owner."""
+        source = self.c.tls_source
+        if source is None:
+            return ""
+        try:
+            identity: Identity = peer_identity(context, cas=source.current.cas, cluster=self.keys.cluster, now=utc_now())
+        except IdentityError as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"client certificate: {exc}")
+        forwarded = self._forwarded(context)
+        decision = authz.decide(identity, action, policy=self.c.policy, forwarded=forwarded, **what)
+        if not decision.allowed:
+            raise PermissionDenied(decision.reason)
+        if identity.role == "coordinator":  # forwarded (decide refuses it otherwise)
+            if action != authz.SUBMIT:
+                return ""
+            owner = dict(context.invocation_metadata() or ()).get(OWNER, "")
+            if not authz.valid_owner(owner):
+                raise PermissionDenied(f"{authz.owner_of(identity)}: a forwarded SubmitGang must carry the caller's "
+                                       f"identity in {OWNER} as <role>/<name>, got {owner[:80]!r}")
+            return owner
+        return authz.owner_of(identity)
 
     def _tag(self, context: grpc.aio.ServicerContext) -> None:
         """Every answer, errors included, names the cluster and the
@@ -285,10 +328,12 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def GetGang(self, request: gpb.GetGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
+        await self._authorize(context, "get")
         return convert.gang_to_pb(await self._load(request.id))
 
     @handled
     async def ListGangs(self, request: gpb.ListGangsRequest, context: grpc.aio.ServicerContext) -> gpb.ListGangsResponse:
+        await self._authorize(context, "list")
         states = set()
         for s in request.states:
             try:
@@ -342,7 +387,10 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
         self._tag(context)
         try:
+            await self._authorize(context, "watch")
             rec = await self._load(request.id)
+        except grpc.aio.AbortError:
+            raise
         except Exception as exc:  # noqa: BLE001
             await _abort(context, exc)
             return
@@ -401,6 +449,7 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def ExplainGang(self, request: gpb.ExplainGangRequest, context: grpc.aio.ServicerContext) -> gpb.ExplainGangResponse:
+        await self._authorize(context, "explain")
         g = await self._load(request.id)
         if g.state not in (GangState.PENDING, GangState.RESERVING):
             return _explain_placed(g)
@@ -474,6 +523,7 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def ListNodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:
+        await self._authorize(context, "nodes")
         return await self._within_deadline(context, self._list_nodes(request), "the reads of the node list")
 
     async def _list_nodes(self, request: gpb.ListNodesRequest) -> gpb.ListNodesResponse:
@@ -493,6 +543,7 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def ClusterStatus(self, request: gpb.ClusterStatusRequest, context: grpc.aio.ServicerContext) -> gpb.ClusterStatusResponse:
+        await self._authorize(context, "status")
         return await self._within_deadline(context, self._cluster_status(), "the reads of a cluster status")
 
     async def _cluster_status(self) -> gpb.ClusterStatusResponse:
