@@ -14,10 +14,13 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import grpc
 
+from coordinator.core import peer_auth
 from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.leader import AgentConn, AzLeader
 from phalanx import limits, wire
+from phalanx.certs import Identity, IdentityError
 from phalanx.errors import NotLeader
+from phalanx.tls import peer_identity, utc_now
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 
@@ -52,11 +55,41 @@ def _to_pb(leader: AzLeader, msg: dict[str, Any]) -> apb.CoordinatorMessage:
     return out
 
 
+async def caller_identity(c: "Coordinator", context: grpc.aio.ServicerContext, service: str) -> Identity | None:
+    """The identity in the caller's client certificate, or None when this
+    coordinator serves plaintext (nothing to check). A certificate that
+    names no identity of this cluster aborts the call (peer_auth decides
+    the status)."""
+    if c.tls_source is None:
+        return None
+    try:
+        return peer_identity(context, cas=c.tls_source.current.cas, cluster=c.config.cluster, now=utc_now())
+    except IdentityError as exc:
+        r = peer_auth.identity_refusal(service, exc.check, exc.detail)
+        log.warning("%s refused: %s", service, r.message)
+        await context.abort(r.code, r.message)
+        raise  # unreachable: abort raises
+
+
 class AgentServicer(agrpc.AgentServiceServicer):
     def __init__(self, coordinator: "Coordinator"):
         self.c = coordinator
+        # Registrations of one node are serialized under TLS so that "is
+        # there a live session of another identity" and the replacement
+        # cannot interleave with a second registration (on_register awaits
+        # etcd before it records the new session).
+        self._register_locks: dict[str, asyncio.Lock] = {}
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, r: peer_auth.Refusal) -> None:
+        log.warning("AgentService.Session refused: %s", r.message)
+        await context.abort(r.code, r.message)
 
     async def Session(self, request_iterator: AsyncIterator[apb.AgentMessage], context: grpc.aio.ServicerContext) -> AsyncIterator[apb.CoordinatorMessage]:
+        identity = await caller_identity(self.c, context, "AgentService.Session")
+        refusal = peer_auth.session_refusal(identity, None)
+        if refusal is not None:
+            await self._refuse(context, refusal)
+            return
         leader = self.c.leader
         if leader is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
@@ -101,6 +134,10 @@ class AgentServicer(agrpc.AgentServiceServicer):
             # The agent has heard a newer leader: we are stale. Step down.
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"stale leader: epoch {leader.epoch} < {reg.highest_epoch} seen by the agent")
             return
+        refusal = peer_auth.session_refusal(identity, topo.node)
+        if refusal is not None:
+            await self._refuse(context, refusal)
+            return
         if not topo.az:
             topo = topo.__class__(**{**topo.__dict__, "az": leader.az})
         try:
@@ -108,14 +145,27 @@ class AgentServicer(agrpc.AgentServiceServicer):
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
-        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo, address=address, ports=ports)
+        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo, address=address, ports=ports,
+                         identity=identity)
         try:
-            await leader.on_register(conn, list(reg.members))
+            if identity is None:
+                await leader.on_register(conn, list(reg.members))
+            else:
+                lock = self._register_locks.setdefault(topo.node, asyncio.Lock())
+                async with lock:
+                    old = leader.conns.get(topo.node)
+                    current = old.identity if old is not None and not old.closed else None
+                    refusal = peer_auth.replacement_refusal(topo.node, current, identity)
+                    if refusal is None:
+                        await leader.on_register(conn, list(reg.members))
         except NotLeader as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             return
         except Exception as exc:  # noqa: BLE001
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"registration failed: {exc}")
+            return
+        if refusal is not None:
+            await self._refuse(context, refusal)
             return
 
         welcome = apb.CoordinatorMessage(epoch=leader.epoch, az=leader.az)

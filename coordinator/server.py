@@ -63,8 +63,11 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {exc}")
             leader = None
             if kv is not None:
-                info = LeaderInfo.from_kv(caller.az, kv)
-                leader = (info.coordinator_id, info.epoch)
+                try:
+                    info = LeaderInfo.from_kv(caller.az, kv)
+                    leader = (info.coordinator_id, info.epoch)
+                except (ValueError, AttributeError):  # an unreadable leader key vouches for nobody
+                    leader = None
             refusal = peer_auth.leader_refusal(identity, caller.az, caller.epoch, leader)
         if refusal is not None:
             log.warning("CoordinatorPeer refused: %s", refusal.message)
