@@ -75,7 +75,20 @@ def _channel(c: LocalCluster, address: str, files: TlsFiles, cluster: str | None
 
 
 async def _register(address: str, c: LocalCluster, files: TlsFiles, node: str) -> tuple[Any, Any]:
-    """Open a Session as ``node``; (channel, call) once welcomed, or raise AioRpcError."""
+    """Open a Session as ``node``; (channel, call) once welcomed, or raise
+    AioRpcError. A coordinator whose leader key is in etcd may not have
+    started leading yet (FAILED_PRECONDITION, "not the leader"): asked again."""
+    for _ in range(100):
+        try:
+            return await _register_once(address, c, files, node)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "not the leader" not in (exc.details() or ""):
+                raise
+        await asyncio.sleep(0.1)
+    return await _register_once(address, c, files, node)
+
+
+async def _register_once(address: str, c: LocalCluster, files: TlsFiles, node: str) -> tuple[Any, Any]:
     ch = _channel(c, address, files)
     reg = apb.Register(agent_id=f"agent-{node}", topology=wire.topology_to_pb(dgx_node(node, AZ)))
     queue: asyncio.Queue = asyncio.Queue()
