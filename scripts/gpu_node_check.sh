@@ -72,7 +72,17 @@ LOG=$OUT/log.txt
 SUMMARY=$OUT/summary.txt
 : >"$LOG"
 : >"$SUMMARY"
+# A run killed outright (SIGKILL: no EXIT trap) leaves its work dir; the next
+# run removes every one whose owner is gone (pid and start time recorded).
+for d in "${TMPDIR:-/tmp}"/gpucheck.*; do
+    [ -f "$d/owner" ] || continue
+    read -r opid ostart <"$d/owner" 2>/dev/null || continue
+    if [ "$(awk '{print $22}' "/proc/$opid/stat" 2>/dev/null)" != "$ostart" ]; then
+        rm -rf "$d" && echo "removed $d (work dir of a dead earlier run)" >&2
+    fi
+done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpucheck.XXXXXX")
+echo "$$ $(awk '{print $22}' "/proc/$$/stat")" >"$WORK/owner"
 mkdir -p "$WORK/tmp" "$WORK/logs"
 exec > >(tee -a "$LOG") 2>&1
 TEE_PID=$!
@@ -128,7 +138,16 @@ show() {  # show SECONDS CMD...: log the command, run it with a limit, log its r
 }
 
 # --- processes we start, and their teardown --------------------------------------
-ETCD_PID="" COORD_PID="" AGENT_PID=""
+ETCD_PID="" COORD_PID="" AGENT_PID="" ETCD_HOLDER=""
+# What this script starts dies with it, however it dies (SIGKILL included):
+# setpriv (util-linux) sets the kernel's parent-death signal and execs, so a
+# PID below is the program's own.
+if command -v setpriv >/dev/null 2>&1; then
+    DIE_WITH_US=(setpriv --pdeathsig KILL --)
+else
+    DIE_WITH_US=()
+    echo "WARNING: no setpriv (util-linux): a SIGKILL of this script would leave its processes behind" >&2
+fi
 stop_pid() {  # stop_pid PID NAME GRACE [group]: SIGTERM, wait, SIGKILL
     local pid=$1 name=$2 grace=$3 group=${4:-} i
     [ -n "$pid" ] || return 0
@@ -167,6 +186,7 @@ teardown() {
     stop_pid "$AGENT_PID" agent 15
     stop_pid "$COORD_PID" coordinator 10
     stop_pid "$ETCD_PID" etcd 10 group
+    stop_pid "$ETCD_HOLDER" etcd-holder 5
     local left_over
     left_over=$(run_pids | tr '\n' ' ')
     if [ -n "$left_over" ]; then
@@ -406,18 +426,33 @@ else
     timings=fast
     # etcd through the project's own helper (same flags as phalanx up and the tests)
     echo "--- starting etcd"
-    etcd_info=$(to 40 env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" <<'EOF'
-import sys
+    # The holder is etcd's parent for the whole run (etcd dies with it, by the
+    # parent-death signal), and the holder dies with this script: SIGKILL of
+    # the script (a test's timeout) leaves no etcd behind.
+    "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" "$WORK/etcd.info" \
+        >"$WORK/logs/etcd-holder.log" 2>&1 <<'EOF' &
+import os, sys, time
 from phalanx.etcd_server import EtcdServer
-s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2], die_with_parent=False).start()
-print(s.proc.pid, s.endpoint, flush=True)
+s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2]).start()
 try:
     s.wait_ready(30)
+    info = f"{s.proc.pid} {s.endpoint}"
 except Exception as exc:
-    print("NOT-READY", exc, flush=True)
+    info = f"NOT-READY {exc}"
     s.stop()
+with open(sys.argv[3] + ".tmp", "w") as f:
+    f.write(info + "\n")
+os.replace(sys.argv[3] + ".tmp", sys.argv[3])
+while s.proc.poll() is None:
+    time.sleep(0.1)
 EOF
-)
+    ETCD_HOLDER=$!
+    for ((i = 0; i < 400; i++)); do
+        [ -s "$WORK/etcd.info" ] && break
+        kill -0 "$ETCD_HOLDER" 2>/dev/null || break
+        sleep 0.1
+    done
+    etcd_info=$(cat "$WORK/etcd.info" 2>/dev/null || echo "NOT-READY etcd holder ended: $(tail -2 "$WORK/logs/etcd-holder.log" 2>/dev/null)")
     echo "$etcd_info"
     ETCD_PID=$(echo "$etcd_info" | head -1 | awk '{print $1}')
     EP=$(echo "$etcd_info" | head -1 | awk '{print $2}')
@@ -426,7 +461,7 @@ EOF
     else
         echo "etcd ready at $EP (pid $ETCD_PID)"
         echo "--- starting coordinator a-c0"
-        env GPUCHECK_RUN="$RUN_ID" "$PY" -m coordinator --az "$AZ" --id a-c0 --etcd "$EP" --listen 127.0.0.1:0 \
+        "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" -m coordinator --az "$AZ" --id a-c0 --etcd "$EP" --listen 127.0.0.1:0 \
             --timings "$timings" >"$WORK/logs/coordinator.out" 2>"$WORK/logs/coordinator.log" &
         COORD_PID=$!
         if ! wait_line "$WORK/logs/coordinator.out" PHALANX_COORDINATOR_READY "$(tmo 40)" "$COORD_PID"; then
@@ -441,7 +476,7 @@ EOF
             fi
             [ -n "$SMI_FILE" ] && agent_args+=(--nvidia-smi-topo "$SMI_FILE")
             echo "--- starting agent: python -m agent ${agent_args[*]}"
-            env GPUCHECK_RUN="$RUN_ID" "$PY" -m agent "${agent_args[@]}" >"$WORK/logs/agent.out" 2>"$WORK/logs/agent.log" &
+            "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" -m agent "${agent_args[@]}" >"$WORK/logs/agent.out" 2>"$WORK/logs/agent.log" &
             AGENT_PID=$!
             ready=0
             if wait_line "$WORK/logs/agent.out" PHALANX_AGENT_READY "$(tmo 90)" "$AGENT_PID"; then
@@ -845,7 +880,7 @@ EOF
         # the agent again, same state dir, so that teardown works as before
         header e "restart the agent (same state dir) and let the gang end"
         echo "--- starting agent again: python -m agent ${agent_args[*]}"
-        env GPUCHECK_RUN="$RUN_ID" "$PY" -m agent "${agent_args[@]}" >"$WORK/logs/agent2.out" 2>"$WORK/logs/agent2.log" &
+        "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" -m agent "${agent_args[@]}" >"$WORK/logs/agent2.out" 2>"$WORK/logs/agent2.log" &
         AGENT_PID=$!
         if wait_line "$WORK/logs/agent2.out" PHALANX_AGENT_READY "$(tmo 60)" "$AGENT_PID"; then
             agent2="agent restarted (pid $AGENT_PID)"

@@ -33,3 +33,61 @@ def test_gpu_node_check_dry_run_passes(tmp_path: Path) -> None:
     assert "FAIL" not in status.values(), summary
     assert "fenced=true" in summary  # the member of the killed agent was fenced by its shim
     assert (out / "log.txt").exists() and (out / "logs.tgz").exists()
+
+
+def _run_processes() -> dict[int, str]:
+    """Live processes started by a gpu_node_check run (they all carry
+    GPUCHECK_RUN in their environment): pid -> command line."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if b"GPUCHECK_RUN=" in environ and state != "Z":
+            found[int(entry)] = cmdline[:160]
+    return found
+
+
+def test_a_sigkilled_gpu_node_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGKILL of the script (no EXIT trap runs): its etcd, coordinator,
+    agent and members die with it; the next run removes its work dir."""
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECK_DRY_RUN="1", GPU_CHECK_PYTHON=sys.executable,
+               TMPDIR=str(tmp))
+    assert _run_processes() == {}, "another gpu_node_check is running"
+    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "gpu_node_check.sh")], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        # Wait until the agent runs (etcd, coordinator and agent are up).
+        while not any(" -m agent " in c for c in _run_processes().values()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the agent never started"
+            time.sleep(0.2)
+        work = [d for d in tmp.iterdir() if d.name.startswith("gpucheck.")]
+        assert len(work) == 1, work
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.monotonic() + 30  # members: their shim fences within fence_after_s
+        while (left := _run_processes()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == {}, f"left behind by a SIGKILLed gpu_node_check: {left}"
+        assert work[0].exists()  # no EXIT trap ran; the next run cleans it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _run_processes():
+            os.kill(pid, signal.SIGKILL)
+    again = subprocess.run(["bash", str(REPO / "scripts" / "gpu_node_check.sh")], cwd=REPO,
+                           env=dict(env, OUT=str(tmp_path / "out2")), capture_output=True, text=True, timeout=420)
+    assert "work dir of a dead earlier run" in again.stdout + again.stderr
+    assert not work[0].exists()
+    assert [d for d in tmp.iterdir() if d.name.startswith("gpucheck.")] == []
