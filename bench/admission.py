@@ -24,10 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import phalanx  # noqa: E402,F401 - first: it turns gRPC fork support off before grpc loads
+import grpc  # noqa: E402
 
 from coordinator.config import Timings  # noqa: E402
 from coordinator.core.records import GangRecord  # noqa: E402
