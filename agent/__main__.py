@@ -15,8 +15,10 @@ import json
 import logging
 import os
 import signal
+import shutil
 import sys
 import tempfile
+from typing import Any
 from pathlib import Path
 
 from agent.launcher import agent_identity
@@ -129,7 +131,19 @@ async def amain(a: argparse.Namespace) -> int:
     tls = tls_files(a)
     if tls is None:
         log.warning(PLAINTEXT_WARNING)
+    # Without --state-dir the agent makes a throw-away one (nothing in it can
+    # be adopted by a later agent, which would make its own): removed on exit.
+    own_dir = not a.state_dir
     state_dir = Path(a.state_dir or tempfile.mkdtemp(prefix=f"phalanx-agent-{a.node}-"))
+    try:
+        return await _serve(a, timings, address, ports, topo, tls, state_dir)
+    finally:
+        if own_dir:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, topo: Any, tls: Any,
+                 state_dir: Path) -> int:
     agent_id = agent_identity(a.node, state_dir)
     # Member-side fencing (docs/agents.md): real members run under agent/shim.py,
     # which reads this lease; simulated members need none.

@@ -3,6 +3,7 @@ register, and the API shows (and placement uses) what they discovered."""
 
 from __future__ import annotations
 
+import os
 import select
 import subprocess
 import sys
@@ -27,7 +28,11 @@ def start_agent(c: LocalCluster, node: str, fixture: str, *, leaf: str, spine: s
         "--nvml-recording", str(FIX / fixture / "nvml.json"), "--sysfs-recording", str(FIX / fixture / "sysfs.json"),
         "--log-level", "WARNING",
     ]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "w"), text=True, cwd=REPO)
+    # No --state-dir: the agent makes a throw-away one under TMPDIR.
+    tmp = c.workdir / "agent-tmp"
+    tmp.mkdir(exist_ok=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "w"), text=True, cwd=REPO,
+                         env=dict(os.environ, TMPDIR=str(tmp)))
     ready, _, _ = select.select([p.stdout], [], [], 30)
     line = p.stdout.readline() if ready else ""
     assert "PHALANX_AGENT_READY" in line, (c.workdir / f"agent-{node}.log").read_text()
@@ -85,3 +90,5 @@ async def test_agents_with_different_fixtures_register_and_placement_uses_them(l
         for p in procs:
             p.wait(15)
             p.stdout.close()
+    # Each agent removed the state dir it made for itself.
+    assert list((c.workdir / "agent-tmp").iterdir()) == []
