@@ -25,6 +25,7 @@ from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, holds_for_unreadable, read_records
+from coordinator.core.twophase_owner import OwnerPhase
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
@@ -1017,9 +1018,9 @@ class AzLeader:
                                never_fits=True)
         result = place(request, views)
         if isinstance(result, Placement):
-            if o is not None and o.phase.value == "UNPLACED":
+            if o is not None and o.phase is OwnerPhase.UNPLACED:
                 what = "the owner retries placement about once a second while it is unplaced"
-            elif o is not None and o.phase.value == "BACKOFF":
+            elif o is not None and o.phase is OwnerPhase.BACKOFF:
                 what = "its last attempt was aborted; the owner tries again after its retry backoff"
             else:
                 what = f"an attempt is under way ({phase})"

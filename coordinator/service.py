@@ -21,13 +21,12 @@ from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeR
 from coordinator.election import LeaderInfo, observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
 from phalanx import limits, wire
-from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, DataLoss, InvalidArgument, NotFound, NotLeader, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
+from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, DataLoss, InvalidArgument, NotFound, NotLeader, PermissionDenied, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
 from phalanx.model import GangState, Level
 from phalanx.spec import InvalidSpec
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
 from phalanx.certs import Identity, IdentityError
-from phalanx.errors import PermissionDenied
 from phalanx.tls import peer_identity, utc_now
 from phalanx.v1 import types_pb2 as pb
 
@@ -188,7 +187,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         leader = self.c.leader
         if leader is not None:
             return leader, None
-        if any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
+        if self._forwarded(context):
             raise NotLeader(f"coordinator {self.c.config.coordinator_id} is not the leader of {self.c.config.az}; retry")
         info = await self._leader_of(self.c.config.az)
         if info is None or not info.address:
@@ -377,12 +376,20 @@ class GangServicer(ggrpc.GangServiceServicer):
         out.sort(key=lambda g: (g.submitted_at, g.id))
         if request.limit:
             out = out[-request.limit:]
-        msgs = [(g.submitted_at, g.id, convert.gang_to_pb(g)) for g in out]
+        # Converted only as the page reaches them (a page is a slice of what
+        # matched; the gangs before page_token and past the budget are not).
+        converted: dict[str, pb.Gang] = {}
+
+        def as_pb(g: GangRecord) -> pb.Gang:
+            if g.id not in converted:
+                converted[g.id] = convert.gang_to_pb(g)
+            return converted[g.id]
+
         chosen, next_token = listing.page(
-            msgs, key=lambda m: (m[0], m[1]), size=lambda m: m[2].ByteSize() + 8,
+            out, key=lambda g: (g.submitted_at, g.id), size=lambda g: as_pb(g).ByteSize() + 8,
             budget=limits.LIST_REPLY_BYTES, after=after,
         )
-        return gpb.ListGangsResponse(gangs=[m[2] for m in chosen], next_page_token=next_token)
+        return gpb.ListGangsResponse(gangs=[as_pb(g) for g in chosen], next_page_token=next_token)
 
     async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
         self._tag(context)
@@ -470,7 +477,7 @@ class GangServicer(ggrpc.GangServiceServicer):
             if g.state not in (GangState.PENDING, GangState.RESERVING):
                 return _explain_placed(g)
             why = why or f"the leader of {g.owner_az} holds no waiting gang {g.id} (it may have changed just now)"
-        elif any(k == FORWARDED for k, _ in (context.invocation_metadata() or ())):
+        elif self._forwarded(context):
             why = f"the leadership of {g.owner_az} is changing"
         else:
             info = await self._leader_of(g.owner_az)

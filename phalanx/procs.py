@@ -148,19 +148,33 @@ def spawn(
     return _get_spawner().call(lambda: popen(list(argv), **kw))
 
 
-def pid_start_time(pid: int) -> int | None:
-    """The kernel start time of ``pid`` (clock ticks since boot, field 22 of
-    /proc/PID/stat), or None if no such process: with the pid, it names one
-    process for good (a pid alone may be reused)."""
+def pids() -> list[int]:
+    """Every process id in /proc now."""
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state first,
+    then ppid, pgrp, session, ...; the name may hold spaces and parentheses,
+    so the split is after its last ")"), or None if no such process."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
     except OSError:
         return None
-    fields = data[data.rindex(b")") + 2:].split()
-    if fields[0] in (b"Z", b"X"):
-        return None  # dead, not yet reaped: holds nothing
-    return int(fields[19])
+    return data[data.rindex(b")") + 2:].split()
+
+
+def _live(fields: list[bytes] | None) -> bool:
+    return fields is not None and fields[0] not in (b"Z", b"X")  # a zombie holds nothing
+
+
+def pid_start_time(pid: int) -> int | None:
+    """The kernel start time of ``pid`` (clock ticks since boot, field 22 of
+    /proc/PID/stat), or None if no such live process: with the pid, it names
+    one process for good (a pid alone may be reused)."""
+    fields = stat_fields(pid)
+    return int(fields[19]) if _live(fields) else None
 
 
 def process_alive(pid: int, start_time: int | None = None) -> bool:
@@ -174,19 +188,12 @@ def descendants(pid: int) -> dict[int, int]:
     children, their children, and so on, whatever session or group they lead."""
     children: dict[int, list[int]] = {}
     starts: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for p in pids():
+        fields = stat_fields(p)
+        if not _live(fields):
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rindex(b")") + 2:].split()
-        if fields[0] in (b"Z", b"X"):
-            continue
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        starts[int(entry)] = int(fields[19])
+        children.setdefault(int(fields[1]), []).append(p)
+        starts[p] = int(fields[19])
     out: dict[int, int] = {}
     todo = list(children.get(pid, []))
     while todo:

@@ -866,16 +866,14 @@ def processes_using(path: Path) -> list[int]:
     (etcd's --data-dir, an agent's --state-dir, a member shim's lease file)."""
     needle = str(path).encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in procs.pids():
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
         except OSError:
             continue
-        if needle in cmdline and procs.process_alive(int(entry)):
-            found.append(int(entry))
+        if needle in cmdline and procs.process_alive(pid):
+            found.append(pid)
     return found
 
 
@@ -1285,22 +1283,17 @@ class UpProcess:
 
 def proc_stat(pid: int) -> tuple[int, int, int, str] | None:
     """(ppid, pgid, sid, state) of a live process from /proc; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:
+    fields = procs.stat_fields(pid)
+    if fields is None:
         return None
-    # The command name may contain spaces and parentheses: split after the last ")".
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
+    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode()
 
 
 def child_groups(pid: int) -> set[int]:
     """Process groups of the direct children of ``pid`` (Linux /proc)."""
     groups = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = proc_stat(int(entry))
-            if st is not None and st[0] == pid:
-                groups.add(st[1])
+    for p in procs.pids():
+        st = proc_stat(p)
+        if st is not None and st[0] == pid:
+            groups.add(st[1])
     return groups

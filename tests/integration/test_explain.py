@@ -6,29 +6,18 @@ may span, and never "it fits now" for a gang that a rule holds back."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 
-from coordinator.config import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
 from tests.integration.test_cross_az import cross, three_azs
+# The same short-backfill cluster as the never-fits tests (a fixture).
+from tests.integration.test_never_fits import TIMINGS, cluster  # noqa: F401
 
 pytestmark = pytest.mark.integration
 AZ = "az-a"
-TIMINGS = dataclasses.replace(Timings.fast(), backfill_window_s=1.0).validate()
-
-
-@pytest.fixture
-async def cluster(etcd_endpoint, cluster_name, tmp_path):
-    c = LocalCluster(etcd_endpoint, cluster_name, tmp_path, timings=TIMINGS)
-    await c.start()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def explain_everywhere(c: LocalCluster, gang_id: str) -> list[gpb.ExplainGangResponse]:

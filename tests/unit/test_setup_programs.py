@@ -328,7 +328,7 @@ import asyncio, os, shutil, subprocess
 from subprocess import check_output
 
 STRACE = ["strace", "-f"]
-TOOL = "jq"
+TOOL = "fictional-tool"
 
 def run_cmd(cmd, *, timeout=30.0):
     return subprocess.run(list(cmd), capture_output=True, timeout=timeout)
@@ -362,7 +362,7 @@ async def main(h: Host):
 
 def test_checker_finds_programs_in_every_form() -> None:
     names = {f.program for f in scan_sources(SYNTHETIC)}
-    assert names == {"strace", "jq", "lspci", "tcpdump", "ethtool", "ss", "numactl", "conntrack", "ip", "tc",
+    assert names == {"strace", "fictional-tool", "lspci", "tcpdump", "ethtool", "ss", "numactl", "conntrack", "ip", "tc",
                      "ping", "perf"}
 
 
