@@ -3,12 +3,14 @@ file's validation."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from coordinator.core.authz import (
-    ACTIONS, DEFAULT_MAX_PRIORITY, READS, Policy, PolicyError, decide, load_policy, owner_of, parse_policy, valid_owner,
+    ACTIONS, DEFAULT_MAX_PRIORITY, GET_POLICY, MAX_POLICY_JSON_BYTES, READS, SET_POLICY, Policy, PolicyError, decide,
+    load_policy, owner_of, parse_policy, parse_policy_json, valid_owner, visible,
 )
 from phalanx.certs import Identity
 from phalanx.spec import MAX_PRIORITY
@@ -125,3 +127,105 @@ def test_load_policy_file(tmp_path: Path) -> None:
     assert str(f) in str(e.value) and "max_priority.viewer" in str(e.value)
     with pytest.raises(PolicyError, match="cannot read"):
         load_policy(tmp_path / "absent.yaml")
+
+
+# --- per-submitter overrides, visibility, the policy as data -------------------------
+
+OVERRIDES = parse_policy({"max_priority": {"submitter": 10}, "submitters": {"alice": {"max_priority": 500}, "carol": {"max_priority": -1}}})
+CAROL = Identity("local", "submitter", "carol", queues=("a",))
+
+
+@pytest.mark.parametrize("identity,priority,allowed,where", [
+    (ALICE, 500, True, ""),
+    (ALICE, 501, False, "submitters.alice.max_priority"),
+    (BOB, 10, True, ""),
+    (BOB, 11, False, "max_priority.submitter"),
+    (CAROL, 0, False, "submitters.carol.max_priority"),
+    (CAROL, -1, True, ""),
+    # An override names a submitter: an admin called alice is not capped by it.
+    (Identity("local", "admin", "alice"), MAX_PRIORITY, True, ""),
+])
+def test_per_submitter_override(identity: Identity, priority: int, allowed: bool, where: str) -> None:
+    d = decide(identity, "submit", policy=OVERRIDES, queue="a", priority=priority)
+    assert d.allowed is allowed, d.reason
+    assert where in d.reason
+
+
+OWN = parse_policy({"visibility": "own"})
+
+
+@pytest.mark.parametrize("identity,policy,owner,forwarded,seen", [
+    (ALICE, P, "submitter/bob", False, True),
+    (ALICE, OWN, "submitter/alice", False, True),
+    (ALICE, OWN, "submitter/bob", False, False),
+    (ALICE, OWN, "", False, False),
+    (ALICE, OWN, "admin/alice", False, False),
+    (ADMIN, OWN, "submitter/bob", False, True),
+    (VIEWER, OWN, "submitter/bob", False, True),
+    (COORD, OWN, "submitter/bob", True, True),
+    (COORD, P, "submitter/bob", False, False),
+    (AGENT, P, "submitter/bob", False, False),
+])
+def test_visibility_table(identity: Identity, policy: Policy, owner: str, forwarded: bool, seen: bool) -> None:
+    assert visible(identity, policy, owner, forwarded=forwarded) is seen
+
+
+@pytest.mark.parametrize("identity,forwarded,allowed", [
+    (ADMIN, False, True),
+    (ALICE, False, False),
+    (VIEWER, False, False),
+    (AGENT, False, False),
+    # SetPolicy is never forwarded: a coordinator certificate may not set it.
+    (COORD, True, False),
+    (COORD, False, False),
+])
+def test_set_policy_is_admin_only(identity: Identity, forwarded: bool, allowed: bool) -> None:
+    d = decide(identity, SET_POLICY, policy=P, forwarded=forwarded)
+    assert d.allowed is allowed, d.reason
+    if not allowed:
+        assert owner_of(identity) in d.reason
+
+
+def test_every_reading_role_reads_the_policy() -> None:
+    for who in (ADMIN, ALICE, VIEWER):
+        assert decide(who, GET_POLICY, policy=OWN).allowed
+
+
+@pytest.mark.parametrize("data,words", [
+    ({"submitters": []}, ("submitters: must be a mapping",)),
+    ({"submitters": {"alice": 5}}, ("submitters.alice", "one key max_priority")),
+    ({"submitters": {"alice": {"max_priority": 5, "x": 1}}}, ("submitters.alice", "one key max_priority")),
+    ({"submitters": {"alice": {"max_priority": "hi"}}}, ("submitters.alice.max_priority", "must be an integer")),
+    ({"submitters": {"alice": {"max_priority": MAX_PRIORITY + 1}}}, ("submitters.alice.max_priority", "between")),
+    ({"submitters": {"a/b": {"max_priority": 1}}}, ("submitters.a/b", "node name")),
+    ({"submitters": {7: {"max_priority": 1}}}, ("submitters.7", "must be a string")),
+    ({"visibility": "mine"}, ("visibility", "all, own", "'mine'")),
+    ({"visibility": None}, ("visibility",)),
+])
+def test_bad_overrides_and_visibility_name_the_field(data: object, words: tuple[str, ...]) -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policy(data)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_policy_round_trips_as_data() -> None:
+    for p in (P, OVERRIDES, OWN):
+        assert parse_policy(p.to_data()) == p
+        assert parse_policy_json(json.dumps(p.to_data())) == p
+    assert P.to_data() == {"max_priority": dict(sorted(DEFAULT_MAX_PRIORITY.items())), "submitters": {}, "visibility": "all"}
+
+
+@pytest.mark.parametrize("text,words", [
+    ("", ("policy_json", "is required")),
+    ("{", ("policy_json", "not JSON")),
+    ("null", ("policy_json", "JSON object")),
+    ('{"visibility": "x"}', ("policy_json", "visibility")),
+    ('{"max_priority": {"viewer": 1}}', ("policy_json", "max_priority.viewer")),
+    (" " * (MAX_POLICY_JSON_BYTES + 1), ("policy_json", "above the limit")),
+])
+def test_policy_json_errors(text: str, words: tuple[str, ...]) -> None:
+    with pytest.raises(PolicyError) as e:
+        parse_policy_json(text)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
