@@ -151,3 +151,27 @@ class ClusterStatusResponse(_message.Message):
     served_by: str
     gangs_by_state: _containers.ScalarMap[str, int]
     def __init__(self, cluster: _Optional[str] = ..., azs: _Optional[_Iterable[_Union[AzStatus, _Mapping]]] = ..., served_by: _Optional[str] = ..., gangs_by_state: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class GetPolicyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PolicyRecord(_message.Message):
+    __slots__ = ("policy_json", "revision", "set_by", "set_at")
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SET_BY_FIELD_NUMBER: _ClassVar[int]
+    SET_AT_FIELD_NUMBER: _ClassVar[int]
+    policy_json: str
+    revision: int
+    set_by: str
+    set_at: float
+    def __init__(self, policy_json: _Optional[str] = ..., revision: _Optional[int] = ..., set_by: _Optional[str] = ..., set_at: _Optional[float] = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("policy_json", "expected_revision")
+    POLICY_JSON_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_REVISION_FIELD_NUMBER: _ClassVar[int]
+    policy_json: str
+    expected_revision: int
+    def __init__(self, policy_json: _Optional[str] = ..., expected_revision: _Optional[int] = ...) -> None: ...

@@ -75,6 +75,16 @@ class GangServiceStub:
                 request_serializer=phalanx_dot_v1_dot_gang__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=phalanx_dot_v1_dot_gang__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.GetPolicy = channel.unary_unary(
+                '/phalanx.v1.GangService/GetPolicy',
+                request_serializer=phalanx_dot_v1_dot_gang__pb2.GetPolicyRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_gang__pb2.PolicyRecord.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/phalanx.v1.GangService/SetPolicy',
+                request_serializer=phalanx_dot_v1_dot_gang__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_gang__pb2.PolicyRecord.FromString,
+                _registered_method=True)
 
 
 class GangServiceServicer:
@@ -131,6 +141,22 @@ class GangServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetPolicy(self, request, context):
+        """The policy every coordinator of the cluster applies (docs/security.md
+        "Policy as data"): any role that may read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """Replace it: admin only, validated like `--policy FILE`, written only if
+        the record is still at expected_revision (else FAILED_PRECONDITION).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GangServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +199,16 @@ def add_GangServiceServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=phalanx_dot_v1_dot_gang__pb2.ClusterStatusRequest.FromString,
                     response_serializer=phalanx_dot_v1_dot_gang__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'GetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPolicy,
+                    request_deserializer=phalanx_dot_v1_dot_gang__pb2.GetPolicyRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_gang__pb2.PolicyRecord.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=phalanx_dot_v1_dot_gang__pb2.SetPolicyRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_gang__pb2.PolicyRecord.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -391,6 +427,60 @@ class GangService:
             '/phalanx.v1.GangService/ClusterStatus',
             phalanx_dot_v1_dot_gang__pb2.ClusterStatusRequest.SerializeToString,
             phalanx_dot_v1_dot_gang__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phalanx.v1.GangService/GetPolicy',
+            phalanx_dot_v1_dot_gang__pb2.GetPolicyRequest.SerializeToString,
+            phalanx_dot_v1_dot_gang__pb2.PolicyRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phalanx.v1.GangService/SetPolicy',
+            phalanx_dot_v1_dot_gang__pb2.SetPolicyRequest.SerializeToString,
+            phalanx_dot_v1_dot_gang__pb2.PolicyRecord.FromString,
             options,
             channel_credentials,
             insecure,
