@@ -10,10 +10,22 @@ session, output in ``<state-dir>/logs/``, every one through
   (``python -m coordinator``) and one process of K simulated node agents
   (``python -m agent.sim``);
 
-then prints ``PHALANX_CLUSTER=name`` and ``PHALANX_ADDRESS=host:port,...``
-(every coordinator) once every AZ has a leader elected in this run, and,
-unless ``--no-workload``, submits the specs in ``examples/`` in a loop and
-prints a progress line every ~2 s.
+all of it secure by default: before anything starts, ``up`` makes a gRPC CA
+for the cluster under ``<state-dir>/pki/<cluster>/`` (a certificate for every
+coordinator, every simulated node and one admin client) and an etcd PKI
+under ``<state-dir>/etcd-pki/`` (``phalanx.etcd_pki``; with ``--etcd``, the
+PKI given by ``--etcd-pki``) whose etcd serves TLS and requires client
+certificates, and provisions the cluster's least-privilege etcd users
+(``phalanx.etcd_auth``). Coordinators and agents get ``--tls-dir`` and
+``--etcd-tls-dir``; ``--insecure`` runs everything in plaintext instead
+(with a warning).
+
+Then it prints ``PHALANX_CLUSTER=name``, ``PHALANX_CONFIG=<state-dir>/config.yaml``
+(the kubeconfig-style client config: cluster, addresses, the admin
+certificate's dir) and ``PHALANX_ADDRESS=host:port,...`` (every coordinator)
+once every AZ has a leader elected in this run, and, unless
+``--no-workload``, submits the specs in ``examples/`` in a loop (over TLS, as
+the admin) and prints a progress line every ~2 s.
 
 Ctrl-C / SIGTERM / SIGHUP, or a closed stdout: stop the workload, SIGTERM
 every child group, wait, SIGKILL stragglers, stop etcd, remove the state dir
@@ -98,6 +110,12 @@ SAMPLE_MEMBER_COMMAND = [
 ]
 
 
+# The simulator's fabric when --spines / --leaves-per-spine are not given
+# (agent.sim's own defaults).
+SIM_SPINES = 1
+SIM_LEAVES_PER_SPINE = 2
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--azs", type=int, default=3, help="number of AZs (az-a, az-b, ...), default 3")
     p.add_argument("--coordinators-per-az", type=int, default=2, help="coordinator replicas per AZ, default 2")
@@ -105,6 +123,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spines", type=int, default=None, help="spines per AZ (default: the simulator's)")
     p.add_argument("--leaves-per-spine", type=int, default=None, help="leaves per spine (default: the simulator's)")
     p.add_argument("--etcd", default="", help="use this etcd (host:port[,...]) instead of starting one")
+    p.add_argument(
+        "--etcd-pki", default="",
+        help="with --etcd: its PKI directory (phalanx certs etcd-init: ca.crt, ca.key, root/), from which up issues "
+        "this cluster's etcd users and provisions their roles",
+    )
+    p.add_argument(
+        "--insecure", action="store_true",
+        help="plaintext everywhere: gRPC without TLS, etcd without TLS or auth (warns; for debugging only)",
+    )
     p.add_argument("--no-workload", action="store_true", help="start the cluster only")
     p.add_argument("--launch", action="store_true", help="agents launch members as real processes")
     p.add_argument("--state-dir", default="", help="keep etcd data and logs here (default: a temp dir, removed on exit)")
@@ -136,6 +163,22 @@ class UpConfig:
     base_port: int
     gangs_per_az: int
     start_timeout: float
+    insecure: bool = False
+    etcd_pki: str = ""
+
+    @property
+    def sim_spines(self) -> int:
+        return self.spines if self.spines is not None else SIM_SPINES
+
+    @property
+    def sim_leaves_per_spine(self) -> int:
+        return self.leaves_per_spine if self.leaves_per_spine is not None else SIM_LEAVES_PER_SPINE
+
+    def node_names(self, az: str) -> list[str]:
+        return sim_node_names(az, self.nodes_per_az, self.sim_spines, self.sim_leaves_per_spine)
+
+    def coordinator_ids(self) -> list[str]:
+        return [f"{az}-c{j}" for az in self.azs for j in range(self.coordinators_per_az)]
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "UpConfig":
@@ -168,6 +211,13 @@ class UpConfig:
                 raise ValueError(f"--etcd: {exc}") from None
         if a.state_dir and os.path.exists(a.state_dir) and not os.path.isdir(a.state_dir):
             raise ValueError(f"--state-dir: {a.state_dir} exists and is not a directory")
+        problem = security_flags_error(bool(a.etcd), a.etcd_pki, a.insecure)
+        if problem:
+            raise ValueError(problem)
+        if a.etcd_pki:
+            problem = etcd_pki_dir_error(Path(a.etcd_pki))
+            if problem:
+                raise ValueError(f"--etcd-pki: {problem}")
         return cls(
             azs=tuple(f"az-{string.ascii_lowercase[i]}" for i in range(a.azs)),
             coordinators_per_az=a.coordinators_per_az,
@@ -182,7 +232,38 @@ class UpConfig:
             base_port=a.base_port,
             gangs_per_az=a.gangs_per_az,
             start_timeout=a.start_timeout,
+            insecure=a.insecure,
+            etcd_pki=str(Path(a.etcd_pki).resolve()) if a.etcd_pki else "",
         )
+
+
+def security_flags_error(own_etcd_given: bool, etcd_pki: str, insecure: bool) -> str | None:
+    """Why ``--etcd`` / ``--etcd-pki`` / ``--insecure`` do not go together
+    (None: they do). An etcd of the user's own is reached with TLS and
+    client certificates like the one ``up`` starts, so ``up`` needs that
+    etcd's CA to issue this cluster's etcd users: ``--etcd-pki``."""
+    if insecure and etcd_pki:
+        return "--etcd-pki: not with --insecure (which reaches etcd in plaintext, without users)"
+    if etcd_pki and not own_etcd_given:
+        return "--etcd-pki: only with --etcd (without --etcd, up makes the etcd PKI of the etcd it starts)"
+    if own_etcd_given and not etcd_pki and not insecure:
+        return (
+            "--etcd: needs --etcd-pki DIR (that etcd's PKI, from phalanx certs etcd-init, to issue this cluster's "
+            "etcd users) or --insecure (an etcd without TLS and auth)"
+        )
+    return None
+
+
+def etcd_pki_dir_error(directory: Path) -> str | None:
+    """What ``--etcd-pki`` lacks: the CA (to issue this cluster's etcd
+    users) and the root user's client files (to provision their roles)."""
+    from phalanx import etcd_pki
+
+    need = [directory / "ca.crt", directory / "ca.key", *etcd_pki.files(directory / etcd_pki.ROOT_USER).paths()]
+    missing = [str(p) for p in need if not p.is_file()]
+    if missing:
+        return f"{directory}: missing {', '.join(missing)} (make it with phalanx certs etcd-init and etcd-user --user root)"
+    return None
 
 
 def valid_cluster_name(name: str) -> bool:
@@ -246,6 +327,99 @@ def pick_ports(base: int, count: int) -> list[int]:
                 port = free_port()
         ports.append(port)
     return ports
+
+
+# --- credentials --------------------------------------------------------------------
+
+# Under the state dir: the cluster's gRPC CA and what it issued
+# (pki/<cluster>/...), the etcd PKI of the etcd `up` starts (etcd-pki/), and
+# the client config the CLI and the SDK read ($PHALANX_CONFIG).
+PKI_DIR = "pki"
+ETCD_PKI_DIR = "etcd-pki"
+CLIENT_CONFIG = "config.yaml"
+ADMIN_NAME = "up"  # the admin certificate's name: phalanx://<cluster>/admin/up
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Every file a process of this run is started with (docs/local-cluster.md)."""
+
+    server_dir: Path  # --tls-dir of every coordinator and agent process: ca.crt + their certs
+    admin_dir: Path  # ca.crt client.crt client.key: up's own clients, and the client config's tls_dir
+    etcd_coordinator: Path  # ca.crt client.crt client.key of phalanx-<cluster>-coordinator
+    etcd_agent: Path  # ... of phalanx-<cluster>-agent
+    etcd_root: Path  # ... of root: provisions the roles (and reads the revision before any coordinator runs)
+
+
+def sim_node_names(az: str, nodes: int, spines: int, leaves_per_spine: int) -> list[str]:
+    """The nodes ``python -m agent.sim`` simulates for these flags (its own
+    topology function), so each gets an agent certificate for its node."""
+    from agent.topology.simulated import simulated_fabric
+
+    return [t.node for t in simulated_fabric(az, nodes, spines, leaves_per_spine)]
+
+
+def make_credentials(
+    state_dir: Path, cluster: str, coordinators: list[str], nodes: list[str], etcd_pki_dir: Path,
+    *, now: Any,
+) -> Credentials:
+    """The cluster's gRPC CA (kept with a kept state dir, else new), a
+    certificate for every coordinator and simulated node and an admin client
+    certificate (issued afresh every run), and this cluster's etcd users
+    from the etcd PKI in ``etcd_pki_dir`` (whose ``root/`` must exist)."""
+    from phalanx import certs, etcd_pki
+    from phalanx.tls import coordinator_server_name
+
+    base = state_dir / PKI_DIR / cluster
+    ca_dir, server_dir, admin_dir = base / "ca", base / "servers", base / "admin"
+    if not (ca_dir / certs.CA_CERT).is_file():
+        certs.init_ca(ca_dir, cluster, now=now)
+    for d in (server_dir, admin_dir):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        shutil.copyfile(ca_dir / certs.CA_CERT, d / certs.CA_CERT)
+    # Every client verifies a coordinator against the cluster's server name,
+    # whatever address it dials; the loopback names are for tools that do not.
+    hosts = (*certs.DEFAULT_HOSTS, coordinator_server_name(cluster))
+    for cid in coordinators:
+        certs.issue(ca_dir, "coordinator", cid, now=now, hosts=hosts,
+                    out=certs.leaf_paths(server_dir, "coordinator", cid))
+    for node in nodes:
+        certs.issue(ca_dir, "agent", node, node=node, now=now, out=certs.leaf_paths(server_dir, "agent", node))
+    certs.issue(ca_dir, "admin", ADMIN_NAME, now=now, out=(admin_dir / "client.crt", admin_dir / "client.key"))
+    return Credentials(
+        server_dir=server_dir,
+        admin_dir=admin_dir,
+        etcd_coordinator=etcd_pki.issue_client(etcd_pki_dir, etcd_pki.user_for(cluster, "coordinator"), now=now),
+        etcd_agent=etcd_pki.issue_client(etcd_pki_dir, etcd_pki.user_for(cluster, "agent"), now=now),
+        etcd_root=etcd_pki_dir / etcd_pki.ROOT_USER,
+    )
+
+
+def client_config(cluster: str, addresses: list[str], tls_dir: str) -> dict[str, Any]:
+    """The kubeconfig-style file the CLI and the SDK read ($PHALANX_CONFIG):
+    which cluster, where, and with which credentials (``tls_dir`` relative to
+    the file: the state dir can move)."""
+    return {"cluster": cluster, "addresses": list(addresses), "tls_dir": tls_dir}
+
+
+def write_client_config(path: Path, cluster: str, addresses: list[str], tls_dir: Path) -> None:
+    doc = client_config(cluster, addresses, os.path.relpath(tls_dir, path.parent))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(
+        "# Written by phalanx up for its cluster; the CLI and the SDK read it through $PHALANX_CONFIG.\n"
+        + yaml.safe_dump(doc, sort_keys=False)
+    )
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def security_args(creds: Credentials | None, kind: str) -> list[str]:
+    """What a coordinator (``kind`` "coordinator") or agents process is
+    started with: its two credential dirs, or ``--insecure``."""
+    if creds is None:
+        return ["--insecure"]
+    etcd = creds.etcd_coordinator if kind == "coordinator" else creds.etcd_agent
+    return ["--tls-dir", str(creds.server_dir), "--etcd-tls-dir", str(etcd)]
 
 
 # --- child processes -------------------------------------------------------------
@@ -342,20 +516,24 @@ def child_env() -> dict[str, str]:
 
 
 def build_children(
-    cfg: UpConfig, etcd: str, ports: list[int], logs: Path, agents_dir: Path, cluster: str = ""
+    cfg: UpConfig, etcd: str, ports: list[int], logs: Path, agents_dir: Path, cluster: str = "",
+    creds: Credentials | None = None,
 ) -> list[Child]:
+    """``creds`` None: every process plaintext (``--insecure``)."""
     cluster = cluster or cfg.cluster
     children: list[Child] = []
     port_iter = iter(ports)
     for az in cfg.azs:
         for j in range(cfg.coordinators_per_az):
-            cid = f"{az}-c{j}"
+            cid = f"{az}-c{j}"  # as coordinator_ids() says: their certificates' names
             children.append(
                 Child(
                     name=cid, kind="coordinator", az=az,
                     argv=[
                         sys.executable, "-m", "coordinator", "--cluster", cluster, "--az", az, "--id", cid,
-                        "--etcd", etcd, "--listen", f"127.0.0.1:{next(port_iter)}",
+                        "--etcd", etcd, *security_args(creds, "coordinator"),
+                        # Last: a retry on another port replaces it.
+                        "--listen", f"127.0.0.1:{next(port_iter)}",
                     ],
                     log_path=logs / f"{cid}.log",
                     ready=re.compile(rf"^PHALANX_COORDINATOR_READY id={re.escape(cid)} az=\S+ address=(\S+)\s*$", re.M),
@@ -370,11 +548,11 @@ def build_children(
         argv = [
             sys.executable, "-m", "agent.sim", "--cluster", cluster, "--az", az, "--etcd", etcd,
             "--nodes", str(cfg.nodes_per_az), "--rendezvous-ports", "%d-%d" % block,
+            # Always given: the agent certificates were issued for the nodes
+            # these flags make (sim_node_names).
+            "--spines", str(cfg.sim_spines), "--leaves-per-spine", str(cfg.sim_leaves_per_spine),
+            *security_args(creds, "agents"),
         ]
-        if cfg.spines is not None:
-            argv += ["--spines", str(cfg.spines)]
-        if cfg.leaves_per_spine is not None:
-            argv += ["--leaves-per-spine", str(cfg.leaves_per_spine)]
         if cfg.launch:
             # One dir per AZ process: each keeps its own members.json.
             argv += ["--launch", "--state-dir", str(agents_dir / az)]
@@ -501,6 +679,8 @@ class Up:
         self.cluster = cfg.cluster
         self.etcd: EtcdServer | None = None
         self.etcd_reported = False
+        self.creds: Credentials | None = None  # None: --insecure
+        self.config_path: Path | None = None
         self.children: list[Child] = []
         self.addresses: list[str] = []
         self.baseline_revision = 0
@@ -612,19 +792,35 @@ class Up:
         kept = "kept" if not self.created_state_dir else "removed on exit"
         self.say(f"state dir {self.state_dir} ({kept}); logs in {logs}")
 
+        etcd_tls_dir: Path | None = None
+        if cfg.insecure:
+            self.warn(
+                "warning: --insecure: every coordinator and agent serves and dials plaintext gRPC, and etcd runs "
+                "without TLS or users: anyone who reaches these ports can read and change everything"
+            )
+        else:
+            etcd_tls_dir = Path(cfg.etcd_pki) if cfg.etcd_pki else self.state_dir / ETCD_PKI_DIR
+            self.creds = self._make_credentials(etcd_tls_dir)
+
         etcd = cfg.etcd
         if not etcd:
-            self.etcd = EtcdServer(data_dir=self.state_dir / "etcd", name="phalanx-up", log_path=logs / "etcd.log")
+            self.etcd = EtcdServer(
+                data_dir=self.state_dir / "etcd", name="phalanx-up", log_path=logs / "etcd.log",
+                tls_dir=etcd_tls_dir,
+            )
             try:
                 self.etcd.start()
             except Exception as exc:  # EtcdNotFound, OSError
                 raise StartupFailed(f"cannot start etcd: {exc}") from None
             await self._wait_etcd(self.etcd)
             etcd = self.etcd.endpoint
-            self.say(f"etcd at {etcd} (pid {self.etcd.proc.pid if self.etcd.proc else '?'})")
+            tls = "TLS, client certificates" if self.creds is not None else "plaintext, no auth"
+            self.say(f"etcd at {etcd} ({tls}; pid {self.etcd.proc.pid if self.etcd.proc else '?'})")
         else:
             self.say(f"using etcd at {etcd}")
         deadline = time.monotonic() + cfg.start_timeout
+        if self.creds is not None:
+            await self._provision(etcd, self.creds, deadline)
         # Before any coordinator of ours can campaign: a leader key created
         # after this revision is one of this run's.
         self.baseline_revision = await self._read_revision(etcd, deadline)
@@ -638,7 +834,7 @@ class Up:
                 f"{', '.join(str(a) for a, _ in replaced)} taken, using "
                 f"{', '.join(f'{a}->{t}' for a, t in replaced)} instead"
             )
-        self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents", self.cluster)
+        self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents", self.cluster, self.creds)
         env = child_env()
         for child in self.children:
             child.start(env)
@@ -652,13 +848,72 @@ class Up:
         # For `phalanx logs`: the agents' state dirs (member logs) are under it.
         self.emit(f"PHALANX_STATE_DIR={self.state_dir}")
         self.emit(f"PHALANX_CLUSTER={self.cluster}")
+        if self.creds is not None:
+            self.config_path = self.state_dir / CLIENT_CONFIG
+            write_client_config(self.config_path, self.cluster, self.addresses, self.creds.admin_dir)
+            self.emit(f"PHALANX_CONFIG={self.config_path}")
+        # Last: UpProcess (and scripts) take it as "ready".
         self.emit(f"PHALANX_ADDRESS={','.join(self.addresses)}")
+        if self.creds is not None:
+            self.say(
+                f"the CLI and the SDK: export PHALANX_CONFIG={self.config_path}  "
+                f"(cluster, addresses and an admin certificate; mutual TLS)"
+            )
+        else:
+            self.say(f"the CLI and the SDK: export PHALANX_ADDRESS={','.join(self.addresses)} PHALANX_INSECURE=1")
+
+    def client_options(self) -> dict[str, Any]:
+        """How ``up``'s own clients (readiness, workload) reach the cluster."""
+        if self.creds is None:
+            return {"insecure": True}
+        return {"tls_dir": self.creds.admin_dir}
+
+    def _make_credentials(self, etcd_pki_dir: Path) -> Credentials:
+        from phalanx import etcd_pki
+        from phalanx.certs import CertError
+        from phalanx.tls import utc_now
+
+        cfg = self.cfg
+        nodes = [n for az in cfg.azs for n in cfg.node_names(az)]
+        now = utc_now()
+        try:
+            if not cfg.etcd_pki and not (etcd_pki_dir / "ca.crt").is_file():
+                # A kept state dir keeps its etcd, and the etcd its CA and users.
+                etcd_pki.init(etcd_pki_dir, now=now)
+            creds = make_credentials(self.state_dir, self.cluster, cfg.coordinator_ids(), nodes, etcd_pki_dir, now=now)
+        except (CertError, OSError, ValueError) as exc:
+            raise StartupFailed(f"cannot make the cluster's certificates: {exc}") from None
+        self.say(
+            f"certificates: gRPC CA and {len(cfg.coordinator_ids())} coordinator, {len(nodes)} agent and 1 admin "
+            f"certificate under {self.state_dir / PKI_DIR / self.cluster}; etcd users under {etcd_pki_dir}"
+        )
+        return creds
+
+    async def _provision(self, etcd: str, creds: Credentials, deadline: float) -> None:
+        """This cluster's etcd users and roles (idempotent), as etcd's root."""
+        from coordinator.store import parse_endpoints
+        from phalanx import etcd_auth, etcd_pki
+
+        root = etcd_pki.files(creds.etcd_root)
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            self._check_etcd_alive()
+            try:
+                await etcd_auth.provision(parse_endpoints(etcd), root, self.cluster)
+                return
+            except Exception as exc:  # etcd not answering yet; a refusal repeats until the deadline
+                last = exc
+            await asyncio.sleep(0.5)
+        raise StartupFailed(f"cannot provision the etcd users of cluster {self.cluster!r} at {etcd}: {last}")
 
     async def _read_revision(self, etcd: str, deadline: float) -> int:
         from coordinator.store import Store  # the coordinators' own etcd client
 
         last: Exception | None = None
-        async with Store(etcd, self.cluster, timeout=2.0) as store:
+        from phalanx import etcd_pki
+
+        tls = etcd_pki.files(self.creds.etcd_coordinator) if self.creds is not None else None
+        async with Store(etcd, self.cluster, timeout=2.0, tls=tls) as store:
             while time.monotonic() < deadline:
                 self._check_etcd_alive()
                 try:
@@ -718,7 +973,7 @@ class Up:
         missing = wanted
         stale: dict[str, LeaderSeen] = {}
         told_stale: set[str] = set()
-        async with AsyncClient(addresses, timeout=5.0) as client:
+        async with AsyncClient(addresses, timeout=5.0, **self.client_options()) as client:
             while True:
                 try:
                     st = await client.status()
@@ -995,7 +1250,10 @@ class Workload:
                 by_az[c.az].append(c.address)
         # Each AZ's own coordinators first, the others as fallback.
         self.clients = {
-            az: AsyncClient(addrs + [a for other, xs in by_az.items() if other != az for a in xs], timeout=5.0)
+            az: AsyncClient(
+                addrs + [a for other, xs in by_az.items() if other != az for a in xs], timeout=5.0,
+                **up.client_options(),
+            )
             for az, addrs in by_az.items()
         }
         self.live: dict[str, tuple[str, GangState]] = {}  # gang id -> (az, state)
@@ -1189,6 +1447,7 @@ class UpProcess:
         self.lines: list[str] = []
         self.address = ""
         self.state_dir: Path | None = None
+        self.config: Path | None = None  # the client config it wrote (None with --insecure)
         self._cond = threading.Condition()
         self._eof = False  # the reader has seen the end of the output
         self._reader: threading.Thread | None = None
@@ -1210,7 +1469,34 @@ class UpProcess:
         self.address = m.group(1)
         sd = self.find_line(r"^phalanx up: state dir (\S+) ")
         self.state_dir = Path(sd.group(1)) if sd else None
+        cf = self.find_line(r"^PHALANX_CONFIG=(\S+)$")
+        self.config = Path(cf.group(1)) if cf else None
         return self
+
+    @property
+    def admin_dir(self) -> Path | None:
+        """The admin client dir the config names (what ``Client(tls_dir=...)`` takes)."""
+        if self.config is None:
+            return None
+        doc = yaml.safe_load(self.config.read_text())
+        return (self.config.parent / doc["tls_dir"]).resolve()
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """``Client``/``AsyncClient`` keyword arguments for this cluster."""
+        admin = self.admin_dir
+        return {"tls_dir": admin} if admin is not None else {"insecure": True}
+
+    def client_env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """An environment in which the CLI reaches this cluster as ``up``
+        told the user to (``PHALANX_CONFIG``, or the addresses in plaintext)."""
+        env = dict(os.environ if base is None else base)
+        for name in ("PHALANX_ADDRESS", "PHALANX_TLS_DIR", "PHALANX_INSECURE", "PHALANX_CONFIG"):
+            env.pop(name, None)
+        if self.config is not None:
+            env["PHALANX_CONFIG"] = str(self.config)
+        else:
+            env.update(PHALANX_ADDRESS=self.address, PHALANX_INSECURE="1")
+        return env
 
     def _read(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
