@@ -104,7 +104,7 @@ class Welcome(_message.Message):
     def __init__(self, coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., fence_after_s: _Optional[float] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("gang", "incarnation", "rank", "world_size", "local_rank", "local_world_size", "gpus", "nics", "command", "env", "duration_s", "master_addr", "master_port")
+    __slots__ = ("gang", "incarnation", "rank", "world_size", "local_rank", "local_world_size", "gpus", "nics", "command", "env", "duration_s", "master_addr", "master_port", "owner")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +125,7 @@ class Assignment(_message.Message):
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
     gang: str
     incarnation: int
     rank: int
@@ -138,7 +139,8 @@ class Assignment(_message.Message):
     duration_s: float
     master_addr: str
     master_port: int
-    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., duration_s: _Optional[float] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ...) -> None: ...
+    owner: str
+    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., duration_s: _Optional[float] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class Revocation(_message.Message):
     __slots__ = ("gang", "incarnation", "reason")
