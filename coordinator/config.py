@@ -72,6 +72,10 @@ class Timings:
     # in etcd; a leader judges only once it has led this long, so that at a
     # cluster's start the agents have had time to register their nodes.
     node_register_grace_s: float = 60.0
+    # The GangService policy a coordinator applies is at most this old: it
+    # reads the policy record from etcd again when its copy is older, so an
+    # admin's SetPolicy on one coordinator binds every other one within it.
+    policy_max_staleness_s: float = 2.0
 
     @property
     def leader_validity_s(self) -> float:
@@ -192,6 +196,7 @@ class Timings:
             restart_backoff_s=0.2,
             restart_backoff_max_s=2.0,
             node_register_grace_s=2.0,
+            policy_max_staleness_s=0.5,
             # gang_retention_s stays at its default (7 days): the chaos
             # checker reads every acknowledged gang back at the end of a run
             # and `phalanx up` users read finished gangs long after. Tests of
