@@ -18,7 +18,12 @@ leaves out what safety needs (docs/design.md §4):
   and open watches) to the next member, so a member that stops answering
   without closing its connections (a partition that drops packets, a paused
   process) costs one failed call, not the ~15 s gRPC keepalive needs to
-  declare the connection dead (docs/chaos.md finding 6, docs/timing.md).
+  declare the connection dead (docs/chaos.md finding 6, docs/timing.md);
+- with ``tls`` (an etcd client directory, ``phalanx.etcd_pki``) every
+  member is reached over TLS, verified against ``ETCD_SERVER_NAME``, with a
+  client certificate whose CN is the etcd user; a call that user's role does
+  not allow raises ``StoreDenied`` naming the key and the user
+  (docs/security.md "etcd: TLS and roles").
 
 Key layout (see docs/etcd-keys.md): everything under ``/phalanx/<cluster>/``.
 """
@@ -39,8 +44,10 @@ import grpc
 from aetcd.rpc import rpc_pb2 as epb
 from aetcd.rpc import rpc_pb2_grpc as egrpc
 
-from phalanx.errors import Conflict, NotLeader, StoreUnavailable
+from phalanx import etcd_pki
+from phalanx.errors import Conflict, NotLeader, StoreDenied, StoreUnavailable
 from phalanx.limits import PAGE_KEYS
+from phalanx.tls import TlsFiles
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,19 @@ _TRANSIENT = {
     grpc.StatusCode.UNKNOWN,
     grpc.StatusCode.INTERNAL,
 }
+# etcd's answers when auth is on. "permission denied": the user's role does
+# not cover the key. "user name is empty"/"not found": the certificate's CN
+# is no etcd user (roles not provisioned). Both are refusals, never retried.
+_DENIED_DETAILS = ("permission denied", "user name is empty", "user name not found")
+# "auth: revision in header is old" (etcd's ErrAuthOldRevision, sent as
+# "etcdserver: revision of auth store is old"): etcd checked the request's
+# permissions against one auth revision and, before applying it, the users
+# or roles changed (``phalanx etcd-auth`` provisioning another cluster on
+# the same etcd). Nothing was applied and the same request passes when sent
+# again, so it is a transient failure of that one call (StoreUnavailable,
+# which every caller already treats as "try again later"); the member is
+# fine, so it does not move the store to another one.
+_AUTH_OLD_REVISION = ("revision of auth store is old", "revision in header is old")
 
 
 # --- keys --------------------------------------------------------------------
@@ -117,6 +137,10 @@ class Keys:
     def name(self, name: str) -> str:
         """Index of live gang names: a name is unique among live gangs."""
         return f"{self.root}names/{name}"
+
+    def policy(self) -> str:
+        """The GangService policy every coordinator applies (coordinator/policy_store.py)."""
+        return f"{self.root}policy"
 
 
 def prefix_end(prefix: str) -> bytes:
@@ -320,7 +344,8 @@ def parse_endpoint(text: str) -> Endpoint:
     if "://" in rest:
         scheme, rest = rest.split("://", 1)
         if scheme.lower() != "http":
-            raise bad(f"scheme {scheme!r} is not supported (no TLS client yet; use http:// or none)")
+            raise bad(f"scheme {scheme!r} is not supported (TLS comes from the etcd client files, "
+                      f"--etcd-tls-dir; give host:port)")
     if rest.endswith("/"):
         rest = rest[:-1]
     if not rest:
@@ -455,11 +480,18 @@ class Store:
         endpoints: str | Sequence[str],
         cluster: str,
         *,
+        tls: TlsFiles | None = None,
         timeout: float = 2.0,
         suspect_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self._endpoints = parse_endpoints(endpoints)
+        # ``tls``: an etcd client directory's files (etcd_pki.files); None
+        # reaches etcd in plaintext (only behind --insecure).
+        self.tls = tls
+        # The etcd user this store logs in as (the certificate's CN), known
+        # once connected; "" in plaintext (no auth).
+        self.user = ""
         self.endpoints = [e.target for e in self._endpoints]
         self.keys = Keys(cluster)
         self.timeout = timeout
@@ -483,8 +515,18 @@ class Store:
                 # after gRPC's default backoff of up to two minutes.
                 ("grpc.max_reconnect_backoff_ms", 2_000),
             ]
+            creds = None
+            if self.tls is not None:
+                # Checked here, before any handshake, so a wrong file is
+                # named with the check it fails (TlsError) instead of a
+                # bare handshake failure from etcd.
+                creds, self.user = etcd_pki.channel_credentials(self.tls)
+                options += etcd_pki.CHANNEL_OPTIONS
             for ep in self._endpoints:
-                ch = grpc.aio.insecure_channel(ep.target, options=options)
+                if creds is not None:
+                    ch = grpc.aio.secure_channel(ep.target, creds, options=options)
+                else:
+                    ch = grpc.aio.insecure_channel(ep.target, options=options)
                 # Connect every member now, so a failover does not also pay
                 # for a connection handshake.
                 ch.get_state(try_to_connect=True)
@@ -541,13 +583,31 @@ class Store:
         return self._pin()[0].lease
 
     # -- error translation (docs/style.md §6): one table, at the boundary
-    def _translate(self, exc: grpc.aio.AioRpcError, what: str) -> Exception:
+    def _translate(self, exc: grpc.aio.AioRpcError, what: str, key: str | Callable[[], str] = "") -> Exception:
+        details = exc.details() or ""
+        if exc.code() == grpc.StatusCode.PERMISSION_DENIED or any(d in details for d in _DENIED_DETAILS):
+            return self._denied(what, key() if callable(key) else key, details)
+        if any(d in details for d in _AUTH_OLD_REVISION):
+            return StoreUnavailable(f"etcd refused {what} for now: the etcd users or roles changed while it was "
+                                    f"checked ({details}); nothing was applied, sending it again may pass")
         if exc.code() in _TRANSIENT:
-            return StoreUnavailable(f"etcd unavailable during {what}: {exc.code().name}: {exc.details()}")
-        return StoreUnavailable(f"etcd refused {what}: {exc.code().name}: {exc.details()}")
+            hint = ""
+            if self.tls is not None and ("ssl" in details.lower() or "handshake" in details.lower()):
+                hint = (f" (TLS handshake failed: is {self.tls.ca} the CA of etcd's server certificate, and "
+                        f"{self.tls.cert} issued by etcd's CA?)")
+            elif self.tls is None and "socket closed" in details.lower():
+                hint = " (plaintext: an etcd that serves TLS only closes such connections; give its client files)"
+            return StoreUnavailable(f"etcd unavailable during {what}: {exc.code().name}: {details}{hint}")
+        return StoreUnavailable(f"etcd refused {what}: {exc.code().name}: {details}")
+
+    def _denied(self, what: str, key: str, details: str) -> StoreDenied:
+        user = repr(self.user) if self.user else "(none: plaintext)"
+        on = f" touching {key}" if key and key not in what else ""
+        return StoreDenied(f"etcd denied {what}{on} to etcd user {user}: {details}; that user's role does not "
+                           f"allow it (roles: phalanx etcd-auth)", key=key, user=self.user)
 
     async def _call(self, method: Callable[[_Member], Any], req: Any, what: str, timeout: float | None = None,
-                    *, blame_timeout: bool = True) -> Any:
+                    *, blame_timeout: bool = True, key: str | Callable[[], str] = "") -> Any:
         """One call on the current member. ``blame_timeout=False``: a
         DEADLINE_EXCEEDED is not held against the member (a large range read
         may simply be slow; moving would also break every open watch). A
@@ -560,17 +620,17 @@ class Store:
             blame = exc.code() in _FAILOVER and (blame_timeout or exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED)
             if blame:
                 self._member_failed(index, generation, f"{what}: {exc.code().name}")
-            raise self._translate(exc, f"{what} (at {member.endpoint})") from None
+            raise self._translate(exc, f"{what} (at {member.endpoint})", key) from None
 
     # -- reads (linearizable)
     async def get(self, key: str) -> KV | None:
-        resp = await self._call(lambda m: m.kv.Range, epb.RangeRequest(key=key.encode()), f"get {key}")
+        resp = await self._call(lambda m: m.kv.Range, epb.RangeRequest(key=key.encode()), f"get {key}", key=key)
         return _kv(resp.kvs[0]) if resp.kvs else None
 
     async def get_prefix(self, prefix: str, *, keys_only: bool = False, limit: int = 0) -> tuple[list[KV], int]:
         req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), keys_only=keys_only, limit=limit)
         resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0),
-                                blame_timeout=False)
+                                blame_timeout=False, key=prefix)
         return [_kv(m) for m in resp.kvs], resp.header.revision
 
     async def get_prefix_pages(self, prefix: str, *, keys_only: bool = False, page: int = PAGE_KEYS,
@@ -601,7 +661,7 @@ class Store:
                 # held against the member.
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     self._member_failed(index, generation, f"range {prefix}: {exc.code().name}")
-                raise self._translate(exc, what) from None
+                raise self._translate(exc, what, prefix) from None
             if not revision:
                 revision = resp.header.revision
             kvs = [_kv(m) for m in resp.kvs]
@@ -638,7 +698,7 @@ class Store:
             success=[o.to_pb() for o in success],
             failure=[o.to_pb() for o in failure],
         )
-        resp = await self._call(lambda m: m.kv.Txn, req, "txn")
+        resp = await self._call(lambda m: m.kv.Txn, req, "txn", key=lambda: _txn_keys(compares, success, failure))
         results: list[tuple[KV, ...] | None] = []
         for r in resp.responses:
             if r.HasField("response_range"):
@@ -712,6 +772,8 @@ class Store:
                 if resp.compact_revision:
                     raise Compacted(resp.compact_revision)
                 if resp.canceled:
+                    if any(d in resp.cancel_reason for d in _DENIED_DETAILS):
+                        raise self._denied("watch", prefix, resp.cancel_reason)
                     raise StoreUnavailable(f"watch on {prefix} cancelled: {resp.cancel_reason}")
                 if resp.events:
                     yield [
@@ -726,7 +788,7 @@ class Store:
                 raise StoreUnavailable(f"watch on {prefix} left unresponsive etcd member {member.endpoint}") from None
             if exc.code() in _FAILOVER:
                 self._member_failed(index, generation, f"watch {prefix}: {exc.code().name}")
-            raise self._translate(exc, f"watch {prefix} (at {member.endpoint})") from None
+            raise self._translate(exc, f"watch {prefix} (at {member.endpoint})", prefix) from None
         except asyncio.CancelledError:
             # _member_failed cancelled the call (grpc.aio raises
             # CancelledError for a locally cancelled call): a broken stream
@@ -788,6 +850,17 @@ class LeaseKeepAlive:
             self._index = -1
 
 
+def _txn_keys(compares: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op]) -> str:
+    """The keys a transaction touches, for a refusal's message (etcd does
+    not say which one its role check stopped at)."""
+    keys: list[str] = []
+    for k in [c.key for c in compares] + [o.key for o in success] + [o.key for o in failure]:
+        if k not in keys:
+            keys.append(k)
+    shown = ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+    return shown
+
+
 def jitter(base: float) -> float:
     """Retry pause with jitter, so replicas do not campaign in lockstep."""
     return base * (0.5 + random.random())
@@ -795,6 +868,6 @@ def jitter(base: float) -> float:
 
 __all__ = [
     "Compacted", "Compare", "Conflict", "Delete", "Endpoint", "EndpointRotation", "Fence", "Get",
-    "InvalidEndpoint", "KV", "Keys", "NotLeader", "Op", "Put", "Store", "StoreUnavailable", "TxnResult",
+    "InvalidEndpoint", "KV", "Keys", "NotLeader", "Op", "Put", "Store", "StoreDenied", "StoreUnavailable", "TxnResult",
     "WatchEvent", "absent", "none_under", "parse_endpoint", "parse_endpoints", "unchanged",
 ]

@@ -68,10 +68,30 @@ class Unimplemented(PhalanxError):
     code = grpc.StatusCode.UNIMPLEMENTED
 
 
-class StoreUnavailable(PhalanxError):
+class StoreError(PhalanxError):
+    """Base of the errors the etcd store raises (coordinator/store.py)."""
+
+
+class StoreUnavailable(StoreError):
     """etcd cannot be reached or has no leader; nothing was written."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class StoreDenied(StoreError):
+    """etcd refused the call: the etcd user this process logs in as (the CN
+    of its etcd client certificate) has no permission for the key. Not
+    transient: the same call with the same credentials is refused again, so
+    nothing retries it; it is a deployment error (wrong ``--etcd-tls-dir``,
+    or roles not provisioned: ``phalanx etcd-auth``). To a gRPC client it
+    is the server's fault, not the caller's: INTERNAL."""
+
+    code = grpc.StatusCode.INTERNAL
+
+    def __init__(self, message: str, *, key: str = "", user: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.user = user
 
 
 class NotLeader(PhalanxError):

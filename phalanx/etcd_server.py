@@ -4,22 +4,33 @@ Uses the `etcd` binary on PATH (Debian package etcd-server; scripts/setup.sh
 installs it). No client library here: readiness is polled on /health. The
 server is started with ``phalanx.procs.spawn``: it dies with the process that
 started it, however that one ends.
+
+With ``tls_dir`` (a directory made by ``phalanx.etcd_pki.init``) the member
+serves clients and peers over TLS only and requires a client certificate of
+the etcd CA on both (``--client-cert-auth``, ``--peer-client-cert-auth``);
+with auth enabled (``phalanx.etcd_auth.provision``) etcd takes the client
+certificate's CN as the user. /health is then polled over TLS with the
+``root`` client certificate, which ``start`` issues into ``tls_dir/root/``
+if it is not there.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from phalanx import procs
+from phalanx import etcd_pki, procs
+from phalanx.tls import TlsFiles
 
 
 class EtcdNotFound(RuntimeError):
@@ -48,7 +59,7 @@ class EtcdServer:
     host: str = "127.0.0.1"
     client_port: int = 0
     peer_port: int = 0
-    initial_cluster: str = ""  # "n1=http://h1:p1,n2=..." for a multi-member cluster
+    initial_cluster: str = ""  # "n1=http://h1:p1,n2=..." (https with tls_dir) for a multi-member cluster
     cluster_state: str = "new"
     cluster_token: str = "phalanx"
     log_path: Path | None = None
@@ -57,22 +68,36 @@ class EtcdServer:
     # False only for a script whose starter exits while etcd keeps serving
     # (scripts/gpu_node_check.sh stops it by pid itself).
     die_with_parent: bool = True
+    # An etcd_pki.init directory: TLS with client certificates for clients
+    # and peers. None: plaintext (only behind --insecure).
+    tls_dir: Path | None = None
     proc: subprocess.Popen | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        if self.tls_dir is not None:
+            self.tls_dir = Path(self.tls_dir)
         if not self.client_port:
             self.client_port = free_port(self.host)
         if not self.peer_port:
             self.peer_port = free_port(self.host)
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls_dir is not None else "http"
+
+    @property
     def client_url(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
-        return f"http://{self.host}:{self.peer_port}"
+        return f"{self.scheme}://{self.host}:{self.peer_port}"
+
+    @property
+    def root_tls(self) -> TlsFiles | None:
+        """The root user's client files (``tls_dir/root/``), None in plaintext."""
+        return etcd_pki.files(self.tls_dir / etcd_pki.ROOT_USER) if self.tls_dir is not None else None
 
     @property
     def endpoint(self) -> str:
@@ -102,12 +127,30 @@ class EtcdServer:
             "--auto-compaction-retention", "100000",
             "--logger", "zap",
             "--log-level", "warn",
-        ] + self.extra_args
+        ]
+        if self.tls_dir is not None:
+            server = etcd_pki.server_files(self.tls_dir)
+            cmd += [
+                "--cert-file", str(server.cert), "--key-file", str(server.key),
+                "--trusted-ca-file", str(server.ca), "--client-cert-auth",
+                "--peer-cert-file", str(server.cert), "--peer-key-file", str(server.key),
+                "--peer-trusted-ca-file", str(server.ca), "--peer-client-cert-auth",
+            ]
+        cmd += self.extra_args
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns] + cmd
         return cmd
 
     def start(self) -> "EtcdServer":
+        if self.tls_dir is not None:
+            for p in etcd_pki.server_files(self.tls_dir).paths():
+                if not p.is_file():
+                    raise FileNotFoundError(f"etcd {self.name}: {p} is missing: tls_dir {self.tls_dir} must be "
+                                            f"made by phalanx certs etcd-init --dir {self.tls_dir}")
+            root = self.root_tls
+            assert root is not None
+            if not all(p.is_file() for p in root.paths()):
+                etcd_pki.issue_client(self.tls_dir, etcd_pki.ROOT_USER, now=datetime.datetime.now(datetime.timezone.utc))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         env = dict(os.environ, ETCD_UNSUPPORTED_ARCH=os.environ.get("ETCD_UNSUPPORTED_ARCH", ""))
@@ -127,10 +170,30 @@ class EtcdServer:
 
     def healthy(self, timeout: float = 1.0) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout) as resp:
-                return json.loads(resp.read()).get("health") in ("true", True)
+            if self.tls_dir is None:
+                with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout) as resp:
+                    return json.loads(resp.read()).get("health") in ("true", True)
+            return self._healthy_tls(timeout)
         except Exception:
             return False
+
+    def _healthy_tls(self, timeout: float) -> bool:
+        """GET /health over TLS with the root certificate, verifying the
+        member against ETCD_SERVER_NAME as every client does (its address
+        need not be in the certificate). HTTP/1.0 by hand: urllib cannot
+        verify against a name other than the one it dials."""
+        root = self.root_tls
+        assert root is not None
+        ctx = ssl.create_default_context(cafile=str(root.ca))
+        ctx.load_cert_chain(str(root.cert), str(root.key))
+        with socket.create_connection((self.host, self.client_port), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=etcd_pki.ETCD_SERVER_NAME) as tls:
+                tls.sendall(b"GET /health HTTP/1.0\r\nHost: " + etcd_pki.ETCD_SERVER_NAME.encode() + b"\r\n\r\n")
+                data = b""
+                while chunk := tls.recv(65536):
+                    data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        return head.startswith(b"HTTP/1.") and json.loads(body).get("health") in ("true", True)
 
     def wait_ready(self, timeout: float = 30.0) -> "EtcdServer":
         deadline = time.monotonic() + timeout
@@ -165,7 +228,8 @@ class EtcdServer:
 
 
 def loopback_cluster(
-    data_root: Path, size: int = 3, *, host: str = "127.0.0.1", token: str = "phalanx-local"
+    data_root: Path, size: int = 3, *, host: str = "127.0.0.1", token: str = "phalanx-local",
+    tls_dir: Path | None = None,
 ) -> list[EtcdServer]:
     """The members of one new ``size``-member cluster on ``host``, each on its
     own client and peer ports, data under ``data_root/<name>`` (not started;
@@ -177,7 +241,7 @@ def loopback_cluster(
     members = [
         EtcdServer(
             data_dir=data_root / f"m{i}" / "data", name=f"m{i}", host=host,
-            log_path=data_root / f"m{i}.log", cluster_token=token,
+            log_path=data_root / f"m{i}.log", cluster_token=token, tls_dir=tls_dir,
         )
         for i in range(1, size + 1)
     ]
