@@ -26,11 +26,15 @@ from agent.session import Agent
 from coordinator.config import timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range
 from coordinator.store import Store
-from phalanx.tls import TlsError, TlsFiles, load, utc_now
+from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.usage import OneLineParser
 
 log = logging.getLogger("agent")
-PLAINTEXT_WARNING = "connecting in plaintext (no --tls-dir): anyone who reaches this node's coordinator can pose as this node"
+PLAINTEXT_WARNING = ("--insecure: connecting to coordinators in plaintext (no --tls-dir): anyone on the path can pose "
+                     "as this node's coordinator or as this node")
+ETCD_PLAINTEXT_WARNING = "--insecure: reaching etcd in plaintext (no --etcd-tls-dir)"
+TLS_REQUIRED = "--tls-dir: required (pass --insecure to connect in plaintext)"
+ETCD_TLS_REQUIRED = "--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,9 +69,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-topology", action="store_true", help="discover, print the topology as JSON and exit")
     p.add_argument("--tls-dir", default="",
                    help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key "
-                        "(phalanx certs issue --role agent --name NODE --node NODE); default plaintext, with a warning")
+                        "(phalanx certs issue --role agent --name NODE --node NODE); the leader must present a "
+                        "coordinator certificate of this cluster; required unless --insecure")
+    p.add_argument("--etcd-tls-dir", default="",
+                   help="reach etcd over TLS as this cluster's agent user: DIR holds ca.crt, client.crt and client.key "
+                        "(phalanx certs etcd-user); required unless --insecure")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     return p
+
+
+def required_flags_error(a: argparse.Namespace) -> str | None:
+    """The one-line error for a missing credential flag without --insecure
+    (--print-topology talks to nobody and needs none)."""
+    if a.insecure or a.print_topology:
+        return None
+    if not a.tls_dir:
+        return TLS_REQUIRED
+    if not a.etcd_tls_dir:
+        return ETCD_TLS_REQUIRED
+    return None
+
+
+def etcd_tls_files(a: argparse.Namespace) -> TlsFiles | None:
+    """The --etcd-tls-dir files (TlsError names a missing one)."""
+    return etcd_files(a.etcd_tls_dir) if a.etcd_tls_dir else None
 
 
 def tls_files(a: argparse.Namespace) -> TlsFiles | None:
@@ -131,6 +158,8 @@ async def amain(a: argparse.Namespace) -> int:
     tls = tls_files(a)
     if tls is None:
         log.warning(PLAINTEXT_WARNING)
+    if not a.etcd_tls_dir:
+        log.warning(ETCD_PLAINTEXT_WARNING)
     # Without --state-dir the agent makes a throw-away one (nothing in it can
     # be adopted by a later agent, which would make its own): removed on exit.
     own_dir = not a.state_dir
@@ -160,7 +189,7 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
                                    fence_after_s=timings.fence_after_s, fence_grace_s=timings.stop_grace_s,
                                    log_retention_s=a.log_retention_s)
 
-    store = await Store(a.etcd, a.cluster, timeout=timings.etcd_timeout_s).connect()
+    store = await Store(a.etcd, a.cluster, tls=etcd_tls_files(a), timeout=timings.etcd_timeout_s).connect()
     history = None
     if a.history:
         from agent.sim import HistoryFile
@@ -189,6 +218,10 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
+    missing = required_flags_error(a)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 2
     try:
         rendezvous_args(a)
         tls_files(a)
@@ -197,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TlsError as exc:
         print(f"error: --tls-dir: {exc}", file=sys.stderr)
+        return 2
+    try:
+        etcd_tls_files(a)
+    except TlsError as exc:
+        print(f"error: --etcd-tls-dir: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agent-{a.node} %(levelname)s %(name)s: %(message)s")
     return asyncio.run(amain(a))

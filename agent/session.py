@@ -37,7 +37,7 @@ from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.store import Get, Store, StoreUnavailable
 from phalanx import failpoints, wire
 from phalanx.model import MemberPhase
-from phalanx.tls import TlsFiles, secure_channel
+from phalanx.tls import TlsFiles, coordinator_channel, looks_like_handshake, probe_server, utc_now
 from phalanx.topology import NodeTopology
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
@@ -135,6 +135,7 @@ class Agent:
         self._stopping = asyncio.Event()
         self.connected = asyncio.Event()
         self.leader_address = ""
+        self._dialed = ""  # the address of the last leader dialed (for a refusal's message)
         self.leader_epoch = 0
         self.fenced_count = 0
         self._fenced_episode: float | None = None
@@ -154,9 +155,11 @@ class Agent:
         ch = self._channels.get(address)
         if ch is None:
             # A cached channel keeps the certificate it was made with; a
-            # renewal on disk is used by the channels made after it.
+            # renewal on disk is used by the channels made after it. The
+            # leader must present a coordinator certificate of this cluster
+            # (coordinator_channel checks the name only those carry).
             if self.tls is not None:
-                ch = secure_channel(address, self.tls, cluster=self.cluster)
+                ch = coordinator_channel(address, self.tls, cluster=self.cluster)
             else:
                 ch = grpc.aio.insecure_channel(address)
             self._channels[address] = ch
@@ -206,6 +209,9 @@ class Agent:
                         if exc.details() != self._refused:
                             log.error("agent %s: the leader refused this agent: %s", self.node, exc.details())
                         self._refused = exc.details()
+                    elif (self.tls is not None and exc.code() == grpc.StatusCode.UNAVAILABLE
+                          and looks_like_handshake(exc.details() or "")):
+                        await self._refuse_leader(exc.details() or "")
                     else:
                         log.debug("agent %s session ended: %r", self.node, exc)
                 except Exception as exc:  # noqa: BLE001 - reconnect on anything
@@ -216,6 +222,19 @@ class Agent:
         finally:
             fencer.cancel()
             await asyncio.gather(fencer, return_exceptions=True)
+
+    async def _refuse_leader(self, details: str) -> None:
+        """Say once per reason why the TLS handshake with the leader failed:
+        which peer and which check (our own look at its certificate), else
+        gRPC's words."""
+        address = self._dialed or "the leader"
+        assert self.tls is not None
+        refusal = await asyncio.to_thread(probe_server, address, self.tls, cluster=self.cluster, now=utc_now()) \
+            if self._dialed else None
+        reason = str(refusal) if refusal is not None else f"{address}: TLS handshake failed: {details}"
+        if reason != self._refused:
+            log.error("agent %s: refusing the leader: %s", self.node, reason)
+        self._refused = reason
 
     async def _sleep(self, s: float) -> None:
         try:
@@ -247,6 +266,7 @@ class Agent:
         address, epoch = found
         if epoch < self.guard.highest:
             return  # a stale key cannot be: epochs only grow; wait for etcd to catch up
+        self._dialed = address
         stub = agrpc.AgentServiceStub(self._channel(address))
         self._outbox = outbox = asyncio.Queue()
         members = [self._status(r) for r in self.members.values()]
@@ -493,6 +513,7 @@ class Agent:
                 gpus=gpus, nics=nics, command=tuple(a.command), env=dict(a.env), duration_s=a.duration_s,
                 master_addr=a.master_addr, master_port=a.master_port, epoch=epoch, node=self.node,
                 placement=f"{self.az}/{self.topology.spine}/{self.topology.leaf}/{self.node}",
+                owner=a.owner,
             )
             rec = MemberRecord(key, MemberPhase.STARTING, epoch, gpus, at=time.time())
             self.members[key] = rec

@@ -23,8 +23,29 @@ from agent.simulated import SimulatedLauncher
 from coordinator.config import Timings, timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, split_port_range
 from coordinator.store import Store
+from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.topology import NodeTopology
 from phalanx.usage import OneLineParser
+
+log = logging.getLogger("agent.sim")
+PLAINTEXT_WARNING = ("--insecure: simulated agents connect to coordinators in plaintext (no --tls-dir): anyone on the "
+                     "path can pose as their coordinator or as these nodes")
+ETCD_PLAINTEXT_WARNING = "--insecure: simulated agents reach etcd in plaintext (no --etcd-tls-dir)"
+TLS_REQUIRED = "--tls-dir: required (pass --insecure to connect in plaintext)"
+ETCD_TLS_REQUIRED = "--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)"
+
+
+def node_tls(tls_dir: Path | None, nodes: list[str], cluster: str) -> dict[str, TlsFiles]:
+    """Each simulated node's agent-<node> files in ``tls_dir``, checked now
+    (TlsError names the file and the check); {} for plaintext."""
+    if tls_dir is None:
+        return {}
+    out = {}
+    for node in nodes:
+        files = TlsFiles.issued(tls_dir, "agent", node)
+        load(files, cluster=cluster, use="client", now=utc_now())
+        out[node] = files
+    return out
 
 
 class HistoryFile(list):
@@ -96,18 +117,27 @@ async def run_agents(
     stop_event: asyncio.Event | None = None,
     history: list | None = None,
     rendezvous_ports: tuple[int, int] = DEFAULT_PORTS,
+    tls_dir: Path | None = None,
+    etcd_tls: TlsFiles | None = None,
 ) -> None:
+    """``tls_dir``: a directory with ca.crt and agent-<node>.crt/.key for
+    every simulated node (each agent connects with its own node's
+    certificate); ``etcd_tls``: the agents' etcd user files. None: plaintext."""
     # Every simulated node lives on this host: members reach each other on
     # loopback, and each node owns its own slice of the ports, so two gangs
     # whose rank 0 sit on different simulated nodes never share a port.
     slices = node_port_slices(rendezvous_ports, len(topologies), strict=launch)
-    store = await Store(etcd, cluster, timeout=timings.etcd_timeout_s).connect()
-    channels: dict = {}
+    tls = node_tls(Path(tls_dir) if tls_dir is not None else None, [t.node for t in topologies], cluster)
+    store = await Store(etcd, cluster, tls=etcd_tls, timeout=timings.etcd_timeout_s).connect()
+    # Plaintext agents share one channel per leader; under TLS each agent
+    # presents its own node's certificate, so each keeps its own channels.
+    channels: dict | None = {} if not tls else None
     ids = {t.node: agent_identity(t.node, state_dir if launch else None) for t in topologies}
     agents = [
         Agent(
             cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=ids[t.node],
             launcher_factory=launcher_factory(launch, state_dir, ids[t.node], timings), channels=channels,
+            tls=tls.get(t.node),
             fence_lease=fence_lease_path(launch, state_dir, ids[t.node]),
             history=(lambda ev, d: history.append((ev, d))) if history is not None else None,
             advertise_address=LOOPBACK, rendezvous_ports=slices[i], check_ports=launch,
@@ -125,7 +155,7 @@ async def run_agents(
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for ch in channels.values():
+        for ch in (channels or {}).values():
             await ch.close()
         await store.close()
 
@@ -146,8 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rendezvous-ports", default="%d-%d" % DEFAULT_PORTS,
                    help="FIRST-LAST: the ports of this process's nodes for MASTER_PORT, split into one disjoint slice "
                         "per node (processes sharing a host need disjoint ranges; default %(default)s)")
+    p.add_argument("--tls-dir", default="",
+                   help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key for every simulated "
+                        "node (phalanx certs issue --role agent --name NODE --node NODE); required unless --insecure")
+    p.add_argument("--etcd-tls-dir", default="",
+                   help="reach etcd over TLS as this cluster's agent user: DIR holds ca.crt, client.crt and client.key "
+                        "(phalanx certs etcd-user); required unless --insecure")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
     a = p.parse_args(argv)
+    if not a.insecure and not a.tls_dir:
+        print(f"error: {TLS_REQUIRED}", file=sys.stderr)
+        return 2
+    if not a.insecure and not a.etcd_tls_dir:
+        print(f"error: {ETCD_TLS_REQUIRED}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agents-{a.az} %(levelname)s %(name)s: %(message)s")
     if a.launch and not a.state_dir:
         print("error: --launch needs --state-dir (member logs and state files)", file=sys.stderr)
@@ -156,6 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     from agent.topology.simulated import simulated_fabric
 
     topologies = simulated_fabric(a.az, a.nodes, a.spines, a.leaves_per_spine, gpus=a.gpus)
+    try:
+        node_tls(Path(a.tls_dir) if a.tls_dir else None, [t.node for t in topologies], a.cluster)
+    except TlsError as exc:
+        print(f"error: --tls-dir: {exc}", file=sys.stderr)
+        return 2
+    try:
+        etcd_tls = etcd_files(a.etcd_tls_dir) if a.etcd_tls_dir else None
+    except TlsError as exc:
+        print(f"error: --etcd-tls-dir: {exc}", file=sys.stderr)
+        return 2
+    # Logged at WARNING, above this process's default level, so always seen.
+    if not a.tls_dir:
+        log.warning(PLAINTEXT_WARNING)
+    if etcd_tls is None:
+        log.warning(ETCD_PLAINTEXT_WARNING)
     try:
         ports = parse_port_range(a.rendezvous_ports, "--rendezvous-ports")
     except ValueError as exc:
@@ -177,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             await run_agents(
                 cluster=a.cluster, az=a.az, etcd=a.etcd, topologies=topologies, timings=timings,
                 launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
-                history=sink, rendezvous_ports=ports,
+                history=sink, rendezvous_ports=ports, tls_dir=Path(a.tls_dir) if a.tls_dir else None,
+                etcd_tls=etcd_tls,
             )
         finally:
             if sink is not None:

@@ -16,7 +16,7 @@ import sys
 from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
-from phalanx.tls import TlsError, TlsFiles
+from phalanx.tls import TlsError, TlsFiles, etcd_files
 from phalanx.usage import OneLineParser
 
 
@@ -24,15 +24,20 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     return parse_all(argv)[0]
 
 
+TLS_REQUIRED = "--tls-dir: required (pass --insecure to serve plaintext)"
+ETCD_TLS_REQUIRED = "--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)"
+
+
 def parse_all(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None]:
     """The validated config and the --tls-dir files (None: plaintext)."""
-    config, tls, _ = parse_everything(argv)
+    config, tls, _, _ = parse_everything(argv)
     return config, tls
 
 
-def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None, Policy | None]:
-    """The validated config, the --tls-dir files (None: plaintext) and the
-    --policy (None: the defaults)."""
+def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None, Policy | None, TlsFiles | None]:
+    """The validated config, the --tls-dir files (None: plaintext), the
+    --policy (None: the defaults) and the --etcd-tls-dir files (None:
+    plaintext). Plaintext only with --insecure: ConfigError otherwise."""
     p = OneLineParser(prog="python -m coordinator", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
@@ -44,7 +49,12 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
                    help="JSON object of timing overrides, or 'fast' (validated together at start-up)")
     p.add_argument("--tls-dir", default="",
                    help="serve only TLS with client certificates: DIR holds ca.crt and coordinator-ID.crt/.key "
-                        "(phalanx certs init/issue --role coordinator --name ID); default plaintext, with a warning")
+                        "(phalanx certs init/issue --role coordinator --name ID); required unless --insecure")
+    p.add_argument("--etcd-tls-dir", default="",
+                   help="reach etcd over TLS as this cluster's coordinator user: DIR holds ca.crt, client.crt and "
+                        "client.key (phalanx certs etcd-user); required unless --insecure")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--policy", default="",
                    help="YAML file of what GangService allows each role (max_priority per role; docs/security.md); "
                         "needs --tls-dir; validated at start-up")
@@ -56,7 +66,15 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,
     ).validate()
+    if not a.insecure and not a.tls_dir:
+        raise ConfigError(TLS_REQUIRED)
+    if not a.insecure and not a.etcd_tls_dir:
+        raise ConfigError(ETCD_TLS_REQUIRED)
     tls = TlsFiles.issued(a.tls_dir, "coordinator", a.id) if a.tls_dir else None
+    try:
+        etcd_tls = etcd_files(a.etcd_tls_dir) if a.etcd_tls_dir else None
+    except TlsError as exc:
+        raise ConfigError(f"--etcd-tls-dir: {exc}") from None
     policy = None
     if a.policy:
         if tls is None:
@@ -67,11 +85,12 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
             policy = load_policy(a.policy)
         except PolicyError as exc:
             raise ConfigError(f"--policy: {exc}") from None
-    return config, tls, policy
+    return config, tls, policy, etcd_tls
 
 
-async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None) -> int:
-    coord = Coordinator(config, tls=tls, policy=policy)
+async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None,
+                etcd_tls: TlsFiles | None = None) -> int:
+    coord = Coordinator(config, tls=tls, policy=policy, etcd_tls=etcd_tls)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, coord.stop)
@@ -95,11 +114,11 @@ async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        config, tls, policy = parse_everything(argv)
+        config, tls, policy, etcd_tls = parse_everything(argv)
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(amain(config, tls, policy))
+    return asyncio.run(amain(config, tls, policy, etcd_tls))
 
 
 if __name__ == "__main__":

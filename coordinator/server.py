@@ -29,7 +29,7 @@ from coordinator.store import Store, StoreUnavailable, jitter
 from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
-from phalanx.tls import ServerCredentialsSource, TlsFiles, secure_channel
+from phalanx.tls import ServerCredentialsSource, TlsFiles, coordinator_channel
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -118,23 +118,30 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
         return await self._decision(request, context, False)
 
 
-PLAINTEXT_WARNING = "serving plaintext (no --tls-dir): anyone who reaches this port can submit and cancel gangs"
+PLAINTEXT_WARNING = ("--insecure: serving plaintext (no --tls-dir): anyone who reaches this port can submit and "
+                     "cancel gangs or pose as an agent or a peer")
+ETCD_PLAINTEXT_WARNING = ("--insecure: reaching etcd in plaintext (no --etcd-tls-dir): anyone who reaches etcd can "
+                          "read and rewrite this cluster's state")
 
 
 class Coordinator:
     """``tls``: this coordinator's certificate files (``--tls-dir``). With
     them every service is served only over TLS with client certificates from
-    the CA, and peer channels present the same certificate; without them,
-    plaintext (the default until TLS is turned on everywhere). ``policy``:
-    what GangService allows each role (``--policy``); enforced only with
-    TLS, where callers have identities."""
+    the CA, and peer and forward channels present the same certificate and
+    accept only a coordinator certificate of this cluster; None: plaintext
+    (``--insecure``, warned about at start). ``etcd_tls``: the etcd client
+    files (``--etcd-tls-dir``); None: etcd in plaintext (``--insecure``,
+    warned about too). ``policy``: what GangService allows each role
+    (``--policy``); enforced only with TLS, where callers have identities."""
 
-    def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None):
+    def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None,
+                 etcd_tls: TlsFiles | None = None):
         self.config = config.validate()
         self.tls = tls
+        self.etcd_tls = etcd_tls
         self.policy = policy or Policy()
         self.tls_source: ServerCredentialsSource | None = None
-        self.store = Store(list(config.etcd), config.cluster, timeout=config.timings.etcd_timeout_s)
+        self.store = Store(list(config.etcd), config.cluster, tls=etcd_tls, timeout=config.timings.etcd_timeout_s)
         self.leader: AzLeader | None = None
         self.address = ""
         self.server: grpc.aio.Server | None = None
@@ -151,7 +158,7 @@ class Coordinator:
             # A cached channel keeps the certificate it was made with; a
             # renewal on disk is used by channels made after it.
             if self.tls is not None:
-                ch = secure_channel(address, self.tls, cluster=self.config.cluster, options=opts)
+                ch = coordinator_channel(address, self.tls, cluster=self.config.cluster, options=opts)
             else:
                 ch = grpc.aio.insecure_channel(address, options=opts)
             self._channels[address] = ch
@@ -164,6 +171,8 @@ class Coordinator:
             self.tls_source = ServerCredentialsSource(self.tls, cluster=self.config.cluster)
         else:
             log.warning(PLAINTEXT_WARNING)
+        if self.etcd_tls is None:
+            log.warning(ETCD_PLAINTEXT_WARNING)
         await self.store.connect()
         opts = [
             ("grpc.max_receive_message_length", self.config.max_request_bytes),

@@ -7,10 +7,12 @@ An identity lives in one URI subjectAltName of the certificate::
 
 (``queues`` for a submitter, ``node`` for an agent; never both). The
 subject's CN/OU/O repeat it for people reading ``openssl x509 -text``; only
-the URI counts. A coordinator's certificate also carries the DNS and IP
-subjectAltNames its clients dial (gRPC checks those against the target), and
-it alone is marked for server use: no other certificate of the CA names a
-host, so no other identity can pose as a coordinator.
+the URI counts. A coordinator's certificate also carries the DNS name
+``coordinators.<cluster>.phalanx.invalid`` (``coordinator_server_name``),
+which every client of a coordinator checks whatever address it dialed, and
+the DNS and IP subjectAltNames of ``--hosts`` (for other TLS clients); it
+alone is marked for server use: no other certificate of the CA names a host,
+so no other identity can pose as a coordinator.
 
 The CA certificate carries ``phalanx://<cluster>`` so ``issue`` knows the
 cluster and a reader knows whose CA it is. Pure parts (``identity_of``,
@@ -57,6 +59,19 @@ MAX_QUEUES = 256
 # Hosts a coordinator certificate names when --hosts is not given: what a
 # local cluster (``phalanx up``) dials.
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Every coordinator certificate also names this DNS host (not a real one:
+# ``.invalid`` never resolves), and every client of a coordinator checks the
+# server's certificate against it, whatever address it dialed. So a client
+# can dial any address (a pod IP, a netns address, a proxy) and still only a
+# coordinator certificate of its cluster's CA passes.
+SERVER_NAME_SUFFIX = "phalanx.invalid"
+
+
+def coordinator_server_name(cluster: str) -> str:
+    """The DNS name every coordinator certificate of ``cluster`` carries."""
+    return f"coordinators.{cluster}.{SERVER_NAME_SUFFIX}"
+
+
 _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
@@ -82,6 +97,7 @@ CHECK_MISSING = "no identity"
 CHECK_BAD = "bad identity"
 CHECK_WRONG_CLUSTER = "wrong cluster"
 CHECK_WRONG_USE = "wrong use"
+CHECK_WRONG_NAME = "wrong name"
 
 
 @dataclass(frozen=True)
@@ -216,6 +232,39 @@ def identity_of(
     return identity
 
 
+def check_coordinator(
+    cert: x509.Certificate,
+    *,
+    ca: x509.Certificate | Sequence[x509.Certificate],
+    cluster: str,
+    now: datetime.datetime,
+) -> Identity:
+    """What a client of a coordinator requires of the server's certificate:
+    a coordinator identity of ``cluster`` from ``ca``, valid at ``now``,
+    naming ``coordinator_server_name(cluster)`` (the name gRPC checks).
+    IdentityError names the failed check; any other role, or a coordinator
+    certificate issued without the name, fails ``wrong name``."""
+    try:
+        identity = identity_of(cert, ca=ca, cluster=cluster, now=now, use="server")
+    except IdentityError as exc:
+        if exc.check == CHECK_WRONG_USE:
+            raise IdentityError(CHECK_WRONG_NAME, f"not a coordinator certificate: {exc.detail}") from None
+        raise
+    name = coordinator_server_name(cluster)
+    if name not in dns_names(cert):
+        raise IdentityError(CHECK_WRONG_NAME, f"the certificate of {identity.uri()} does not name {name} "
+                                              "(issued by an older phalanx: issue it again with phalanx certs issue --role coordinator)")
+    return identity
+
+
+def dns_names(cert: x509.Certificate) -> list[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return list(san.get_values_for_type(x509.DNSName))
+
+
 def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(ca)
@@ -326,7 +375,9 @@ def build_leaf(
         raise CertError("; ".join(errors))
     server = identity.role == "coordinator"
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri())]
-    sans += [_san_for_host(h) for h in hosts]
+    if server:
+        sans.append(x509.DNSName(coordinator_server_name(identity.cluster)))
+    sans += [_san_for_host(h) for h in hosts if h != coordinator_server_name(identity.cluster)]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
     subject = x509.Name([
         x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"phalanx {identity.cluster}"),

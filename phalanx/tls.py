@@ -12,11 +12,20 @@ sides read them again when they change:
   half-written pair, an expired certificate) is logged once, naming the file
   and the check, and the server keeps what it had.
 * a client builds channel credentials from the current files for every new
-  channel (``channel_credentials`` / ``secure_channel``).
+  channel (``channel_credentials`` / ``coordinator_channel``).
+
+Every client of a coordinator (the SDK and CLI, agents, a coordinator's
+peer and forward channels) checks the server's certificate against
+``coordinator_server_name(cluster)`` whatever address it dialed
+(``coordinator_channel``): only a coordinator certificate of the cluster's CA
+carries that name, so an agent or submitter certificate of the same CA
+cannot pose as a coordinator. When a handshake fails, ``probe_server`` looks
+at what the server presented and says which check failed.
 
 Every check failure is a TlsError whose message names the file and the
-check (``unknown CA``, ``expired``, ``wrong cluster``, ...). The coordinator,
-the agents, the SDK and the CLI use it when given ``--tls-dir`` (opt-in).
+check (``unknown CA``, ``expired``, ``wrong cluster``, ``wrong name``, ...).
+Every process serves or dials TLS by default; plaintext only behind an
+explicit ``--insecure`` (a warning at start-up).
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import socket
+import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +44,23 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from phalanx.certs import CA_CERT, Identity, IdentityError, identity_of, leaf_paths
+from phalanx.certs import (
+    CA_CERT,
+    CHECK_WRONG_NAME,
+    Identity,
+    IdentityError,
+    check_coordinator,
+    coordinator_server_name,
+    dns_names,
+    identity_of,
+    leaf_paths,
+)
+
+__all__ = [
+    "TlsError", "TlsFiles", "Loaded", "load", "ServerCredentialsSource", "channel_credentials",
+    "coordinator_channel", "coordinator_server_name", "secure_channel", "peer_identity", "probe_server",
+    "etcd_files", "utc_now",
+]
 
 log = logging.getLogger("phalanx.tls")
 
@@ -71,6 +98,22 @@ class TlsFiles:
 
     def paths(self) -> tuple[Path, Path, Path]:
         return self.ca, self.cert, self.key
+
+
+ETCD_CLIENT_CERT = "client.crt"
+ETCD_CLIENT_KEY = "client.key"
+
+
+def etcd_files(directory: Path | str) -> TlsFiles:
+    """``--etcd-tls-dir E``: E/ca.crt (etcd's CA), E/client.crt and
+    E/client.key (this process's etcd user), as ``phalanx certs etcd-user``
+    writes them. TlsError names the first file that is missing."""
+    d = Path(directory)
+    files = TlsFiles(d / CA_CERT, d / ETCD_CLIENT_CERT, d / ETCD_CLIENT_KEY)
+    for p in files.paths():
+        if not p.is_file():
+            raise TlsError(p, "cannot read", "no such file (phalanx certs etcd-user writes ca.crt, client.crt and client.key)")
+    return files
 
 
 @dataclass(frozen=True)
@@ -116,6 +159,11 @@ def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> 
         identity = identity_of(cert, ca=cas, cluster=cluster, now=now, use=use)
     except IdentityError as exc:
         raise TlsError(files.cert, exc.check, f"{exc.detail} (CA: {files.ca})") from None
+    if use == "server" and coordinator_server_name(cluster) not in dns_names(cert):
+        # Every client checks this name: a server without it would be refused
+        # by all of them, so it does not start.
+        raise TlsError(files.cert, CHECK_WRONG_NAME, f"does not name {coordinator_server_name(cluster)}, the name every "
+                       "client checks (issued by an older phalanx: issue it again with phalanx certs issue --role coordinator)")
     return Loaded(ca_pem, cert_pem, key_pem, cas, cert, identity)
 
 
@@ -193,12 +241,76 @@ def channel_credentials(files: TlsFiles, *, cluster: str, now: datetime.datetime
                                         certificate_chain=loaded.cert_pem)
 
 
+def coordinator_channel(target: str, files: TlsFiles, *, cluster: str, options: Sequence[tuple[str, Any]] = (),
+                        aio: bool = True, now: datetime.datetime | None = None) -> Any:
+    """A grpc.aio (``aio=False``: blocking grpc) channel to a coordinator at
+    ``target`` with this process's certificate. gRPC checks that the
+    server's certificate is from the CA and names
+    ``coordinator_server_name(cluster)``, whatever host ``target`` names:
+    only a coordinator certificate of this cluster passes."""
+    opts = [("grpc.ssl_target_name_override", coordinator_server_name(cluster)), *options]
+    credentials = channel_credentials(files, cluster=cluster, now=now)
+    if aio:
+        return grpc.aio.secure_channel(target, credentials, options=opts)
+    return grpc.secure_channel(target, credentials, options=opts)
+
+
 def secure_channel(target: str, files: TlsFiles, *, cluster: str, options: Sequence[tuple[str, Any]] = (),
                    now: datetime.datetime | None = None) -> grpc.aio.Channel:
-    """A grpc.aio channel to ``target`` with this process's certificate. gRPC
-    checks that the server's certificate is from the CA and names the host
-    in ``target`` (only coordinator certificates name hosts)."""
-    return grpc.aio.secure_channel(target, channel_credentials(files, cluster=cluster, now=now), options=list(options))
+    """``coordinator_channel`` (grpc.aio): the one kind of server a phalanx
+    process dials over gRPC is a coordinator."""
+    return coordinator_channel(target, files, cluster=cluster, options=options, now=now)
+
+
+# gRPC's words for a failed handshake (its Python API gives no better signal).
+_HANDSHAKE_WORDS = ("ssl", "tls", "handshake", "certificate", "peer name", "hostname verification")
+
+
+def looks_like_handshake(details: str) -> bool:
+    low = (details or "").lower()
+    return any(w in low for w in _HANDSHAKE_WORDS)
+
+
+def probe_server(target: str, files: TlsFiles, *, cluster: str, now: datetime.datetime,
+                 timeout: float = 2.0) -> TlsError | None:
+    """Why a coordinator at ``target`` fails this client's checks: a TLS
+    handshake of our own (Python's ssl, which shows the server's certificate
+    even when it does not verify), then ``check_coordinator`` on what the
+    server presented. A TlsError whose ``path`` is the target and whose
+    ``check`` is the failed check (``unknown CA``, ``expired``, ``wrong
+    name``, ...); None if the certificate passes or the server could not be
+    reached (gRPC's own error says more then). Blocking: run it in a thread."""
+    try:
+        loaded = load(files, cluster=cluster, use="client", now=now)
+    except TlsError as exc:  # our own files changed under us: that is the reason
+        return exc
+    host, _, port = target.rpartition(":")
+    host = host.strip("[]")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    # Verification is ours (check_coordinator), so that an unknown CA or a
+    # wrong name is reported, not just "handshake failed".
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        ctx.load_cert_chain(files.cert, files.key)
+        with socket.create_connection((host, int(port)), timeout=timeout) as raw:
+            with ctx.wrap_socket(raw, server_hostname=coordinator_server_name(cluster)) as conn:
+                der = conn.getpeercert(binary_form=True)
+    except (OSError, ValueError):
+        return None
+    if not der:
+        return None
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        return TlsError(target, CHECK_BAD_PEER, f"the server's certificate does not parse: {exc}")
+    try:
+        check_coordinator(cert, ca=loaded.cas, cluster=cluster, now=now)
+    except IdentityError as exc:
+        return TlsError(target, exc.check, f"the server is not a coordinator of cluster {cluster!r} "
+                        f"this client trusts: {exc.detail} (CA: {files.ca})")
+    return None
 
 
 def peer_identity(context: Any, *, cas: Sequence[x509.Certificate], cluster: str, now: datetime.datetime) -> Identity:

@@ -126,16 +126,62 @@ async def test_an_expired_client_certificate_is_refused(server: Server, pki: Pat
     await refused(grpc.aio.secure_channel(server.target, raw_credentials(pki / "ca.crt", crt, key)))
 
 
-async def test_a_server_certificate_not_naming_the_host_is_refused_by_the_client(pki: Path) -> None:
+async def test_a_client_checks_the_coordinator_name_whatever_address_it_dials(pki: Path) -> None:
+    # The certificate names another host only; the client dials 127.0.0.1
+    # and still gets in: what it checks is coordinators.<cluster>.phalanx.invalid.
     certs.issue(pki, "coordinator", "co-far", now=now(), hosts=["coordinator.example"])
     s = Server(tls.TlsFiles.issued(pki, "coordinator", "co-far"))
     await s.server.start()
     try:
-        error = await refused(tls.secure_channel(s.target, tls.TlsFiles.issued(pki, "submitter", "alice"), cluster=CLUSTER))
+        client = tls.TlsFiles.issued(pki, "submitter", "alice")
+        assert (await check(tls.coordinator_channel(s.target, client, cluster=CLUSTER))).status == health_pb2.HealthCheckResponse.SERVING
+        assert await asyncio.to_thread(tls.probe_server, s.target, client, cluster=CLUSTER, now=now()) is None
     finally:
         await s.server.stop(None)
-    assert s.source.current.identity.name == "co-far"
-    assert "Hostname Verification" in (error.details() or ""), error.details()  # gRPC's words (grpcio pinned)
+
+
+async def raw_server(crt: Path, key: Path, ca: Path) -> tuple[grpc.aio.Server, str]:
+    """A TLS server presenting any certificate (ServerCredentialsSource
+    refuses to serve with a non-coordinator one)."""
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), server)
+    creds = grpc.ssl_server_credentials([(key.read_bytes(), crt.read_bytes())], root_certificates=ca.read_bytes(),
+                                        require_client_auth=True)
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    await server.start()
+    return server, f"127.0.0.1:{port}"
+
+
+async def test_a_server_presenting_a_non_coordinator_certificate_of_the_same_ca_is_refused(pki: Path) -> None:
+    crt, key, _ = certs.issue(pki, "agent", "n1", node="n1", now=now())
+    with pytest.raises(tls.TlsError) as info:
+        tls.ServerCredentialsSource(tls.TlsFiles(pki / "ca.crt", crt, key), cluster=CLUSTER)
+    assert info.value.check == certs.CHECK_WRONG_USE and info.value.path == str(crt)
+    client = tls.TlsFiles.issued(pki, "submitter", "alice")
+    for role, name, extra in (("agent", "n1", {"node": "n1"}), ("submitter", "alice", {})):
+        server, target = await raw_server(*certs.leaf_paths(pki, role, name), pki / "ca.crt")
+        try:
+            error = await refused(tls.coordinator_channel(target, client, cluster=CLUSTER))
+            assert error.code() == grpc.StatusCode.UNAVAILABLE and tls.looks_like_handshake(error.details() or "")
+            why = await asyncio.to_thread(tls.probe_server, target, client, cluster=CLUSTER, now=now())
+        finally:
+            await server.stop(None)
+        assert why is not None and why.check == certs.CHECK_WRONG_NAME and why.path == target, why
+        assert f"phalanx://{CLUSTER}/{role}/{name}" in str(why)
+
+
+async def test_a_coordinator_certificate_of_another_ca_is_refused_and_named(pki: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    certs.init_ca(other, CLUSTER, now=now())
+    crt, key, _ = certs.issue(other, "coordinator", "co-1", now=now())
+    server, target = await raw_server(crt, key, pki / "ca.crt")
+    client = tls.TlsFiles.issued(pki, "submitter", "alice")
+    try:
+        await refused(tls.coordinator_channel(target, client, cluster=CLUSTER))
+        why = await asyncio.to_thread(tls.probe_server, target, client, cluster=CLUSTER, now=now())
+    finally:
+        await server.stop(None)
+    assert why is not None and why.check == certs.CHECK_UNKNOWN_CA, why
 
 
 def served_serial(port: int, pki: Path) -> int:

@@ -134,13 +134,51 @@ def test_build_leaf_refuses(name: str) -> None:
 def test_only_a_coordinator_certificate_names_hosts_and_serves() -> None:
     cert = leaf(COORD, hosts=["co.example", "10.0.0.1", "::1"])
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert san.get_values_for_type(x509.DNSName) == ["co.example"]
+    # The name every client of a coordinator checks, then the --hosts.
+    assert san.get_values_for_type(x509.DNSName) == ["coordinators.prod.phalanx.invalid", "co.example"]
     assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["10.0.0.1", "::1"]
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in eku and ExtendedKeyUsageOID.CLIENT_AUTH in eku
     client_eku = leaf(ALICE).extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(client_eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert not leaf(ALICE).extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+
+
+OTHER_CLUSTER_CA = certs.build_ca(OTHER_KEY, "dev", not_before=NOW - 30 * DAY)
+SERVER_CHECKS = {
+    # name: (the certificate a "coordinator" presents, the failed check or None)
+    "a coordinator of the cluster": (leaf(COORD), None),
+    "a coordinator with --hosts": (leaf(COORD, hosts=["10.0.0.1"]), None),
+    "an agent of the same CA": (leaf(AGENT), certs.CHECK_WRONG_NAME),
+    "a submitter of the same CA": (leaf(ALICE), certs.CHECK_WRONG_NAME),
+    "a coordinator of another CA": (leaf(COORD, ca=OTHER_CA, ca_key=OTHER_KEY), certs.CHECK_UNKNOWN_CA),
+    "a coordinator of another cluster": (certs.build_leaf(Identity("dev", "coordinator", "co-a"), LEAF_KEY.public_key(),
+                                                          ca=OTHER_CLUSTER_CA, ca_key=OTHER_KEY, not_before=NOW - DAY,
+                                                          not_after=NOW + DAY), certs.CHECK_UNKNOWN_CA),
+    "an expired coordinator": (leaf(COORD, start=NOW - 3 * DAY, end=NOW - DAY), certs.CHECK_EXPIRED),
+    "a coordinator without the name (an older phalanx)": (
+        hand_made([URI(COORD.uri()), x509.DNSName("localhost")],
+                  usages=(ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH)), certs.CHECK_WRONG_NAME),
+}
+
+
+@pytest.mark.parametrize("name", SERVER_CHECKS)
+def test_check_coordinator(name: str) -> None:
+    cert, check = SERVER_CHECKS[name]
+    if check is None:
+        assert certs.check_coordinator(cert, ca=CA, cluster=CLUSTER, now=NOW) == COORD
+        return
+    with pytest.raises(IdentityError) as info:
+        certs.check_coordinator(cert, ca=CA, cluster=CLUSTER, now=NOW)
+    assert info.value.check == check
+
+
+def test_coordinator_server_name_is_per_cluster_and_never_resolves() -> None:
+    assert certs.coordinator_server_name("prod") == "coordinators.prod.phalanx.invalid"
+    assert certs.coordinator_server_name("dev") != certs.coordinator_server_name("prod")
+    # --hosts naming it again does not repeat it
+    cert = leaf(COORD, hosts=[certs.coordinator_server_name(CLUSTER), "localhost"])
+    assert certs.dns_names(cert) == ["coordinators.prod.phalanx.invalid", "localhost"]
 
 
 def test_the_ca_names_its_cluster_and_signs_leaves_only() -> None:
@@ -202,7 +240,7 @@ def test_cli_certs_init_and_issue(tmp_path: Path, capsys: pytest.CaptureFixture[
     cert = x509.load_pem_x509_certificate((d / "submitter-alice.crt").read_bytes())
     assert cert.not_valid_after_utc - cert.not_valid_before_utc == datetime.timedelta(days=30)
     rc, out, err = run_cli(capsys, "certs", "issue", "--dir", str(d), "--role", "coordinator", "--name", "co-a", "--hosts", "co.example,10.1.2.3")
-    assert rc == 0 and "hosts co.example,10.1.2.3" in out
+    assert rc == 0 and "hosts coordinators.prod.phalanx.invalid,co.example,10.1.2.3" in out
 
 
 CLI_ERRORS = {
