@@ -2,7 +2,12 @@
 
 Coordinators are real processes (so tests can SIGKILL / SIGSTOP them);
 simulated agents run in the test's event loop (so tests can read their
-history). Everything talks over real gRPC on loopback to a real etcd.
+history). Everything talks over real gRPC on loopback to a real etcd, with
+TLS on both (the default a deployment runs with): coordinators and agents
+present certificates of the test cluster's CA (tests/pki.py), the test's
+stubs an admin client certificate, and everything reaches etcd as the
+cluster's least-privilege etcd users (coordinator: read-write on the
+cluster's prefix; agent: read-only on what its token check reads).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from phalanx.topology import Gpu, Nic, NodeTopology
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
 from phalanx.v1 import types_pb2 as pb
+from tests.pki import ClusterPki, EtcdPki, etcd_pki_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +82,14 @@ class AgentGroup:
 
 
 class LocalCluster:
-    def __init__(self, etcd: str, cluster: str, workdir: Path, timings: Timings | None = None):
+    """``pki``: the cluster's gRPC CA (default: ``ClusterPki(workdir, cluster)``,
+    the one the ``cluster_pki`` fixture opens too). ``etcd_pki``: the etcd CA
+    the etcd at ``etcd`` trusts (default: the one registered for it by
+    tests/pki.py); the cluster's users must be provisioned (the
+    ``cluster_name`` fixture does)."""
+
+    def __init__(self, etcd: str, cluster: str, workdir: Path, timings: Timings | None = None, *,
+                 pki: ClusterPki | None = None, etcd_pki: EtcdPki | None = None):
         self.etcd = etcd
         self.cluster = cluster
         self.workdir = workdir
@@ -84,7 +97,50 @@ class LocalCluster:
         self.coordinators: dict[str, CoordProc] = {}
         self.agent_groups: list[AgentGroup] = []
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.store = Store(etcd, cluster, timeout=2.0)
+        self.pki = pki or ClusterPki(workdir, cluster)
+        self.etcd_pki = etcd_pki or etcd_pki_for(etcd)
+        self._root_stores: list[Store] = []
+        # The test's own reads and writes go through the coordinator's etcd
+        # user: what the test checks in etcd is what a coordinator can see.
+        self.store = Store(etcd, cluster, timeout=2.0, tls=self.etcd_pki.role(cluster, "coordinator"))
+
+    # --- credentials --------------------------------------------------------------------
+
+    def etcd_tls_dir(self, role: str = "coordinator") -> Path:
+        """``--etcd-tls-dir`` for this cluster's ``role`` ("coordinator" or "agent")."""
+        return self.etcd_pki.role_dir(self.cluster, role)
+
+    def client_dir(self, role: str = "admin", name: str = "tester", queues: tuple[str, ...] | list[str] = ()) -> Path:
+        """A client TLS dir (``ca.crt client.crt client.key``) of this cluster's CA."""
+        return self.pki.client(role, name, tuple(queues))
+
+    def client_env(self, role: str = "admin", name: str = "tester", queues: tuple[str, ...] | list[str] = (),
+                   **extra: str) -> dict[str, str]:
+        """The environment for a CLI/SDK subprocess: ``$PHALANX_TLS_DIR`` set
+        to a client dir, no inherited ``PHALANX_INSECURE``."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PHALANX_INSECURE", "PHALANX_CONFIG")}
+        env.update(PHALANX_TLS_DIR=str(self.client_dir(role, name, queues)), **extra)
+        return env
+
+    def coordinator_args(self, cid: str) -> list[str]:
+        """The credential flags of ``python -m coordinator --id cid``."""
+        self.pki.coordinator(cid)
+        return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("coordinator"))]
+
+    def agent_args(self, node: str) -> list[str]:
+        """The credential flags of ``python -m agent --node node``."""
+        self.pki.agent(node)
+        return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("agent"))]
+
+    async def root_store(self) -> Store:
+        """A Store on this cluster's prefix as etcd root, closed with the
+        cluster: only for a test that plants what no coordinator would write
+        (the coordinator user could write it too, but root says it is the
+        test, not a Phalanx process, that wrote it) or reads outside the
+        cluster's prefix."""
+        s = await Store(self.etcd, self.cluster, timeout=2.0, tls=self.etcd_pki.root).connect()
+        self._root_stores.append(s)
+        return s
 
     def _timings_json(self) -> str:
         import dataclasses
@@ -98,7 +154,9 @@ class LocalCluster:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         proc = subprocess.Popen(
             [sys.executable, "-m", "coordinator", "--cluster", self.cluster, "--az", az, "--id", cid,
-             "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO", *(extra_args or [])],
+             "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO",
+             # extra_args last: a test that gives its own --tls-dir (its own CA) wins.
+             *self.coordinator_args(cid), *(extra_args or [])],
             stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO, env=env,
         )
         ready, _, _ = select.select([proc.stdout], [], [], 30)
@@ -119,10 +177,14 @@ class LocalCluster:
         stop = asyncio.Event()
         history: list[tuple[str, dict[str, Any]]] = []
         group = AgentGroup(az, None, stop, history)  # type: ignore[arg-type]
+        for t in topologies:
+            self.pki.agent(t.node)
+        etcd_tls = self.etcd_pki.role(self.cluster, "agent")
 
         async def go() -> None:
             await run_agents(cluster=self.cluster, az=az, etcd=self.etcd, topologies=topologies,
-                             timings=self.timings, ready_line=False, stop_event=stop, history=history)
+                             timings=self.timings, ready_line=False, stop_event=stop, history=history,
+                             tls_dir=self.pki.server_dir(), etcd_tls=etcd_tls)
 
         group.task = asyncio.create_task(go())
         self.agent_groups.append(group)
@@ -134,9 +196,20 @@ class LocalCluster:
             address = (live or list(self.coordinators.values()))[0].address
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address)
+            ch = self.channel(address)
             self._channels[address] = ch
         return ggrpc.GangServiceStub(ch)
+
+    def channel(self, address: str, role: str = "admin", name: str = "tester", queues: tuple[str, ...] = (),
+                options: tuple[tuple[str, Any], ...] = (), aio: bool = True) -> Any:
+        """A new channel (grpc.aio, or blocking grpc with ``aio=False``) to a
+        coordinator at ``address`` with a client certificate of this
+        cluster's CA, verifying the server as this cluster's coordinator;
+        the caller closes it."""
+        from phalanx.tls import coordinator_channel
+
+        return coordinator_channel(address, self.pki.client_files(role, name, queues), cluster=self.cluster,
+                                   options=options, aio=aio)
 
     async def leader(self, az: str) -> LeaderInfo | None:
         return await observe(self.store, az)
@@ -285,6 +358,8 @@ class LocalCluster:
                 c.proc.stdout.close()
         for ch in self._channels.values():
             await ch.close()
+        for s in self._root_stores:
+            await s.close()
         await self.store.close()
 
 
