@@ -44,6 +44,9 @@ class MemberLaunch:
     epoch: int = 0  # epoch of the leader whose assignment caused the start
     node: str = ""
     placement: str = ""  # human-readable placement summary, exported as PHALANX_PLACEMENT
+    # The gang's owner ("<role>/<name>", "" for a plaintext submission): whom
+    # a real member runs as comes from it (agent.core.run_as).
+    owner: str = ""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,12 @@
 
 - each member is started in its own session (so its own process group), with the
   Phalanx environment contract (``member_environment``), its output appended to
-  ``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.log``;
+  ``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.log`` (agent-owned);
+- it runs as the account the agent's run-as policy maps its gang's owner to
+  (``agent.core.run_as``; never root unless the policy allows it for that
+  owner), with that account's groups only, in its own work directory
+  ``<work_root>/<gang>/<incarnation>/rank-<rank>`` owned by that account
+  (its current directory, ``$HOME`` and ``$PHALANX_WORK_DIR``);
 - a member *is* its process group: stopping it signals the whole group, and when
   its leader exits, whatever is left of the group is killed before the exit is
   reported, so a reported exit means the member's devices are really free;
@@ -32,9 +37,11 @@ import json
 import logging
 import math
 import os
+import pwd
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -42,6 +49,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Collection, Coroutine, Iterable, Iterator, Mapping
 
+import yaml
+
+from agent.core.run_as import Account, Refused, RunAsError, RunAsPolicy, decide, parse_policy
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
 from agent.shim import read_exit_record
 
@@ -61,8 +71,10 @@ STATE_FILE = "members.json"
 STATE_VERSION = 1
 
 # Built-in member used when a spec has no command (``phalanx up --launch`` with
-# specs written for simulated agents): sleeps for run.duration_s.
-SIMULATED_MEMBER_CODE = "import time,sys; time.sleep(float(sys.argv[1]))"
+# specs written for simulated agents): sleeps for run.duration_s. coreutils'
+# sleep rather than this interpreter: the member's user (nobody by default)
+# may not be able to reach the agent's Python (a virtualenv under /root).
+SLEEP_ARGV = ("sleep",)
 
 # Environment variables owned by Phalanx: set on every member, after the spec's
 # env and the agent's extra env, so a spec cannot override them (a spec that set
@@ -74,8 +86,9 @@ ENV_AGENT_ID = "PHALANX_AGENT_ID"
 ENV_NODE = "PHALANX_NODE"
 ENV_PLACEMENT = "PHALANX_PLACEMENT"
 ENV_EPOCH = "PHALANX_EPOCH"
+ENV_WORK_DIR = "PHALANX_WORK_DIR"
 OWNED_ENV: frozenset[str] = frozenset({
-    ENV_GANG, ENV_INCARNATION, ENV_AGENT_ID, ENV_NODE, ENV_PLACEMENT, ENV_EPOCH,
+    ENV_GANG, ENV_INCARNATION, ENV_AGENT_ID, ENV_NODE, ENV_PLACEMENT, ENV_EPOCH, ENV_WORK_DIR, "HOME",
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_IB_HCA",
@@ -104,14 +117,25 @@ def member_environment(
     node_addr: str = "127.0.0.1",
     base: Mapping[str, str] | None = None,
     extra_env: Mapping[str, str] | None = None,
+    work_dir: Path | None = None,
+    account: Account | None = None,
 ) -> dict[str, str]:
     """The environment of one member, lowest precedence first: ``base`` (the
     agent's own environment), ``extra_env`` (node operator), ``launch.env``
-    (the spec), then the Phalanx-owned variables, which always win."""
+    (the spec), then the Phalanx-owned variables, which always win.
+
+    ``work_dir``: the member's own directory, exported as ``PHALANX_WORK_DIR``
+    and ``HOME`` (the agent's home is no place for a member's files).
+    ``account``: the user it runs as, for ``USER``/``LOGNAME`` (None: the
+    agent's own user, whose variables it inherits)."""
     env: dict[str, str] = dict(os.environ if base is None else base)
     env.update(extra_env or {})
     env.update(launch.env)
     key = launch.key
+    if work_dir is not None:
+        env.update({ENV_WORK_DIR: str(work_dir), "HOME": str(work_dir)})
+    if account is not None:
+        env.update({"USER": account.name, "LOGNAME": account.name})
     env.update({
         ENV_GANG: key.gang,
         ENV_INCARNATION: str(key.incarnation),
@@ -143,24 +167,77 @@ def member_command(launch: MemberLaunch) -> list[str]:
     """The argv of a member; the built-in sleeper when the spec has no command."""
     if launch.command:
         return list(launch.command)
-    return [sys.executable, "-c", SIMULATED_MEMBER_CODE, repr(float(launch.duration_s))]
+    return [*SLEEP_ARGV, repr(float(launch.duration_s))]
 
 
 SHIM_PATH = Path(__file__).resolve().with_name("shim.py")
 
 
 def shim_command(argv: list[str], lease: Path, fence_after_s: float, grace_s: float,
-                 exit_file: Path | None = None) -> list[str]:
+                 exit_file: Path | None = None, account: Account | None = None) -> list[str]:
     """``argv`` wrapped by the fencing shim (agent/shim.py, docs/launcher.md).
 
     Run by file path with ``-I`` so it needs neither this package on the
     member's ``sys.path`` nor a particular working directory, and no
     ``PYTHON*`` variable of the member's environment can change the shim
-    (the environment still reaches the member unchanged)."""
+    (the environment still reaches the member unchanged). With ``account``
+    the shim keeps the agent's user (it must read the agent's lease, write
+    the exit record and signal the group) and starts ``argv`` as that
+    account."""
     exit_args = ["--exit-file", str(exit_file)] if exit_file is not None else []
+    user_args = ["--user", account_arg(account)] if account is not None else []
     return [sys.executable, "-I", str(SHIM_PATH), "--lease", str(lease),
             "--fence-after", repr(float(fence_after_s)), "--grace", repr(float(grace_s)),
-            *exit_args, "--", *argv]
+            *exit_args, *user_args, "--", *argv]
+
+
+def account_arg(account: Account) -> str:
+    """``UID:GID:G1,G2,...`` (the shim's ``--user``)."""
+    return f"{account.uid}:{account.gid}:{','.join(str(g) for g in account.groups)}"
+
+
+# --------------------------------------------------------------------------- #
+# Run-as policy (the driver of agent.core.run_as)
+# --------------------------------------------------------------------------- #
+
+def system_account(name: str) -> Account:
+    """The node's account ``name`` with its own groups (/etc/passwd,
+    /etc/group); KeyError when there is none."""
+    pw = pwd.getpwnam(name)
+    return Account(name=name, uid=pw.pw_uid, gid=pw.pw_gid,
+                   groups=tuple(sorted(set(os.getgrouplist(name, pw.pw_gid)))))
+
+
+def default_run_as() -> RunAsPolicy:
+    """The policy without ``--run-as``: every owner runs as ``nobody``, none
+    as root. RunAsError when the node has no ``nobody``."""
+    return parse_policy(None, system_account)
+
+
+def load_run_as(path: str | Path) -> RunAsPolicy:
+    """The ``--run-as`` file; ValueError ``FILE: <field>: <reason>``."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: (document): not YAML: {first}") from None
+    try:
+        return parse_policy(doc, system_account)
+    except RunAsError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+class RunAsRefused(Exception):
+    """A member its run-as policy does not let run (nothing was started)."""
+
+
+def member_work_path(work_root: Path, key: MemberKey) -> Path:
+    """``<work_root>/<gang>/<incarnation>/rank-<rank>``: the member's own directory."""
+    return Path(work_root) / _check_path_component(key.gang) / str(key.incarnation) / f"rank-{key.rank}"
 
 
 # --------------------------------------------------------------------------- #
@@ -248,7 +325,9 @@ def _append_log_line(path: Path, text: str) -> None:
     # `phalanx logs` tells the whole story; failures here must never matter.
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     try:
-        with open(path, "a", encoding="utf-8") as f:
+        # 0600 when this creates it: a member's log is the agent's, not its readers'.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with open(fd, "a", encoding="utf-8") as f:
             f.write(f"[phalanx {stamp}] {text}\n")
     except OSError:
         log.warning("cannot write to member log %s", path, exc_info=True)
@@ -516,6 +595,8 @@ class ProcessLauncher:
         fence_after_s: float = 12.0,
         fence_grace_s: float = 5.0,
         log_retention_s: float = DEFAULT_LOG_RETENTION_S,
+        run_as: RunAsPolicy | None = None,
+        work_root: Path | None = None,
     ) -> None:
         if not agent_id:
             raise ValueError("agent_id must be non-empty: it marks this agent's members")
@@ -548,6 +629,16 @@ class ProcessLauncher:
         self.vanished_exits: dict[MemberKey, dict[str, Any]] = {}  # their shims' exit records
         self.orphans_killed: list[OrphanProcess] = []
         self._state_dir.mkdir(parents=True, exist_ok=True)
+        # Whom members run as (agent.core.run_as): without a policy, nobody.
+        # Only root can switch users; an agent that is not root runs its
+        # members as itself, and says so once.
+        self._uid = os.geteuid()
+        self._run_as = run_as if run_as is not None or self._uid != 0 else default_run_as()
+        if self._uid != 0:
+            log.warning("agent runs as uid %d, not root: members run as this same user (switching to the "
+                        "users of the run-as policy needs root)", self._uid)
+        self._work_root = Path(work_root) if work_root is not None else self._state_dir / "work"
+        self._work_root.mkdir(parents=True, exist_ok=True)
 
     # -- paths ------------------------------------------------------------- #
 
@@ -557,6 +648,9 @@ class ProcessLauncher:
 
     def log_path(self, key: MemberKey) -> Path:
         return member_log_path(self._state_dir, key)
+
+    def work_path(self, key: MemberKey) -> Path:
+        return member_work_path(self._work_root, key)
 
     # -- Launcher ---------------------------------------------------------- #
 
@@ -575,27 +669,52 @@ class ProcessLauncher:
             return existing.record.handle()
 
         argv = member_command(launch)
+        log_path = self.log_path(key)
+        started_at = time.time()
+        decision = decide(launch.owner, self._run_as, self._uid)
+        if isinstance(decision, Refused):
+            # Nothing runs; the session reports the member failed with this
+            # reason, and the member's log says it too.
+            with contextlib.suppress(OSError):
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                _append_log_line(log_path, f"refused {key}: {decision.reason}")
+            log.warning("member %s refused: %s", key, decision.reason)
+            raise RunAsRefused(decision.reason)
+        account = decision.account if decision.switch else None
         spawn_argv = argv
         if self._fence_lease is not None:
             exit_path = member_exit_path(self._state_dir, key)
             with contextlib.suppress(OSError):
                 exit_path.unlink()  # a leftover must never read as this member's end
             spawn_argv = shim_command(argv, self._fence_lease, self._fence_after_s, self._fence_grace_s,
-                                      exit_file=exit_path)
-        env = member_environment(launch, agent_id=self._agent_id, node_addr=self._node_addr,
-                                 extra_env=self._extra_env)
-        log_path = self.log_path(key)
-        started_at = time.time()
+                                      exit_file=exit_path, account=account)
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Agent-owned and private: the member writes it only through the
+            # descriptor it inherits, and members of other owners read nothing.
+            log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             # Full disk or bad permissions: fail this member, not the agent.
             return self._spawn_failed(launch, started_at, f"cannot open log {log_path}: {exc}")
+        try:
+            work_dir = self._make_work_dir(key, account)
+        except OSError as exc:
+            os.close(log_fd)
+            _append_log_line(log_path, f"failed to start {key}: cannot make its work dir: {exc}")
+            return self._spawn_failed(launch, started_at, f"cannot make work dir {self.work_path(key)}: {exc}")
+        env = member_environment(launch, agent_id=self._agent_id, node_addr=self._node_addr,
+                                 extra_env=self._extra_env, work_dir=work_dir, account=account)
         fence_note = (f" fence_lease={self._fence_lease} fence_after_s={self._fence_after_s:g}"
                       if self._fence_lease is not None else "")
+        who = (f" user={account.name} uid={account.uid} gid={account.gid}" if account is not None
+               else f" uid={self._uid} (the agent's own user)")
         _append_log_line(log_path, f"start {key} epoch={launch.epoch} gpus={list(launch.gpus)} "
-                                   f"nics={list(launch.nics)} command={shlex.join(argv)}{fence_note}")
+                                   f"nics={list(launch.nics)}{who} command={shlex.join(argv)}{fence_note}")
+        # Under the shim, the shim (agent code) keeps the agent's user and
+        # switches for the member itself; without it, Popen switches in the
+        # child, after chdir (so the work dir is entered even where its
+        # parents are closed to the member's user) and before exec.
+        direct = account if self._fence_lease is None else None
         try:
             popen = subprocess.Popen(
                 spawn_argv,
@@ -603,11 +722,17 @@ class ProcessLauncher:
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,
                 env=env,
+                cwd=work_dir,
                 close_fds=True,
                 # Own session => own process group, so the member and everything
                 # it forks can be signalled as one, and a signal aimed at the
                 # agent's terminal group never reaches members.
                 start_new_session=True,
+                # The account's own groups only: never the agent's
+                # supplementary groups (setgroups before setgid/setuid).
+                user=direct.uid if direct is not None else None,
+                group=direct.gid if direct is not None else None,
+                extra_groups=list(direct.groups) if direct is not None else None,
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             # ValueError: e.g. a NUL byte in the spec's env. Never crash the agent
@@ -752,8 +877,11 @@ class ProcessLauncher:
             path = root / gang / str(inc)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
-            with contextlib.suppress(OSError):
-                (root / gang).rmdir()  # only when that was its last incarnation
+            # The members' work dirs go with their logs (same retention).
+            shutil.rmtree(self._work_root / gang / str(inc), ignore_errors=True)
+            for parent in (root / gang, self._work_root / gang):
+                with contextlib.suppress(OSError):
+                    parent.rmdir()  # only when that was its last incarnation
         if removed:
             log.info("removed %d member log director%s older than %gs", len(removed),
                      "y" if len(removed) == 1 else "ies", self._log_retention_s)
@@ -785,6 +913,24 @@ class ProcessLauncher:
         self._members.clear()
 
     # -- internals --------------------------------------------------------- #
+
+    def _make_work_dir(self, key: MemberKey, account: Account | None) -> Path:
+        """The member's own directory, owned by ``account`` (None: the
+        agent's user), mode 0700. The directories above it are the agent's,
+        mode 0711: a member can pass through them to its own directory but
+        neither list nor change them, so it cannot reach another member's."""
+        path = self.work_path(key)
+        for d in (self._work_root, path.parent.parent, path.parent):
+            d.mkdir(exist_ok=True)
+            os.chmod(d, 0o711)
+        path.mkdir(exist_ok=True)
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(f"{path} is not a directory")
+        if account is not None:
+            os.chown(path, account.uid, account.gid, follow_symlinks=False)
+        os.chmod(path, 0o700, follow_symlinks=False)
+        return path
 
     def _spawn_failed(self, launch: MemberLaunch, started_at: float, reason: str) -> MemberHandle:
         log.warning("member %s failed to start: %s", launch.key, reason)

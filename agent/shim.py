@@ -1,6 +1,7 @@
 """`python -m agent.shim` — member-side fencing that works while the agent is dead.
 
-    python -m agent.shim --lease FILE --fence-after S --grace G [--exit-file F] -- CMD [ARG...]
+    python -m agent.shim --lease FILE --fence-after S --grace G [--exit-file F]
+                         [--user UID:GID:G1,G2,...] -- CMD [ARG...]
 
 ``ProcessLauncher`` starts this shim (standard library only) as the leader of
 the member's process group; the shim starts ``CMD`` as its child in the *same*
@@ -23,6 +24,11 @@ group, with the environment passed through unchanged, and:
   the shim keeps waiting, so it still reports the child's status. The
   launcher's stop signals the whole group anyway (and SIGKILLs it after its
   grace), so a member never outlives a stop because of the shim.
+- with ``--user``, the shim itself keeps the agent's user (it reads the
+  agent's lease, writes the exit record next to the agent's logs and signals
+  the group) and starts ``CMD`` as ``UID``/``GID`` with exactly the groups
+  listed (none inherited from the agent), so the member cannot signal or
+  trace the shim that fences it;
 - if it is not a process group leader already (started by hand), it makes
   itself one first, so it never signals a group it does not own;
 - when the child ends, any other process left in the group is SIGKILLed before
@@ -276,10 +282,17 @@ def _exit_like(code: int) -> None:
     os._exit(128 + sig)
 
 
+def parse_user(text: str) -> tuple[int, int, list[int]]:
+    """``UID:GID:G1,G2,...`` (the groups may be empty) -> (uid, gid, groups);
+    ValueError when it is not that."""
+    uid, gid, groups = text.split(":")
+    return int(uid), int(gid), [int(g) for g in groups.split(",") if g]
+
+
 def run(cmd: list[str], lease: str, fence_after: float, grace: float,
-        exit_file: str | None = None) -> int:
+        exit_file: str | None = None, user: tuple[int, int, list[int]] | None = None) -> int:
     state: dict[str, object] = {"child": None, "pending": [], "fencing": False, "signalled": False}
-    code, fenced = _supervise(cmd, lease, fence_after, grace, state)
+    code, fenced = _supervise(cmd, lease, fence_after, grace, state, user)
     if exit_file:
         try:
             # signalled: a stop (SIGTERM/SIGINT/SIGHUP) reached the member, so
@@ -294,7 +307,7 @@ def run(cmd: list[str], lease: str, fence_after: float, grace: float,
 
 
 def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float,
-               state: dict[str, object]) -> tuple[int, bool]:
+               state: dict[str, object], user: tuple[int, int, list[int]] | None = None) -> tuple[int, bool]:
     """Run the member; (status to end with, whether we fenced it)."""
     started = time.monotonic()
 
@@ -321,8 +334,13 @@ def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float,
         _log(f"signal {state['pending'][0]} before the member started; not starting it")  # type: ignore[index]
         return 128 + int(state["pending"][0]), False  # type: ignore[index]
     try:
-        # Same process group (no new session), environment and stdio inherited.
-        child = subprocess.Popen(cmd)
+        # Same process group (no new session), environment, stdio and current
+        # directory inherited; with a user, setgroups/setgid/setuid in the
+        # child just before exec.
+        if user is None:
+            child = subprocess.Popen(cmd)
+        else:
+            child = subprocess.Popen(cmd, user=user[0], group=user[1], extra_groups=user[2])
     except (OSError, ValueError) as exc:
         _log(f"cannot start member {cmd!r}: {exc}")
         return EXIT_SPAWN_FAILED, False
@@ -366,13 +384,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fence-after", type=float, required=True, help="seconds without leader contact before fencing")
     p.add_argument("--grace", type=float, default=5.0, help="SIGTERM -> SIGKILL grace when fencing")
     p.add_argument("--exit-file", default=None, help="write the exit record here when the member ends")
+    p.add_argument("--user", default=None, help="UID:GID:G1,G2,... to start the member as")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
+    try:
+        user = parse_user(a.user) if a.user is not None else None
+    except ValueError:
+        user = None
+        cmd = []
     if not cmd or not math.isfinite(a.fence_after) or a.fence_after <= 0 or a.grace < 0:
-        _log("usage: --lease FILE --fence-after S (> 0) [--grace G] -- CMD...")
+        _log("usage: --lease FILE --fence-after S (> 0) [--grace G] [--user UID:GID:G1,...] -- CMD...")
         return EXIT_USAGE
-    return run(cmd, a.lease, a.fence_after, a.grace, a.exit_file)
+    return run(cmd, a.lease, a.fence_after, a.grace, a.exit_file, user)
 
 
 if __name__ == "__main__":

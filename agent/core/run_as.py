@@ -132,13 +132,16 @@ def parse_policy(doc: Any, resolve: Resolve) -> RunAsPolicy:
     return RunAsPolicy(default=default, owners=owners, allow_root=frozenset(allow_doc))
 
 
-def decide(owner: str, policy: RunAsPolicy, agent_uid: int) -> RunAs | Refused:
+def decide(owner: str, policy: RunAsPolicy | None, agent_uid: int) -> RunAs | Refused:
     """Whom the member of a gang owned by ``owner`` runs as, on an agent
-    running as ``agent_uid``."""
+    running as ``agent_uid``. ``policy`` None: no policy was loaded, which
+    only an agent that cannot switch users may lack."""
     if agent_uid != ROOT_UID:
         # Only root can change user; anything else would fail in the child.
         # Running as the agent's own (non-root) user gains nothing.
         return RunAs(account=None, switch=False)
+    if policy is None:
+        return Refused("the agent runs as root and has no run-as policy: members never run as root")
     account = policy.owners.get(owner, policy.default)
     if account.uid == ROOT_UID and owner not in policy.allow_root:
         how = "is mapped to" if owner in policy.owners else "falls to the default user"

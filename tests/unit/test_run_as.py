@@ -103,6 +103,11 @@ ROOT_DEFAULT = RunAsPolicy(default=ROOT, allow_root=frozenset({"admin/ops"}))
     ("admin/alice", POLICY, 1001, RunAs(None, switch=False)),
     ("admin/eve", POLICY, 1001, RunAs(None, switch=False)),
     ("queue/team-a", ROOT_DEFAULT, 65534, RunAs(None, switch=False)),
+    ("queue/team-a", None, 1001, RunAs(None, switch=False)),
+    # A root agent without a policy runs nothing (the launcher always loads
+    # one: the file's, or the default "everyone is nobody").
+    ("queue/team-a", None, 0, Refused("the agent runs as root and has no run-as policy: "
+                                      "members never run as root")),
 ])
 def test_decide(owner, policy, agent_uid, expected) -> None:
     assert decide(owner, policy, agent_uid) == expected
