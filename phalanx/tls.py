@@ -199,8 +199,14 @@ class ServerCredentialsSource:
     def _config(self, loaded: Loaded) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration([(loaded.key_pem, loaded.cert_pem)], root_certificates=loaded.ca_pem)
 
-    def credentials(self) -> grpc.ServerCredentials:
-        return grpc.dynamic_ssl_server_credentials(self._config(self.current), self._fetch, require_client_authentication=True)
+    def credentials(self, *, require_client_auth: bool = True) -> grpc.ServerCredentials:
+        """``require_client_auth=False``: for a port that takes bearer
+        tokens instead. gRPC's Python API then does not even ask for a
+        client certificate (there is no "request and verify if sent"), so
+        such a port serves only callers that bring a token; the
+        certificate port is separate."""
+        return grpc.dynamic_ssl_server_credentials(self._config(self.current), self._fetch,
+                                                   require_client_authentication=require_client_auth)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         # Called by gRPC's own threads before each handshake: it never
