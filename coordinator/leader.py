@@ -656,7 +656,7 @@ class AzLeader:
                     gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
                     local_rank=local_rank, local_world_size=len(ms), gpus=list(m.gpus), nics=list(m.nics),
                     command=list(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
-                    master_addr=addr, master_port=port,
+                    master_addr=addr, master_port=port, owner=g.owner,
                 ))
 
     def rendezvous_for(self, g: GangRecord, incarnation: int, placement: tuple[MemberAssignment, ...],
