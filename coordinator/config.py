@@ -216,6 +216,13 @@ class CoordinatorConfig:
     max_request_bytes: int = 1024 * 1024
     # Gangs reserved concurrently (in flight etcd txns) per leader cycle.
     reserve_parallelism: int = 32
+    # Bearer tokens (docs/security.md "Bearer tokens"): the file of token
+    # hashes, and the second TLS port that takes them (no client
+    # certificate asked there; GangService only). Both or neither.
+    token_file: str = ""
+    token_listen: str = ""
+    # The --policy file, named in the message when the etcd record wins.
+    policy_file: str = ""
 
     def validate(self) -> "CoordinatorConfig":
         errors = []
@@ -225,6 +232,8 @@ class CoordinatorConfig:
                 errors.append(f"{name} must be non-empty and contain no '/', got {v!r}")
         if not self.etcd:
             errors.append("etcd must name at least one endpoint")
+        if bool(self.token_file) != bool(self.token_listen):
+            errors.append("token_file and token_listen go together (--token-file FILE --token-listen HOST:PORT)")
         if errors:
             raise ConfigError("invalid coordinator config: " + "; ".join(errors))
         self.timings.validate()
