@@ -1,6 +1,7 @@
-"""Admission benchmark: gangs/s and submit-to-RESERVED latency.
+"""Admission benchmark: gangs/s and submit-to-RESERVED latency, with TLS and without.
 
     .venv/bin/python bench/admission.py [--azs 3] [--nodes-per-az 32] [--rates 20,50,100,150,200] [--seconds 5]
+                                        [--tls on|off|both] [--repeat 1]
 
 Starts a private etcd, one coordinator process per AZ and simulated agents
 (one process per AZ), then offers 8x1-GPU gangs open-loop at each rate, spread
@@ -8,6 +9,13 @@ over the AZs, with churn (members run --duration seconds and free their
 GPUs). Latency is submit-sent -> the gang's record is first seen RESERVED (or
 later) in an etcd watch. In the same run it measures the raw rate of the
 very fenced etcd transaction a reservation uses (the physical limit here).
+
+``--tls both`` (the default) does all of it twice, each on its own fresh etcd
+and processes: once in plaintext (``--insecure``) and once as deployed, TLS
+on every gRPC hop and etcd serving TLS with client-certificate auth and the
+cluster's least-privilege users (a fresh gRPC CA and etcd CA per run); then
+prints both modes' rows and the TLS/plaintext ratios. ``--repeat N`` runs the
+modes N times, alternating, and reports medians (the machines here are noisy).
 Prints tables; asserts nothing.
 """
 
@@ -22,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +45,12 @@ from coordinator.config import Timings  # noqa: E402
 from coordinator.core.records import GangRecord  # noqa: E402
 from coordinator.election import Election, LeaseSession  # noqa: E402
 from coordinator.store import Fence, Put, Store, absent, Compare  # noqa: E402
+from phalanx import etcd_auth, etcd_pki  # noqa: E402
+from phalanx.client import client_tls  # noqa: E402
 from phalanx.etcd_server import EtcdServer  # noqa: E402
+from phalanx.tls import TlsFiles, coordinator_channel, utc_now  # noqa: E402
+from agent.topology.simulated import simulated_fabric  # noqa: E402
+from chaos.pki import RunPki  # noqa: E402
 from phalanx.procs import TERM, spawn  # noqa: E402
 from bench.machine import machine_line  # noqa: E402
 from phalanx.v1 import gang_pb2 as gpb, gang_pb2_grpc as ggrpc, types_pb2 as pb  # noqa: E402
@@ -48,10 +63,10 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
-async def raw_txn_rate(endpoint: str, seconds: float, concurrency: int) -> float:
+async def raw_txn_rate(endpoint: str, seconds: float, concurrency: int, tls: TlsFiles | None = None) -> float:
     """The reservation txn shape: fence compare + gang revision compare +
     reservation absent; puts reservation + gang record."""
-    store = await Store(endpoint, "rawbench").connect()
+    store = await Store(endpoint, RAW_CLUSTER, tls=tls).connect()
     t = Timings()
     session = await LeaseSession(store, t).start()
     lead = await Election(store, "az-x", "bench", "none", t).campaign(session)
@@ -80,8 +95,9 @@ async def raw_txn_rate(endpoint: str, seconds: float, concurrency: int) -> float
     return rate
 
 
-async def offered_load(addresses: dict[str, str], store: Store, rate: float, seconds: float, duration: float, tag: str) -> dict:
-    channels = {az: grpc.aio.insecure_channel(a) for az, a in addresses.items()}
+async def offered_load(channel_for, addresses: dict[str, str], store: Store, rate: float, seconds: float, duration: float,
+                       tag: str) -> dict:
+    channels = {az: channel_for(a) for az, a in addresses.items()}
     stubs = {az: ggrpc.GangServiceStub(ch) for az, ch in channels.items()}
     azs = sorted(stubs)
     sent: dict[str, float] = {}
@@ -139,18 +155,21 @@ async def offered_load(addresses: dict[str, str], store: Store, rate: float, sec
     }
 
 
-async def cross_az_admissions(endpoint: str, workdir: Path, gangs: int) -> dict:
+async def cross_az_admissions(endpoint: str, etcd_dir: Path, workdir: Path, gangs: int) -> dict:
     """Sequential 3-AZ gangs (3 x 8 GPUs, one 8-GPU node per AZ, so every
     gang must span all three AZs) on a quiet cluster: submit -> RESERVED
     latency, and the etcd requests the leaders made for each admission
     (counted per gang by the two-phase driver and logged; summed here over
-    the owner and the three participants)."""
+    the owner and the three participants). The integration harness runs it,
+    with TLS and etcd auth (its only mode): ``etcd_dir`` is the etcd CA, and
+    CROSS_CLUSTER's etcd users are provisioned."""
     import re
 
     from tests.integration.harness import LocalCluster, dgx_node
+    from tests.pki import EtcdPki
 
     azs = ["az-a", "az-b", "az-c"]
-    c = await LocalCluster(endpoint, "benchx", workdir).start()
+    c = await LocalCluster(endpoint, CROSS_CLUSTER, workdir, etcd_pki=EtcdPki(etcd_dir)).start()
     lat: list[float] = []
     ids: list[str] = []
     try:
@@ -184,8 +203,8 @@ async def cross_az_admissions(endpoint: str, workdir: Path, gangs: int) -> dict:
             "requests": statistics.mean(reqs) if reqs else float("nan")}
 
 
-async def wait_ready(address: str, azs: list[str], nodes: int, timeout: float = 60) -> None:
-    async with grpc.aio.insecure_channel(address) as ch:
+async def wait_ready(channel_for, address: str, azs: list[str], nodes: int, timeout: float = 60) -> None:
+    async with channel_for(address) as ch:
         stub = ggrpc.GangServiceStub(ch)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -200,63 +219,100 @@ async def wait_ready(address: str, azs: list[str], nodes: int, timeout: float = 
     raise TimeoutError("cluster not ready")
 
 
-async def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--azs", type=int, default=3)
-    ap.add_argument("--nodes-per-az", type=int, default=32)
-    ap.add_argument("--rates", default="20,50,100,150,200")
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--duration", type=float, default=0.5, help="simulated member run time (churn)")
-    ap.add_argument("--raw-seconds", type=float, default=3.0)
-    ap.add_argument("--cross-az-gangs", type=int, default=20, help="sequential 3-AZ gangs for the cross-AZ row (0: skip)")
-    a = ap.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
-    etcd = EtcdServer(data_dir=tmp / "etcd", log_path=tmp / "etcd.log").start().wait_ready()
+MODES = {"off": ("plaintext",), "on": ("tls",), "both": ("plaintext", "tls")}
+CLUSTER = "bench"
+RAW_CLUSTER = "rawbench"
+CROSS_CLUSTER = "benchx"
+
+
+@dataclass
+class Mode:
+    """How every process of one mode's cluster talks: plaintext, or TLS on
+    every gRPC hop and etcd with client certificates and the cluster's
+    least-privilege etcd users (docs/security.md)."""
+
+    name: str
+    pki: RunPki | None = None
+    client: tuple[TlsFiles, str] | None = None  # the bench's own admin certificate and its cluster
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if self.client is None:
+            return grpc.aio.insecure_channel(address)
+        files, cluster = self.client
+        return coordinator_channel(address, files, cluster=cluster)
+
+    def etcd_tls(self, cluster: str, role: str = "coordinator") -> TlsFiles | None:
+        if self.pki is None:
+            return None
+        return etcd_pki.files(self.pki.etcd_dir / etcd_pki.user_for(cluster, role))
+
+    def coordinator_args(self, cid: str) -> list[str]:
+        if self.pki is None:
+            return ["--insecure"]
+        return ["--tls-dir", str(self.pki.coordinator(cid)),
+                "--etcd-tls-dir", str(self.pki.etcd_user_dir("coordinator"))]
+
+    def agent_args(self, nodes: list[str]) -> list[str]:
+        if self.pki is None:
+            return ["--insecure"]
+        return ["--tls-dir", str(self.pki.agents(nodes)), "--etcd-tls-dir", str(self.pki.etcd_user_dir("agent"))]
+
+
+async def run_mode(a: argparse.Namespace, name: str, tmp: Path, cross_az: bool) -> dict:
+    """One mode's etcd, coordinators and agents, its raw-txn and offered-load
+    rows; everything it started is stopped before it returns."""
+    d = tmp / name
+    d.mkdir(parents=True)
+    mode = Mode(name)
+    if name == "tls":
+        mode.pki = RunPki.create(d / "pki", CLUSTER, now=utc_now())
+        mode.client = client_tls(mode.pki.client("bench"))
+        etcd_pki.issue_client(mode.pki.etcd_dir, etcd_pki.user_for(RAW_CLUSTER, "coordinator"), now=utc_now())
+    etcd = EtcdServer(data_dir=d / "etcd", log_path=d / "etcd.log",
+                      tls_dir=mode.pki.etcd_dir if mode.pki else None).start().wait_ready()
     procs: list[subprocess.Popen] = []
     try:
-        raw1 = await raw_txn_rate(etcd.endpoint, a.raw_seconds, 1)
-        raw32 = await raw_txn_rate(etcd.endpoint, a.raw_seconds, 32)
-        cross = await cross_az_admissions(etcd.endpoint, tmp, a.cross_az_gangs) if a.cross_az_gangs else None
+        if mode.pki is not None:
+            for cluster in (CLUSTER, RAW_CLUSTER, CROSS_CLUSTER):
+                await etcd_auth.provision([etcd.endpoint], mode.pki.etcd_root, cluster)
+        raw_tls = mode.etcd_tls(RAW_CLUSTER)
+        raw1 = await raw_txn_rate(etcd.endpoint, a.raw_seconds, 1, raw_tls)
+        raw32 = await raw_txn_rate(etcd.endpoint, a.raw_seconds, 32, raw_tls)
+        cross = None
+        if cross_az:
+            assert mode.pki is not None
+            cross = await cross_az_admissions(etcd.endpoint, mode.pki.etcd_dir, d, a.cross_az_gangs)
         azs = [f"az-{chr(ord('a') + i)}" for i in range(a.azs)]
         addresses = {}
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         for az in azs:
+            cid = f"{az}-1"
             # spawn(): every process of the bench dies with it, even when the
             # bench itself is killed before its finally can run.
-            p = spawn([sys.executable, "-m", "coordinator", "--cluster", "bench", "--az", az, "--id", f"{az}-1",
-                       "--etcd", etcd.endpoint, "--log-level", "WARNING"],
-                      stdout=subprocess.PIPE, stderr=open(tmp / f"{az}.log", "w"), text=True, cwd=REPO, env=env)
+            p = spawn([sys.executable, "-m", "coordinator", "--cluster", CLUSTER, "--az", az, "--id", cid,
+                       "--etcd", etcd.endpoint, "--log-level", "WARNING", *mode.coordinator_args(cid)],
+                      stdout=subprocess.PIPE, stderr=open(d / f"{az}.log", "w"), text=True, cwd=REPO, env=env)
             procs.append(p)
-            addresses[az] = p.stdout.readline().split("address=")[1].strip()
+            line = p.stdout.readline()
+            if "address=" not in line:
+                p.wait(10)
+                raise RuntimeError(f"coordinator {cid} ({name}) did not start: {(d / f'{az}.log').read_text()[-2000:]}")
+            addresses[az] = line.split("address=")[1].strip()
         for az in azs:
-            procs.append(spawn([sys.executable, "-m", "agent.sim", "--cluster", "bench", "--az", az, "--etcd", etcd.endpoint,
-                                "--nodes", str(a.nodes_per_az), "--spines", "2", "--leaves-per-spine", "2"],
+            nodes = [t.node for t in simulated_fabric(az, a.nodes_per_az, SPINES, LEAVES_PER_SPINE)]
+            procs.append(spawn([sys.executable, "-m", "agent.sim", "--cluster", CLUSTER, "--az", az, "--etcd", etcd.endpoint,
+                                "--nodes", str(a.nodes_per_az), "--spines", str(SPINES),
+                                "--leaves-per-spine", str(LEAVES_PER_SPINE), *mode.agent_args(nodes)],
                                die_with_parent=TERM,
-                               stdout=subprocess.DEVNULL, stderr=open(tmp / f"agents-{az}.log", "w"), cwd=REPO, env=env))
-        await wait_ready(addresses[azs[0]], azs, a.nodes_per_az)
-        store = await Store(etcd.endpoint, "bench").connect()
+                               stdout=subprocess.DEVNULL, stderr=open(d / f"agents-{az}.log", "w"), cwd=REPO, env=env))
+        await wait_ready(mode.channel, addresses[azs[0]], azs, a.nodes_per_az)
+        store = await Store(etcd.endpoint, CLUSTER, tls=mode.etcd_tls(CLUSTER)).connect()
         rows = []
         for i, rate in enumerate(float(r) for r in a.rates.split(",")):
-            rows.append(await offered_load(addresses, store, rate, a.seconds, a.duration, f"r{i}"))
+            rows.append(await offered_load(mode.channel, addresses, store, rate, a.seconds, a.duration, f"r{i}"))
             await asyncio.sleep(a.duration + 1.0)  # let running gangs finish between steps
         await store.close()
-        print(f"\n{machine_line()}")
-        print(f"Phalanx admission benchmark — {a.azs} AZs x {a.nodes_per_az} simulated 8-GPU nodes, 8x1-GPU gangs, "
-              f"members run {a.duration}s (churn), {a.seconds}s per step, etcd fsync on")
-        print(f"\nraw fenced reservation txn (same shape as a reservation), same etcd:")
-        print(f"  {'writers':>8} {'txn/s':>8}")
-        print(f"  {1:>8} {raw1:>8.0f}")
-        print(f"  {32:>8} {raw32:>8.0f}")
-        print(f"\n  {'offered/s':>9} {'submitted':>9} {'admitted':>8} {'errors':>6} {'gangs/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
-        for r in rows:
-            print(f"  {r['offered']:>9.0f} {r['submitted']:>9} {r['admitted']:>8} {r['errors']:>6} {r['throughput']:>8.1f} {r['p50']:>8.1f} {r['p99']:>8.1f}")
-        if cross is not None:
-            k = 3
-            print(f"\ncross-AZ admission (two-phase), {cross['gangs']} sequential gangs of 3 x 8 GPUs over 3 AZs (one node each), quiet cluster:")
-            print(f"  {'p50 ms':>8} {'p99 ms':>8} {'etcd requests/admission':>24} {'protocol minimum':>17}")
-            print(f"  {cross['p50']:>8.1f} {cross['p99']:>8.1f} {cross['requests']:>24.1f} {2 * k + 2:>17}")
-            print("  (minimum: attempt record + k PREPARED + decision + k COMMITTED = 2k+2 writes, 4 sequential round trips;"
-                  " single-AZ admission: 1 txn)")
+        return {"raw": {1: raw1, 32: raw32}, "rows": rows, "cross": cross}
     finally:
         for p in procs:
             p.terminate()
@@ -266,6 +322,97 @@ async def main(argv: list[str] | None = None) -> None:
             except subprocess.TimeoutExpired:
                 p.kill()
         etcd.stop()
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per offered rate, the median of each number over the repeats."""
+    out = []
+    for same_rate in zip(*runs):
+        out.append({k: statistics.median(r[k] for r in same_rate) if k not in ("offered",) else same_rate[0][k]
+                    for k in same_rate[0]})
+    return out
+
+
+def ratio(tls: float, plain: float) -> str:
+    return f"{tls / plain:.2f}" if plain and plain == plain and tls == tls else "-"
+
+
+def print_tables(a: argparse.Namespace, modes: tuple[str, ...], results: dict[str, list[dict]]) -> None:
+    print(f"\n{machine_line()}")
+    print(f"Phalanx admission benchmark — {a.azs} AZs x {a.nodes_per_az} simulated 8-GPU nodes, 8x1-GPU gangs, "
+          f"members run {a.duration}s (churn), {a.seconds}s per step, etcd fsync on")
+    print(f"modes: {', '.join(MODE_WORDS[m] for m in modes)}; {a.repeat} run(s) each, alternating; medians")
+    raw = {m: {w: statistics.median(r["raw"][w] for r in results[m]) for w in (1, 32)} for m in modes}
+    rows = {m: median_rows([r["rows"] for r in results[m]]) for m in modes}
+    print("\nraw fenced reservation txn (same shape as a reservation), same etcd:")
+    head = "".join(f" {m + ' txn/s':>14}" for m in modes)
+    print(f"  {'writers':>8}{head}" + (f" {'tls/plaintext':>14}" if len(modes) == 2 else ""))
+    for w in (1, 32):
+        cells = "".join(f" {raw[m][w]:>14.0f}" for m in modes)
+        print(f"  {w:>8}{cells}" + (f" {ratio(raw['tls'][w], raw['plaintext'][w]):>14}" if len(modes) == 2 else ""))
+    print(f"\n  {'mode':<9} {'offered/s':>9} {'submitted':>9} {'admitted':>8} {'errors':>6} {'gangs/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    for m in modes:
+        for r in rows[m]:
+            print(f"  {m:<9} {r['offered']:>9.0f} {r['submitted']:>9.0f} {r['admitted']:>8.0f} {r['errors']:>6.0f} "
+                  f"{r['throughput']:>8.1f} {r['p50']:>8.1f} {r['p99']:>8.1f}")
+    if len(modes) == 2:
+        print("\nTLS + etcd auth / plaintext (ratio of the medians; 1.00 = no cost):")
+        print(f"  {'offered/s':>9} {'gangs/s':>8} {'p50':>8} {'p99':>8}")
+        for t, p in zip(rows["tls"], rows["plaintext"]):
+            print(f"  {t['offered']:>9.0f} {ratio(t['throughput'], p['throughput']):>8} {ratio(t['p50'], p['p50']):>8} "
+                  f"{ratio(t['p99'], p['p99']):>8}")
+    cross = next((r["cross"] for m in modes for r in results[m] if r["cross"] is not None), None)
+    if cross is not None:
+        k = 3
+        print(f"\ncross-AZ admission (two-phase, {MODE_WORDS[CROSS_AZ_MODE]}), {cross['gangs']} sequential gangs of 3 x 8 GPUs "
+              "over 3 AZs (one node each), quiet cluster:")
+        print(f"  {'p50 ms':>8} {'p99 ms':>8} {'etcd requests/admission':>24} {'protocol minimum':>17}")
+        print(f"  {cross['p50']:>8.1f} {cross['p99']:>8.1f} {cross['requests']:>24.1f} {2 * k + 2:>17}")
+        print("  (minimum: attempt record + k PREPARED + decision + k COMMITTED = 2k+2 writes, 4 sequential round trips;"
+              " single-AZ admission: 1 txn)")
+
+
+MODE_WORDS = {"plaintext": "plaintext (--insecure)", "tls": "tls (gRPC TLS + etcd client-cert auth and roles)"}
+# The cross-AZ row counts etcd requests, not the cost of TLS: it runs once,
+# in the TLS mode (the integration harness it uses runs nothing else).
+CROSS_AZ_MODE = "tls"
+SPINES, LEAVES_PER_SPINE = 2, 2
+
+
+def positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        v = kind(text)
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+        return v
+    return parse
+
+
+async def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--azs", type=int, default=3)
+    ap.add_argument("--nodes-per-az", type=int, default=32)
+    ap.add_argument("--rates", default="20,50,100,150,200")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--duration", type=float, default=0.5, help="simulated member run time (churn)")
+    ap.add_argument("--raw-seconds", type=float, default=3.0)
+    ap.add_argument("--cross-az-gangs", type=int, default=20,
+                    help="sequential 3-AZ gangs for the cross-AZ row, run in the tls mode (0: skip)")
+    ap.add_argument("--tls", choices=sorted(MODES), default="both",
+                    help="on: TLS on every gRPC hop and etcd client-cert auth with roles; off: plaintext "
+                         "(--insecure); both (default): both, same run, with the ratio")
+    ap.add_argument("--repeat", type=positive(int), default=1, help="runs of each mode, alternating (medians)")
+    a = ap.parse_args(argv)
+    modes = MODES[a.tls]
+    tmp = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    try:
+        for i in range(a.repeat):
+            for m in modes:
+                cross = bool(a.cross_az_gangs) and i == 0 and m == CROSS_AZ_MODE
+                results[m].append(await run_mode(a, m, tmp / f"run{i}", cross))
+        print_tables(a, modes, results)
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -89,3 +89,45 @@ def test_placement_refuses_nothing_to_measure(flag: str, capsys: pytest.CaptureF
         placement.main([*TINY, flag, "0"])
     assert exc.value.code == 2
     assert f"argument {flag}: must be more than 0, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tls,plain,shown", [
+    (50.0, 100.0, "0.50"),
+    (13.9, 10.8, "1.29"),
+    (5.0, 0.0, "-"),  # nothing admitted in plaintext: no ratio, not a ZeroDivisionError
+    (float("nan"), 10.0, "-"),  # no latency sample (pct of nothing)
+    (10.0, float("nan"), "-"),
+])
+def test_admission_ratio_of_tls_to_plaintext(tls: float, plain: float, shown: str) -> None:
+    from bench.admission import ratio
+
+    assert ratio(tls, plain) == shown
+
+
+def test_admission_medians_per_rate_over_repeats() -> None:
+    from bench.admission import median_rows
+
+    runs = [[{"offered": 20.0, "p50": 5.0, "errors": 0}, {"offered": 100.0, "p50": 40.0, "errors": 2}],
+            [{"offered": 20.0, "p50": 9.0, "errors": 1}, {"offered": 100.0, "p50": 60.0, "errors": 0}],
+            [{"offered": 20.0, "p50": 7.0, "errors": 0}, {"offered": 100.0, "p50": 30.0, "errors": 0}]]
+    assert median_rows(runs) == [{"offered": 20.0, "p50": 7.0, "errors": 0},
+                                 {"offered": 100.0, "p50": 40.0, "errors": 0}]
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--repeat", "0"], "argument --repeat: must be more than 0, got 0"),
+    (["--tls", "maybe"], "argument --tls: invalid choice: 'maybe'"),
+])
+def test_admission_refuses_bad_arguments_before_starting_anything(args: list[str], why: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import asyncio
+
+    from bench import admission
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(SystemExit) as exc:
+        asyncio.run(admission.main(args))
+    assert exc.value.code == 2
+    assert why in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # no etcd dir, no certificates
