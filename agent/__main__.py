@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-retention-s", type=float, default=7 * 24 * 3600.0,
                    help="delete member logs and exit records this long after their last write, "
                         "once none of that incarnation's members runs here (default 7 days)")
+    p.add_argument("--run-as", default="", metavar="FILE",
+                   help="YAML: gang owner -> local user members run as (default: every owner runs as nobody; "
+                        "root only for owners in allow_root; docs/launcher.md)")
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
     p.add_argument("--history", default="")
     p.add_argument("--print-topology", action="store_true", help="discover, print the topology as JSON and exit")
@@ -105,6 +108,19 @@ def tls_files(a: argparse.Namespace) -> TlsFiles | None:
     files = TlsFiles.issued(a.tls_dir, "agent", a.node)
     load(files, cluster=a.cluster, use="client", now=utc_now())
     return files
+
+
+def run_as_policy(a: argparse.Namespace):
+    """The --run-as policy, checked now (ValueError "FILE: field: reason");
+    without the flag, the default (every owner runs as nobody) for an agent
+    that can switch users, None for one that cannot or runs no processes."""
+    from agent.process import default_run_as, load_run_as
+
+    if a.run_as:
+        return load_run_as(a.run_as)
+    if a.simulate_members or os.geteuid() != 0:
+        return None
+    return default_run_as()
 
 
 def parse_labels(text: str, path: str) -> dict[str, str]:
@@ -187,7 +203,7 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
         def factory(on_exit):  # type: ignore[no-redef]
             return ProcessLauncher(state_dir, agent_id, on_exit, fence_lease=fence_lease,
                                    fence_after_s=timings.fence_after_s, fence_grace_s=timings.stop_grace_s,
-                                   log_retention_s=a.log_retention_s)
+                                   log_retention_s=a.log_retention_s, run_as=a.run_as_policy)
 
     store = await Store(a.etcd, a.cluster, tls=etcd_tls_files(a), timeout=timings.etcd_timeout_s).connect()
     history = None
@@ -235,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
         etcd_tls_files(a)
     except TlsError as exc:
         print(f"error: --etcd-tls-dir: {exc}", file=sys.stderr)
+        return 2
+    try:
+        a.run_as_policy = run_as_policy(a)
+    except ValueError as exc:
+        print(f"error: --run-as: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agent-{a.node} %(levelname)s %(name)s: %(message)s")
     return asyncio.run(amain(a))
