@@ -368,7 +368,6 @@ def make_credentials(
     certificate (issued afresh every run), and this cluster's etcd users
     from the etcd PKI in ``etcd_pki_dir`` (whose ``root/`` must exist)."""
     from phalanx import certs, etcd_pki
-    from phalanx.tls import coordinator_server_name
 
     base = state_dir / PKI_DIR / cluster
     ca_dir, server_dir, admin_dir = base / "ca", base / "servers", base / "admin"
@@ -377,12 +376,10 @@ def make_credentials(
     for d in (server_dir, admin_dir):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
         shutil.copyfile(ca_dir / certs.CA_CERT, d / certs.CA_CERT)
-    # Every client verifies a coordinator against the cluster's server name,
-    # whatever address it dials; the loopback names are for tools that do not.
-    hosts = (*certs.DEFAULT_HOSTS, coordinator_server_name(cluster))
+    # A coordinator certificate names the cluster's server name, which every
+    # client verifies whatever address it dials (and the loopback names).
     for cid in coordinators:
-        certs.issue(ca_dir, "coordinator", cid, now=now, hosts=hosts,
-                    out=certs.leaf_paths(server_dir, "coordinator", cid))
+        certs.issue(ca_dir, "coordinator", cid, now=now, out=certs.leaf_paths(server_dir, "coordinator", cid))
     for node in nodes:
         certs.issue(ca_dir, "agent", node, node=node, now=now, out=certs.leaf_paths(server_dir, "agent", node))
     certs.issue(ca_dir, "admin", ADMIN_NAME, now=now, out=(admin_dir / "client.crt", admin_dir / "client.key"))
@@ -395,15 +392,21 @@ def make_credentials(
     )
 
 
-def client_config(cluster: str, addresses: list[str], tls_dir: str) -> dict[str, Any]:
+def client_config(cluster: str, addresses: list[str], tls_dir: str | None) -> dict[str, Any]:
     """The kubeconfig-style file the CLI and the SDK read ($PHALANX_CONFIG):
     which cluster, where, and with which credentials (``tls_dir`` relative to
-    the file: the state dir can move)."""
-    return {"cluster": cluster, "addresses": list(addresses), "tls_dir": tls_dir}
+    the file, so the state dir can move; None: ``insecure: true``)."""
+    doc: dict[str, Any] = {"cluster": cluster, "addresses": list(addresses)}
+    if tls_dir is None:
+        doc["insecure"] = True
+    else:
+        doc["tls_dir"] = tls_dir
+    return doc
 
 
-def write_client_config(path: Path, cluster: str, addresses: list[str], tls_dir: Path) -> None:
-    doc = client_config(cluster, addresses, os.path.relpath(tls_dir, path.parent))
+def write_client_config(path: Path, cluster: str, addresses: list[str], tls_dir: Path | None) -> None:
+    rel = os.path.relpath(tls_dir, path.parent) if tls_dir is not None else None
+    doc = client_config(cluster, addresses, rel)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(
         "# Written by phalanx up for its cluster; the CLI and the SDK read it through $PHALANX_CONFIG.\n"
@@ -848,19 +851,15 @@ class Up:
         # For `phalanx logs`: the agents' state dirs (member logs) are under it.
         self.emit(f"PHALANX_STATE_DIR={self.state_dir}")
         self.emit(f"PHALANX_CLUSTER={self.cluster}")
-        if self.creds is not None:
-            self.config_path = self.state_dir / CLIENT_CONFIG
-            write_client_config(self.config_path, self.cluster, self.addresses, self.creds.admin_dir)
-            self.emit(f"PHALANX_CONFIG={self.config_path}")
+        self.config_path = self.state_dir / CLIENT_CONFIG
+        write_client_config(
+            self.config_path, self.cluster, self.addresses, self.creds.admin_dir if self.creds is not None else None
+        )
+        self.emit(f"PHALANX_CONFIG={self.config_path}")
         # Last: UpProcess (and scripts) take it as "ready".
         self.emit(f"PHALANX_ADDRESS={','.join(self.addresses)}")
-        if self.creds is not None:
-            self.say(
-                f"the CLI and the SDK: export PHALANX_CONFIG={self.config_path}  "
-                f"(cluster, addresses and an admin certificate; mutual TLS)"
-            )
-        else:
-            self.say(f"the CLI and the SDK: export PHALANX_ADDRESS={','.join(self.addresses)} PHALANX_INSECURE=1")
+        how = "an admin certificate, mutual TLS" if self.creds is not None else "insecure: plaintext"
+        self.say(f"for the CLI and the SDK: export PHALANX_CONFIG={self.config_path}  (cluster, addresses, {how})")
 
     def client_options(self) -> dict[str, Any]:
         """How ``up``'s own clients (readiness, workload) reach the cluster."""
@@ -891,7 +890,6 @@ class Up:
 
     async def _provision(self, etcd: str, creds: Credentials, deadline: float) -> None:
         """This cluster's etcd users and roles (idempotent), as etcd's root."""
-        from coordinator.store import parse_endpoints
         from phalanx import etcd_auth, etcd_pki
 
         root = etcd_pki.files(creds.etcd_root)
@@ -899,7 +897,7 @@ class Up:
         while time.monotonic() < deadline:
             self._check_etcd_alive()
             try:
-                await etcd_auth.provision(parse_endpoints(etcd), root, self.cluster)
+                await etcd_auth.provision(etcd, root, self.cluster)
                 return
             except Exception as exc:  # etcd not answering yet; a refusal repeats until the deadline
                 last = exc
@@ -1447,7 +1445,7 @@ class UpProcess:
         self.lines: list[str] = []
         self.address = ""
         self.state_dir: Path | None = None
-        self.config: Path | None = None  # the client config it wrote (None with --insecure)
+        self.config: Path | None = None  # the client config it wrote
         self._cond = threading.Condition()
         self._eof = False  # the reader has seen the end of the output
         self._reader: threading.Thread | None = None
@@ -1475,11 +1473,12 @@ class UpProcess:
 
     @property
     def admin_dir(self) -> Path | None:
-        """The admin client dir the config names (what ``Client(tls_dir=...)`` takes)."""
+        """The admin client dir the config names (what ``Client(tls_dir=...)``
+        takes); None with --insecure."""
         if self.config is None:
             return None
         doc = yaml.safe_load(self.config.read_text())
-        return (self.config.parent / doc["tls_dir"]).resolve()
+        return (self.config.parent / doc["tls_dir"]).resolve() if doc.get("tls_dir") else None
 
     def client_kwargs(self) -> dict[str, Any]:
         """``Client``/``AsyncClient`` keyword arguments for this cluster."""
@@ -1494,8 +1493,6 @@ class UpProcess:
             env.pop(name, None)
         if self.config is not None:
             env["PHALANX_CONFIG"] = str(self.config)
-        else:
-            env.update(PHALANX_ADDRESS=self.address, PHALANX_INSECURE="1")
         return env
 
     def _read(self) -> None:
