@@ -70,14 +70,26 @@ _TRANSIENT = {
 # is no etcd user (roles not provisioned). Both are refusals, never retried.
 _DENIED_DETAILS = ("permission denied", "user name is empty", "user name not found")
 # "auth: revision in header is old" (etcd's ErrAuthOldRevision, sent as
-# "etcdserver: revision of auth store is old"): etcd checked the request's
-# permissions against one auth revision and, before applying it, the users
-# or roles changed (``phalanx etcd-auth`` provisioning another cluster on
-# the same etcd). Nothing was applied and the same request passes when sent
-# again, so it is a transient failure of that one call (StoreUnavailable,
-# which every caller already treats as "try again later"); the member is
-# fine, so it does not move the store to another one.
+# "etcdserver: revision of auth store is old"): etcd stamped the request
+# with the auth revision when it arrived and, before applying it, the users
+# or roles changed (``phalanx etcd-auth`` provisioning or removing another
+# cluster on the same etcd). It does hit coordinators: with another
+# cluster's roles provisioned in a loop, about a third of a coordinator's
+# txns got it (tests/integration/test_etcd_auth.py measures it). etcd
+# refused the request before applying anything, so sending it again is
+# safe even for a write (the "never retry a write" rule is about writes
+# whose outcome is unknown; clientv3 resends these too): the store resends
+# it at once, at most AUTH_OLD_RESENDS times, and then treats it as a
+# transient failure of that one call (StoreUnavailable, which every caller
+# already treats as "try again later"). The member is fine, so it does not
+# move the store to another one.
 _AUTH_OLD_REVISION = ("revision of auth store is old", "revision in header is old")
+AUTH_OLD_RESENDS = 3
+
+
+def _auth_old(exc: grpc.aio.AioRpcError) -> bool:
+    details = exc.details() or ""
+    return any(d in details for d in _AUTH_OLD_REVISION)
 
 
 # --- keys --------------------------------------------------------------------
@@ -587,9 +599,10 @@ class Store:
         details = exc.details() or ""
         if exc.code() == grpc.StatusCode.PERMISSION_DENIED or any(d in details for d in _DENIED_DETAILS):
             return self._denied(what, key() if callable(key) else key, details)
-        if any(d in details for d in _AUTH_OLD_REVISION):
+        if _auth_old(exc):
             return StoreUnavailable(f"etcd refused {what} for now: the etcd users or roles changed while it was "
-                                    f"checked ({details}); nothing was applied, sending it again may pass")
+                                    f"checked, {AUTH_OLD_RESENDS + 1} times in a row ({details}); nothing was "
+                                    f"applied, sending it again may pass")
         if exc.code() in _TRANSIENT:
             hint = ""
             if self.tls is not None and ("ssl" in details.lower() or "handshake" in details.lower()):
@@ -614,13 +627,17 @@ class Store:
         member that really stopped answering is found by the next short call
         or lease keepalive."""
         member, index, generation = self._pin()
-        try:
-            return await method(member)(req, timeout=timeout or self.timeout, metadata=_METADATA)
-        except grpc.aio.AioRpcError as exc:
-            blame = exc.code() in _FAILOVER and (blame_timeout or exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED)
-            if blame:
-                self._member_failed(index, generation, f"{what}: {exc.code().name}")
-            raise self._translate(exc, f"{what} (at {member.endpoint})", key) from None
+        for resend in range(AUTH_OLD_RESENDS + 1):
+            try:
+                return await method(member)(req, timeout=timeout or self.timeout, metadata=_METADATA)
+            except grpc.aio.AioRpcError as exc:
+                if _auth_old(exc) and resend < AUTH_OLD_RESENDS:
+                    continue  # refused before anything was applied: safe to send again (_AUTH_OLD_REVISION)
+                blame = exc.code() in _FAILOVER and (blame_timeout or exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED)
+                if blame:
+                    self._member_failed(index, generation, f"{what}: {exc.code().name}")
+                raise self._translate(exc, f"{what} (at {member.endpoint})", key) from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- reads (linearizable)
     async def get(self, key: str) -> KV | None:
@@ -647,6 +664,7 @@ class Store:
             raise ValueError(f"page must be at least 1, got {page}")
         start, end = prefix.encode(), prefix_end(prefix)
         size = page
+        resends = 0
         while True:
             req = epb.RangeRequest(key=start, range_end=end, keys_only=keys_only, limit=size, revision=revision)
             member, index, generation = self._pin()
@@ -656,6 +674,9 @@ class Store:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and size > 1:
                     size = max(1, size // 2)  # the reply was over our receive limit
+                    continue
+                if _auth_old(exc) and resends < AUTH_OLD_RESENDS:
+                    resends += 1  # see _AUTH_OLD_REVISION
                     continue
                 # As _call with blame_timeout=False: a slow range read is not
                 # held against the member.
