@@ -16,7 +16,10 @@
 #      ($OUT/rec/discovered.json) and again replaying the recordings of b:
 #      the two must be identical
 #   d  end to end: etcd + one coordinator (AZ a) + one real agent (real
-#      discovery, real member processes); a 1-member gang on all GPUs of the
+#      discovery, real member processes), secure as by default: etcd with
+#      TLS, client certificates and the cluster's etcd users (phalanx.etcd_pki,
+#      phalanx.etcd_auth), coordinator/agent/CLI with certificates from
+#      `phalanx certs`; a 1-member gang on all GPUs of the
 #      node runs scripts/gpu_member_check.py and must SUCCEED; a gang asking for
 #      more GPUs than exist can never fit: it must FAIL at once and
 #      `phalanx explain` must say "never fits" and why; everything is stopped
@@ -387,7 +390,7 @@ wait_line() {  # wait_line FILE PATTERN SECONDS PID: wait for a line, or the pro
     done
     return 1
 }
-px() { to "$(tmo "${PX_TIMEOUT:-30}")" "$PY" -m phalanx --address "$ADDR" --rpc-timeout 10 "$@"; }
+px() { to "$(tmo "${PX_TIMEOUT:-30}")" "$PY" -m phalanx --address "$ADDR" --tls-dir "$WORK/client" --rpc-timeout 10 "$@"; }
 
 # submit_one_member_gang NAME ENV CMD...: write $WORK/NAME.json (1 member on
 # all $NGPUS GPUs, no restart; ENV is "" or KEY=VALUE for the member), show
@@ -424,21 +427,46 @@ if [ -n "$d_skip" ]; then
 else
     STARTED_ANY=1
     timings=fast
+    # Secure as a deployment (the default): etcd with TLS, client
+    # certificates and the cluster's least-privilege etcd users; coordinator,
+    # agent and CLI with certificates of the cluster's gRPC CA.
+    echo "--- gRPC certificates (phalanx certs) in $WORK/pki, client dir $WORK/client"
+    CLUSTER=local   # the coordinator's and the agent's default --cluster
+    pki_ok=1
+    for certs_args in "init --dir $WORK/pki --cluster $CLUSTER" \
+        "issue --dir $WORK/pki --role coordinator --name a-c0" \
+        "issue --dir $WORK/pki --role agent --name $NODE --node $NODE" \
+        "issue --dir $WORK/pki --role admin --name gpucheck"; do
+        # shellcheck disable=SC2086 # words of a fixed command line
+        to 30 "$PY" -m phalanx certs $certs_args >>"$WORK/logs/certs.log" 2>&1 || pki_ok=0
+    done
+    mkdir -p -m 700 "$WORK/client"
+    cp "$WORK/pki/ca.crt" "$WORK/client/ca.crt" 2>/dev/null || pki_ok=0
+    cp "$WORK/pki/admin-gpucheck.crt" "$WORK/client/client.crt" 2>/dev/null || pki_ok=0
+    cp "$WORK/pki/admin-gpucheck.key" "$WORK/client/client.key" 2>/dev/null || pki_ok=0
     # etcd through the project's own helper (same flags as phalanx up and the tests)
-    echo "--- starting etcd"
+    echo "--- starting etcd (TLS, client-cert auth, etcd auth; PKI in $WORK/etcd-pki)"
     # The holder is etcd's parent for the whole run (etcd dies with it, by the
     # parent-death signal), and the holder dies with this script: SIGKILL of
-    # the script (a test's timeout) leaves no etcd behind.
+    # the script (a test's timeout) leaves no etcd behind. It also makes the
+    # etcd CA, the coordinator and agent etcd users and provisions their roles.
     "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" "$WORK/etcd.info" \
-        >"$WORK/logs/etcd-holder.log" 2>&1 <<'EOF' &
-import os, sys, time
+        "$WORK/etcd-pki" "$CLUSTER" >"$WORK/logs/etcd-holder.log" 2>&1 <<'EOF' &
+import asyncio, datetime, os, sys, time
+from phalanx import etcd_auth, etcd_pki
 from phalanx.etcd_server import EtcdServer
-s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2]).start()
+now = datetime.datetime.now(datetime.timezone.utc)
+pki, cluster = sys.argv[4], sys.argv[5]
+etcd_pki.init(pki, now=now)
+s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2], tls_dir=pki).start()
 try:
     s.wait_ready(30)
+    asyncio.run(etcd_auth.provision([s.endpoint], s.root_tls, cluster))
+    for role in etcd_pki.ROLES:
+        etcd_pki.issue_client(pki, etcd_pki.user_for(cluster, role), now=now)
     info = f"{s.proc.pid} {s.endpoint}"
 except Exception as exc:
-    info = f"NOT-READY {exc}"
+    info = f"NOT-READY {exc!r}"
     s.stop()
 with open(sys.argv[3] + ".tmp", "w") as f:
     f.write(info + "\n")
@@ -456,12 +484,15 @@ EOF
     echo "$etcd_info"
     ETCD_PID=$(echo "$etcd_info" | head -1 | awk '{print $1}')
     EP=$(echo "$etcd_info" | head -1 | awk '{print $2}')
-    if [ -z "$EP" ] || [[ $etcd_info == *NOT-READY* ]]; then
+    if [ "$pki_ok" != 1 ]; then
+        result d-cluster FAIL "phalanx certs failed: $(tail -3 "$WORK/logs/certs.log" 2>/dev/null | paste -sd' ' -)"
+    elif [ -z "$EP" ] || [[ $etcd_info == *NOT-READY* ]]; then
         result d-cluster FAIL "etcd did not start: $(echo "$etcd_info" | tail -1); $(tail -3 "$WORK/logs/etcd.log" 2>/dev/null)"
     else
         echo "etcd ready at $EP (pid $ETCD_PID)"
         echo "--- starting coordinator a-c0"
         "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" -m coordinator --az "$AZ" --id a-c0 --etcd "$EP" --listen 127.0.0.1:0 \
+            --tls-dir "$WORK/pki" --etcd-tls-dir "$WORK/etcd-pki/phalanx-$CLUSTER-coordinator" \
             --timings "$timings" >"$WORK/logs/coordinator.out" 2>"$WORK/logs/coordinator.log" &
         COORD_PID=$!
         if ! wait_line "$WORK/logs/coordinator.out" PHALANX_COORDINATOR_READY "$(tmo 40)" "$COORD_PID"; then
@@ -470,7 +501,8 @@ EOF
             ADDR=$(grep -o 'address=[^ ]*' "$WORK/logs/coordinator.out" | head -1 | cut -d= -f2)
             echo "coordinator ready at $ADDR (pid $COORD_PID)"
             mkdir -p "$WORK/agent-state"
-            agent_args=(--az "$AZ" --etcd "$EP" --node "$NODE" --state-dir "$WORK/agent-state" --timings "$timings")
+            agent_args=(--az "$AZ" --etcd "$EP" --node "$NODE" --state-dir "$WORK/agent-state" --timings "$timings"
+                --tls-dir "$WORK/pki" --etcd-tls-dir "$WORK/etcd-pki/phalanx-$CLUSTER-agent")
             if [ "$DRY" = 1 ]; then
                 agent_args+=(--nvml-recording "$FIXTURE/nvml.json" --sysfs-recording "$FIXTURE/sysfs.json")
             fi

@@ -132,6 +132,13 @@ class LocalCluster:
         self.pki.agent(node)
         return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("agent"))]
 
+    def agents_tls(self, nodes: list[str]) -> dict[str, Any]:
+        """``run_agents`` keyword arguments for simulated ``nodes`` of this
+        cluster: each node's agent certificate and the agent etcd user."""
+        for node in nodes:
+            self.pki.agent(node)
+        return {"tls_dir": self.pki.server_dir(), "etcd_tls": self.etcd_pki.role(self.cluster, "agent")}
+
     async def root_store(self) -> Store:
         """A Store on this cluster's prefix as etcd root, closed with the
         cluster: only for a test that plants what no coordinator would write
@@ -177,14 +184,11 @@ class LocalCluster:
         stop = asyncio.Event()
         history: list[tuple[str, dict[str, Any]]] = []
         group = AgentGroup(az, None, stop, history)  # type: ignore[arg-type]
-        for t in topologies:
-            self.pki.agent(t.node)
-        etcd_tls = self.etcd_pki.role(self.cluster, "agent")
+        tls = self.agents_tls([t.node for t in topologies])
 
         async def go() -> None:
             await run_agents(cluster=self.cluster, az=az, etcd=self.etcd, topologies=topologies,
-                             timings=self.timings, ready_line=False, stop_event=stop, history=history,
-                             tls_dir=self.pki.server_dir(), etcd_tls=etcd_tls)
+                             timings=self.timings, ready_line=False, stop_event=stop, history=history, **tls)
 
         group.task = asyncio.create_task(go())
         self.agent_groups.append(group)

@@ -21,6 +21,7 @@ from coordinator.config import Timings
 from coordinator.core.records import NodeDevices, Reservation
 from coordinator.election import Election, LeaseSession
 from coordinator.store import Delete, Put, Store
+from phalanx.tls import ServerCredentialsSource
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 from tests.integration.harness import dgx_node
@@ -71,19 +72,25 @@ class Rig:
 
 
 @pytest.fixture
-async def rig(etcd_endpoint, cluster_name):
-    """A real agent whose AZ 'leader' (a real etcd leadership) is the scripted peer."""
-    store = await Store(etcd_endpoint, cluster_name).connect()
+async def rig(etcd_endpoint, cluster_name, cluster_pki, etcd_coordinator_tls, etcd_agent_tls):
+    """A real agent whose AZ 'leader' (a real etcd leadership) is the scripted
+    peer. As in a real cluster, the peer serves TLS with a coordinator
+    certificate and writes etcd as the coordinator user; the agent presents
+    its node's certificate and reads etcd as the (read-only) agent user."""
+    store = await Store(etcd_endpoint, cluster_name, tls=etcd_coordinator_tls).connect()
+    agent_store = await Store(etcd_endpoint, cluster_name, tls=etcd_agent_tls).connect()
     peer = ScriptedLeader()
     server = grpc.aio.server()
     agrpc.add_AgentServiceServicer_to_server(peer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    creds = ServerCredentialsSource(cluster_pki.coordinator("scripted"), cluster=cluster_name).credentials()
+    port = server.add_secure_port("127.0.0.1:0", creds)
     await server.start()
     history: list[tuple[str, dict]] = []
     session = await LeaseSession(store, T).start()
     lead = await Election(store, AZ, "scripted", f"127.0.0.1:{port}", T).campaign(session)
-    agent = Agent(cluster=cluster_name, az=AZ, topology=dgx_node("n0", AZ), store=store,
-                  launcher_factory=SimulatedLauncher, timings=T, history=lambda e, d: history.append((e, d)))
+    agent = Agent(cluster=cluster_name, az=AZ, topology=dgx_node("n0", AZ), store=agent_store,
+                  launcher_factory=SimulatedLauncher, timings=T, history=lambda e, d: history.append((e, d)),
+                  tls=cluster_pki.agent("n0"))
     run = asyncio.create_task(agent.run())
     try:
         yield Rig(store, peer, lead, agent, history)
@@ -93,6 +100,7 @@ async def rig(etcd_endpoint, cluster_name):
         await asyncio.gather(run, return_exceptions=True)
         await server.stop(0)
         await session.close()
+        await agent_store.close()
         await store.close()
 
 

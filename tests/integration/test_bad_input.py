@@ -8,12 +8,12 @@ import signal
 import grpc
 import pytest
 
-from phalanx.etcd_server import EtcdServer
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import peer_pb2 as ppb
 from phalanx.v1 import peer_pb2_grpc as pgrpc
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+from tests.pki import PrivateEtcd
 
 pytestmark = pytest.mark.integration
 AZ = "az-a"
@@ -125,8 +125,7 @@ async def test_live_name_is_unique(local_cluster: LocalCluster) -> None:
 async def test_etcd_down_gives_unavailable_and_loses_nothing(tmp_path, cluster_name) -> None:
     """A private etcd we can stop: submissions fail UNAVAILABLE while it is
     down; everything acknowledged before is there when it returns."""
-    etcd = EtcdServer(data_dir=tmp_path / "etcd", name="private", log_path=tmp_path / "etcd.log")
-    etcd.start().wait_ready()
+    etcd = PrivateEtcd(tmp_path, cluster_name).__enter__()
     c = LocalCluster(etcd.endpoint, cluster_name, tmp_path)
     await c.start()
     try:
@@ -162,7 +161,7 @@ async def test_etcd_down_gives_unavailable_and_loses_nothing(tmp_path, cluster_n
         assert [g for g in gangs.values() if g.spec.name == "during"] == [gangs[r.gang.id]]
     finally:
         await c.close()
-        etcd.stop()
+        etcd.__exit__()
 
 
 async def test_errors_while_etcd_is_paused_say_etcd(tmp_path, cluster_name, capsys) -> None:
@@ -175,8 +174,7 @@ async def test_errors_while_etcd_is_paused_say_etcd(tmp_path, cluster_name, caps
     from phalanx.client import AsyncClient
     from phalanx.errors import StoreUnavailable
 
-    etcd = EtcdServer(data_dir=tmp_path / "etcd", name="private", log_path=tmp_path / "etcd.log")
-    etcd.start().wait_ready()
+    etcd = PrivateEtcd(tmp_path, cluster_name).__enter__()
     c = LocalCluster(etcd.endpoint, cluster_name, tmp_path)
     await c.start()
     try:
@@ -187,13 +185,13 @@ async def test_errors_while_etcd_is_paused_say_etcd(tmp_path, cluster_name, caps
         addresses = f"{a0.address},{a1.address}"
         etcd.signal(signal.SIGSTOP)
         try:
-            async with AsyncClient(addresses, timeout=4) as client:
+            async with AsyncClient(addresses, timeout=4, tls_dir=c.client_dir()) as client:
                 for call in (lambda: client.get(gang.id), lambda: client.list(), lambda: client.status(),
                              lambda: client.nodes()):
                     with pytest.raises(StoreUnavailable) as info:
                         await call()
                     assert "etcd" in str(info.value), str(info.value)
-            code = await asyncio.to_thread(cli.main, ["list", "--address", addresses, "--rpc-timeout", "4"])
+            code = await asyncio.to_thread(cli.main, ["list", "--address", addresses, "--tls-dir", str(c.client_dir()), "--rpc-timeout", "4"])
             err = capsys.readouterr().err
             assert code == cli.EXIT_ERROR and err.count("\n") == 1
             assert "etcd" in err and f"cluster {cluster_name}" in err, err
@@ -201,4 +199,4 @@ async def test_errors_while_etcd_is_paused_say_etcd(tmp_path, cluster_name, caps
             etcd.signal(signal.SIGCONT)
     finally:
         await c.close()
-        etcd.stop()
+        etcd.__exit__()

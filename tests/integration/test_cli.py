@@ -32,7 +32,9 @@ from phalanx.model import GangState
 from phalanx.up import UpProcess
 from phalanx.v1 import gang_pb2, gang_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
+from phalanx.tls import TlsFiles, coordinator_channel
 from tests.conftest import etcdctl
+from tests.pki import EtcdPki, unprovision
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +48,7 @@ class UpCluster:
     address: str
     cluster: str
     etcd: str
+    admin_dir: Path  # the admin client dir up made (ca.crt client.crt client.key)
 
 
 @pytest.fixture(scope="module")
@@ -54,24 +57,34 @@ def address(up_cluster: UpCluster) -> str:
 
 
 @pytest.fixture(scope="module")
-def up_cluster(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
+def up_cluster(etcd_server: EtcdServer, etcd_pki: EtcdPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpCluster]:
+    """``phalanx up`` on the session etcd (TLS, etcd auth: ``--etcd-pki``
+    lets it issue and provision its cluster's etcd users). For the module,
+    the SDK and the CLI find their credentials as ``up`` tells a user to:
+    ``$PHALANX_CONFIG`` (the addresses are still given to each call)."""
     cluster = "t" + uuid.uuid4().hex[:10]
     state = tmp_path_factory.mktemp("up")
     up = UpProcess([
-        "--no-workload", "--etcd", etcd_server.endpoint, "--cluster", cluster,
+        "--no-workload", "--etcd", etcd_server.endpoint, "--etcd-pki", str(etcd_pki.dir), "--cluster", cluster,
         "--azs", str(len(AZS)), "--coordinators-per-az", "1", "--nodes-per-az", str(NODES_PER_AZ),
         "--base-port", "0", "--state-dir", str(state),
     ])
     try:
-        up.start()
-        asyncio.run(_wait_nodes_ready(up.address))
-        asyncio.run(_start_hog(up.address))
-        yield UpCluster(up.address, cluster, etcd_server.endpoint)
+        with pytest.MonkeyPatch.context() as env:
+            up.start()
+            assert up.config is not None and up.admin_dir is not None, "phalanx up wrote no client config"
+            for name in ("PHALANX_TLS_DIR", "PHALANX_INSECURE", "PHALANX_ADDRESS"):
+                env.delenv(name, raising=False)
+            env.setenv("PHALANX_CONFIG", str(up.config))
+            asyncio.run(_wait_nodes_ready(up.address))
+            asyncio.run(_start_hog(up.address))
+            yield UpCluster(up.address, cluster, etcd_server.endpoint, up.admin_dir)
     finally:
         code = up.stop()
         prefix = f"/phalanx/{cluster}/"
         etcdctl(etcd_server.endpoint, "del", "--prefix", prefix)
         assert etcdctl(etcd_server.endpoint, "get", "--prefix", "--keys-only", prefix).strip() == ""
+        unprovision(etcd_server.endpoint, etcd_pki, cluster)
     assert code == 0, "\n".join(up.lines[-40:])
 
 
@@ -230,11 +243,13 @@ async def test_fails_over_past_dead_addresses(address: str) -> None:
         assert client.addresses[client._current] != dead
 
 
-async def test_server_rejects_a_bad_wire_spec_naming_the_field(address: str) -> None:
+async def test_server_rejects_a_bad_wire_spec_naming_the_field(up_cluster: UpCluster) -> None:
     """What a client that skips local validation gets: INVALID_ARGUMENT that
     names the field (the generated stub, not the SDK, which refuses to send)."""
     spec = pb.GangSpec(name=unique("wire"), members=-3, resources=pb.Resources(gpus=1))
-    async with grpc.aio.insecure_channel(one_address(address)) as channel:
+    admin = up_cluster.admin_dir
+    files = TlsFiles(admin / "ca.crt", admin / "client.crt", admin / "client.key")
+    async with coordinator_channel(one_address(up_cluster.address), files, cluster=up_cluster.cluster) as channel:
         stub = gang_pb2_grpc.GangServiceStub(channel)
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await stub.SubmitGang(gang_pb2.SubmitGangRequest(spec=spec, idempotency_key=uuid.uuid4().hex), timeout=10)
@@ -389,19 +404,21 @@ def _pid_listening_on(address: str) -> int:
 
 
 async def test_watch_and_calls_survive_losing_the_serving_coordinator(
-    etcd_server: EtcdServer, cluster_name: str, tmp_path: Path
+    etcd_server: EtcdServer, etcd_pki: EtcdPki, cluster_name: str, tmp_path: Path
 ) -> None:
     """One AZ, two coordinators. Stop the one serving a watch: the watch
     resumes on the other and still sees the gang to its end, with no event
     twice; unary calls fail over too."""
     up = UpProcess([
-        "--no-workload", "--etcd", etcd_server.endpoint, "--cluster", cluster_name, "--azs", "1",
+        "--no-workload", "--etcd", etcd_server.endpoint, "--etcd-pki", str(etcd_pki.dir), "--cluster", cluster_name,
+        "--azs", "1",
         "--coordinators-per-az", "2", "--nodes-per-az", "1", "--base-port", "0", "--state-dir", str(tmp_path / "s"),
     ])
     try:
         await asyncio.to_thread(up.start)
-        await _wait_nodes_ready_n(up.address, 1)
-        async with AsyncClient(up.address, timeout=15) as client:
+        # Its own CA: explicit credentials (they win over the module's $PHALANX_CONFIG).
+        await _wait_nodes_ready_n(up.address, 1, **up.client_kwargs())
+        async with AsyncClient(up.address, timeout=15, **up.client_kwargs()) as client:
             gang = (await client.submit(small(unique("failover"), duration_s=6.0))).gang
             seen: list[pb.Gang] = []
             async for g in client.watch(gang.id):
@@ -420,8 +437,8 @@ async def test_watch_and_calls_survive_losing_the_serving_coordinator(
     assert code == 0, "\n".join(up.lines[-40:])
 
 
-async def _wait_nodes_ready_n(address: str, n: int) -> None:
-    async with AsyncClient(address) as client:
+async def _wait_nodes_ready_n(address: str, n: int, **credentials: Any) -> None:
+    async with AsyncClient(address, **credentials) as client:
         while sum(az.nodes_ready for az in (await client.status()).azs) < n:
             await asyncio.sleep(0.2)
 

@@ -89,10 +89,13 @@ async def test_hostile_peer_calls_are_refused_without_state_change(local_cluster
     before = await c.etcd_reservations()
     lb = await c.leader("az-b")
     la = await c.leader("az-a")
-    ch = grpc.aio.insecure_channel(lb.address)
-    peer = peer_pb2_grpc.CoordinatorPeerStub(ch)
     owner = (await c.etcd_gangs())[gang.id].owner_az
     owner_info = await c.leader(owner)
+    # The calls come with the owner leader's own coordinator certificate, so
+    # what refuses them is the caller identity in each request, checked
+    # against etcd, not the certificate (test_tls_peers covers that part).
+    ch = c.channel(lb.address, role="coordinator", name=owner_info.coordinator_id)
+    peer = peer_pb2_grpc.CoordinatorPeerStub(ch)
     good = peer_pb2.PeerIdentity(az=owner, epoch=owner_info.epoch, coordinator_id=owner_info.coordinator_id)
     stale = peer_pb2.PeerIdentity(az=la.az, epoch=la.epoch - 1, coordinator_id="impostor")
     nodes = [peer_pb2.NodeDevices(node="bn0", gpus=list(range(8)))]

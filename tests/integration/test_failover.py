@@ -189,7 +189,7 @@ async def test_a_standby_forwards_within_the_callers_deadline(local_cluster: Loc
     leader = await c.wait_leader(AZ)
     standby = c.start_coordinator(AZ, "a1")
     assert leader.coordinator_id == "a0"
-    async with grpc.aio.insecure_channel(standby.address) as ch:
+    async with c.channel(standby.address) as ch:
         stub = gpb_grpc.GangServiceStub(ch)
         resp = await stub.SubmitGang(gpb.SubmitGangRequest(spec=tiny("patient", members=1)), timeout=slow + 20)
         assert resp.created and resp.gang.owner_az == AZ

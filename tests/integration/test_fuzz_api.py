@@ -164,12 +164,13 @@ def code_of(fn: Any) -> tuple[grpc.StatusCode, str, Any]:
         return exc.code(), exc.details() or "", None
 
 
-def fuzz(address: str) -> list[str]:
-    """Runs in a thread with a blocking channel. Returns the ids of the gangs
-    it created (to cancel them before the final admission)."""
+def fuzz(c: LocalCluster, address: str) -> list[str]:
+    """Runs in a thread with a blocking channel (an admin certificate).
+    Returns the ids of the gangs it created (to cancel them before the final
+    admission)."""
     created: list[str] = []
     seen: dict[grpc.StatusCode, int] = {}
-    with grpc.insecure_channel(address) as ch:
+    with c.channel(address, aio=False) as ch:
         stub = ggrpc.GangServiceStub(ch)
 
         @settings(max_examples=SPEC_EXAMPLES, deadline=None, database=None,
@@ -219,7 +220,7 @@ async def test_fuzzed_requests_get_clean_answers_and_leave_etcd_bounded(local_cl
     coord = c.start_coordinator(AZ, "a0")
     await c.wait_leader(AZ)
 
-    await asyncio.to_thread(fuzz, coord.address)
+    await asyncio.to_thread(fuzz, c, coord.address)
     assert coord.proc.poll() is None, "the coordinator died"
 
     # etcd never holds a record over its bound, and every record reads back.

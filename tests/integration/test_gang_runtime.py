@@ -45,7 +45,7 @@ def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failp
          "--spine", "s0", "--leaf", leaf, "--state-dir", str(state_dir), "--history", str(history),
          "--timings", c._timings_json(), "--log-level", "INFO",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),
-         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json")],
+         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"), *c.agent_args(node)],
         stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "a"), text=True, cwd=REPO, env=env,
     )
     ready, _, _ = select.select([p.stdout], [], [], 30)

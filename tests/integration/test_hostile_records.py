@@ -117,7 +117,7 @@ async def test_list_pages_past_the_grpc_reply_limit(local_cluster: LocalCluster)
     assert first.ByteSize() <= limits.LIST_REPLY_BYTES + 64 * 1024
     from phalanx.client import AsyncClient
 
-    async with AsyncClient(coord.address) as client:
+    async with AsyncClient(coord.address, tls_dir=c.client_dir()) as client:
         gangs = await client.list()
         assert [g.id for g in gangs] == [f"big{i:02d}-{i:08x}" for i in range(n)]
         assert len(await client.list(limit=5)) == 5
@@ -196,9 +196,13 @@ async def test_store_pages_a_prefix_larger_than_one_range_reply(local_cluster: L
 # --- agent registration ---------------------------------------------------------
 
 
-async def register(address: str, reg: apb.Register) -> grpc.aio.AioRpcError | None:
-    """One Session that sends ``reg`` and reads the first answer."""
-    async with grpc.aio.insecure_channel(address, options=[("grpc.max_send_message_length", 64 * 1024 * 1024)]) as ch:
+async def register(c: LocalCluster, address: str, reg: apb.Register, node: str = "fine") -> grpc.aio.AioRpcError | None:
+    """One Session, with the agent certificate of ``node``, that sends
+    ``reg`` and reads the first answer. A registration is checked whole
+    before the certificate's node is compared with it, so a refused one is
+    refused for what it says, whichever agent sends it."""
+    async with c.channel(address, role="agent", name=node,
+                         options=(("grpc.max_send_message_length", 64 * 1024 * 1024),)) as ch:
         call = agrpc.AgentServiceStub(ch).Session()
         await call.write(apb.AgentMessage(register=reg))
         try:
@@ -233,7 +237,7 @@ async def test_a_refused_registration_writes_no_node_record(local_cluster: Local
     coord = c.start_coordinator(AZ, "a0")
     await c.wait_leader(AZ)
     for what, reg, words in REFUSED:
-        err = await register(coord.address, reg)
+        err = await register(c, coord.address, reg)
         assert err is not None, f"{what}: accepted"
         # Permanent: INVALID_ARGUMENT, never a retryable UNAVAILABLE.
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, err.code(), err.details())
@@ -242,7 +246,7 @@ async def test_a_refused_registration_writes_no_node_record(local_cluster: Local
     nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
     assert nodes == [], [kv.key for kv in nodes]
     # A normal registration is still accepted and written.
-    assert await register(coord.address, reg_of(simulated_node("fine", AZ))) is None
+    assert await register(c, coord.address, reg_of(simulated_node("fine", AZ))) is None
     nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
     assert [kv.key for kv in nodes] == [c.store.keys.node(AZ, "fine")]
     assert coord.proc.poll() is None
@@ -252,7 +256,7 @@ async def test_a_session_that_never_registers_is_told_why(local_cluster: LocalCl
     c = local_cluster
     coord = c.start_coordinator(AZ, "a0")
     await c.wait_leader(AZ)
-    async with grpc.aio.insecure_channel(coord.address) as ch:
+    async with c.channel(coord.address, role="agent", name="silent") as ch:
         # Silent: opens the stream and sends nothing.
         call = agrpc.AgentServiceStub(ch).Session()
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -278,7 +282,7 @@ async def test_undecodable_agent_messages_are_invalid_argument(local_cluster: Lo
     coord = c.start_coordinator(AZ, "a0")
     await c.wait_leader(AZ)
     good = apb.AgentMessage(register=reg_of(simulated_node("raw", AZ))).SerializeToString()
-    async with grpc.aio.insecure_channel(coord.address) as ch:
+    async with c.channel(coord.address, role="agent", name="raw") as ch:
         session = ch.stream_stream("/phalanx.v1.AgentService/Session",
                                    request_serializer=lambda b: b, response_deserializer=lambda b: b)
         for first in ([b"\xff\xff\xff"], [good, b"\x0a\xff\x01"]):

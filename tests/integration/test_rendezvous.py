@@ -179,7 +179,7 @@ async def test_simulated_nodes_of_phalanx_up_meet_on_loopback(local_cluster: Loc
     task = asyncio.create_task(run_agents(
         cluster=c.cluster, az=AZ, etcd=c.etcd, topologies=[dgx_node("s0", AZ), dgx_node("s1", AZ)],
         timings=c.timings, launch=True, state_dir=tmp_path / "agents", ready_line=False, stop_event=stop,
-        rendezvous_ports=block))
+        rendezvous_ports=block, **c.agents_tls(["s0", "s1"])))
     try:
         await c.wait_nodes_ready(AZ, 2)
         slices = {}

@@ -46,11 +46,11 @@ def leader_lines(log: str) -> list[tuple[int, int]]:
     return [(int(m[1]), int(m[2])) for m in re.finditer(r"leader of \S+ \(epoch \d+\): (\d+) gangs, (\d+) finished", log)]
 
 
-async def test_prefix_compare_and_keys_only_read_on_real_etcd(etcd_endpoint, cluster_name) -> None:
+async def test_prefix_compare_and_keys_only_read_on_real_etcd(etcd_endpoint, cluster_name, etcd_coordinator_tls) -> None:
     """What the collector relies on: ``none_under`` holds on an empty prefix
     and fails once any key lies under it (etcd's range compare); a keys-only
     read returns the keys without their values."""
-    async with Store(etcd_endpoint, cluster_name) as s:
+    async with Store(etcd_endpoint, cluster_name, tls=etcd_coordinator_tls) as s:
         prefix = s.keys.member_summaries("g-1")
         assert (await s.txn([none_under(prefix)], [])).succeeded
         await s.txn([], [Put(s.keys.member_summary("g-10", "az-a"), {"x": 1})])  # g-10 is not under g-1/

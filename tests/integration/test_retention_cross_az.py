@@ -52,7 +52,7 @@ async def test_finished_cross_az_gang_is_collected_with_its_decisions(cluster: L
     la, lb = await c.leader("az-a"), await c.leader("az-b")
     caller = peer_pb2.PeerIdentity(az="az-a", epoch=la.epoch, coordinator_id=la.coordinator_id)
     slice_b = [peer_pb2.NodeDevices(node=m.node, gpus=list(m.gpus)) for m in done.placement if m.az == "az-b"]
-    async with grpc.aio.insecure_channel(lb.address) as ch:
+    async with c.channel(lb.address, role="coordinator", name=la.coordinator_id) as ch:
         peer = peer_pb2_grpc.CoordinatorPeerStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await peer.Prepare(peer_pb2.PrepareRequest(caller=caller, gang=gang.id, incarnation=done.incarnation,

@@ -16,8 +16,9 @@ T = Timings.fast()
 
 
 @pytest.fixture
-async def store(etcd_endpoint, cluster_name):
-    async with Store(etcd_endpoint, cluster_name, timeout=2.0) as s:
+async def store(etcd_endpoint, cluster_name, etcd_coordinator_tls):
+    """The store as a coordinator opens it: TLS, the cluster's coordinator user."""
+    async with Store(etcd_endpoint, cluster_name, timeout=2.0, tls=etcd_coordinator_tls) as s:
         yield s
 
 
@@ -108,8 +109,8 @@ async def test_watch_resumes_and_reports_compaction(store: Store) -> None:
     await store.txn([], [Delete(k.root, prefix=True)])
 
 
-async def test_unreachable_etcd_fails_fast_and_typed() -> None:
-    async with Store("127.0.0.1:1", "nowhere", timeout=0.5) as s:
+async def test_unreachable_etcd_fails_fast_and_typed(etcd_coordinator_tls) -> None:
+    async with Store("127.0.0.1:1", "nowhere", timeout=0.5, tls=etcd_coordinator_tls) as s:
         with pytest.raises(StoreUnavailable, match="etcd unavailable"):
             await s.get(s.keys.gang("x"))
         with pytest.raises(StoreUnavailable):

@@ -28,32 +28,48 @@ from coordinator.store import Delete, Fence, Put, Store
 from phalanx.errors import StoreUnavailable
 from phalanx.etcd_server import EtcdServer, loopback_cluster, start_members, stop_members
 from phalanx.programs import require
+from phalanx.tls import TlsFiles
+from tests.pki import EtcdPki, etcd_pki_for, etcdctl_args, provision, register, unprovision, unregister
 
 pytestmark = pytest.mark.integration
 
 
 def etcdctl(members: list[EtcdServer], *args: str) -> str:
+    """etcdctl as etcd root, over TLS, to ``members``."""
     env = dict(os.environ, ETCDCTL_API="3")
-    eps = ",".join(m.client_url for m in members)
+    eps = [m.endpoint for m in members]
     return subprocess.run(
-        [require("etcdctl"), "--endpoints", eps, "--dial-timeout", "2s", "--command-timeout", "5s", *args],
+        [require("etcdctl"), *etcdctl_args(eps, etcd_pki_for(eps).root), "--dial-timeout", "2s",
+         "--command-timeout", "5s", *args],
         env=env, check=True, capture_output=True, text=True, timeout=30,
     ).stdout
 
 
 @pytest.fixture(scope="module")
-def members(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EtcdServer]]:
-    ms = start_members(loopback_cluster(tmp_path_factory.mktemp("etcd3")))
+def etcd_pki(tmp_path_factory: pytest.TempPathFactory) -> EtcdPki:
+    """This module's etcd CA (it replaces the session one here, so the
+    conftest's etcd_coordinator_tls gives this cluster's users)."""
+    return EtcdPki(tmp_path_factory.mktemp("etcd3-pki") / "pki")
+
+
+@pytest.fixture(scope="module")
+def members(tmp_path_factory: pytest.TempPathFactory, etcd_pki: EtcdPki) -> Iterator[list[EtcdServer]]:
+    """Three members serving clients and peers over TLS with client
+    certificates required; etcd auth is on once the first test provisions."""
+    ms = start_members(loopback_cluster(tmp_path_factory.mktemp("etcd3"), tls_dir=etcd_pki.dir))
+    register([m.endpoint for m in ms], etcd_pki)
     yield ms
+    unregister([m.endpoint for m in ms])
     stop_members(ms)
 
 
 @pytest.fixture
-def cluster_name(members: list[EtcdServer]) -> Iterator[str]:
-    """A fresh key prefix, wiped (and checked empty) after the test."""
+def cluster_name(members: list[EtcdServer], etcd_pki: EtcdPki) -> Iterator[str]:
+    """A fresh key prefix and its etcd users, wiped (and checked empty) after the test."""
     for m in members:
         m.wait_ready()  # the previous test resumed its paused member
     name = "t" + uuid.uuid4().hex[:10]
+    provision([m.endpoint for m in members], etcd_pki, name)
     yield name
     prefix = f"/phalanx/{name}/"
     # A member resumed a moment ago may still be catching up (or calling an
@@ -68,6 +84,7 @@ def cluster_name(members: list[EtcdServer]) -> Iterator[str]:
                 raise AssertionError(f"cannot clean up {prefix}: {exc.stderr}") from None
             time.sleep(0.5)
     assert etcdctl(members, "get", "--prefix", "--keys-only", prefix).strip() == ""
+    unprovision([m.endpoint for m in members], etcd_pki, name)
 
 
 def follower_first(members: list[EtcdServer]) -> list[EtcdServer]:
@@ -99,7 +116,7 @@ def paused(member: EtcdServer) -> Iterator[None]:
 
 
 def localhost(m: EtcdServer) -> str:
-    return f"http://localhost:{m.client_port}"
+    return f"localhost:{m.client_port}"
 
 
 def test_loopback_cluster_is_one_cluster_of_three(members: list[EtcdServer]) -> None:
@@ -110,12 +127,12 @@ def test_loopback_cluster_is_one_cluster_of_three(members: list[EtcdServer]) -> 
 
 
 async def test_calls_move_to_another_member_when_the_current_one_stops_answering(
-    members: list[EtcdServer], cluster_name: str
+    members: list[EtcdServer], cluster_name: str, etcd_coordinator_tls: TlsFiles
 ) -> None:
     ordered = follower_first(members)
     victim = ordered[0]
     # DNS names for every member (gRPC's default resolver), the victim first.
-    async with Store([localhost(m) for m in ordered], cluster_name, timeout=1.0) as store:
+    async with Store([localhost(m) for m in ordered], cluster_name, timeout=1.0, tls=etcd_coordinator_tls) as store:
         k = store.keys
         assert store.current_endpoint == f"localhost:{victim.client_port}"
         await store.txn([], [Put(k.gang("before"), 1)])
@@ -144,10 +161,10 @@ async def test_calls_move_to_another_member_when_the_current_one_stops_answering
         await store.txn([], [Delete(k.root, prefix=True)])
 
 
-async def test_lease_kept_alive_by_ping_survives_a_paused_member(members: list[EtcdServer], cluster_name: str) -> None:
+async def test_lease_kept_alive_by_ping_survives_a_paused_member(members: list[EtcdServer], cluster_name: str, etcd_coordinator_tls: TlsFiles) -> None:
     ordered = follower_first(members)
     victim = ordered[0]
-    async with Store([m.endpoint for m in ordered], cluster_name, timeout=1.0) as store:
+    async with Store([m.endpoint for m in ordered], cluster_name, timeout=1.0, tls=etcd_coordinator_tls) as store:
         ttl = 3
         lease = await store.grant_lease(ttl)
         key = store.keys.leader("az-x")
@@ -174,11 +191,11 @@ async def test_lease_kept_alive_by_ping_survives_a_paused_member(members: list[E
         await store.revoke_lease(lease)
 
 
-async def test_leader_keeps_its_leadership_across_a_paused_member(members: list[EtcdServer], cluster_name: str) -> None:
+async def test_leader_keeps_its_leadership_across_a_paused_member(members: list[EtcdServer], cluster_name: str, etcd_coordinator_tls: TlsFiles) -> None:
     t = one_failed_keepalive_timings()
     ordered = follower_first(members)
     victim = ordered[0]
-    async with Store([m.endpoint for m in ordered], cluster_name, timeout=t.etcd_timeout_s) as store:
+    async with Store([m.endpoint for m in ordered], cluster_name, timeout=t.etcd_timeout_s, tls=etcd_coordinator_tls) as store:
         session = await LeaseSession(store, t).start()
         election = Election(store, "az-a", "c1", "addr1", t)
         lead = await election.campaign(session)
@@ -199,10 +216,10 @@ async def test_leader_keeps_its_leadership_across_a_paused_member(members: list[
         await store.txn([], [Delete(store.keys.root, prefix=True)])
 
 
-async def test_watch_follows_the_store_to_another_member(members: list[EtcdServer], cluster_name: str) -> None:
+async def test_watch_follows_the_store_to_another_member(members: list[EtcdServer], cluster_name: str, etcd_coordinator_tls: TlsFiles) -> None:
     ordered = follower_first(members)
     victim = ordered[0]
-    async with Store([m.endpoint for m in ordered], cluster_name, timeout=1.0) as store:
+    async with Store([m.endpoint for m in ordered], cluster_name, timeout=1.0, tls=etcd_coordinator_tls) as store:
         k = store.keys
         start = await store.revision() + 1
         seen: list[str] = []
@@ -244,11 +261,11 @@ async def test_watch_follows_the_store_to_another_member(members: list[EtcdServe
         await store.txn([], [Delete(k.root, prefix=True)])
 
 
-async def test_unreachable_member_first_in_the_list_costs_one_call(members: list[EtcdServer], cluster_name: str) -> None:
+async def test_unreachable_member_first_in_the_list_costs_one_call(members: list[EtcdServer], cluster_name: str, etcd_coordinator_tls: TlsFiles) -> None:
     # A member that refuses connections (not running) fails fast; the store
     # moves on the same way.
     dead = "127.0.0.1:1"
-    async with Store([dead] + [m.endpoint for m in members], cluster_name, timeout=1.0) as store:
+    async with Store([dead] + [m.endpoint for m in members], cluster_name, timeout=1.0, tls=etcd_coordinator_tls) as store:
         with pytest.raises(StoreUnavailable):
             await store.get(store.keys.gang("x"))
         assert store.current_endpoint == members[0].endpoint
@@ -256,7 +273,7 @@ async def test_unreachable_member_first_in_the_list_costs_one_call(members: list
 
 
 async def test_watch_gang_stream_survives_its_coordinator_moving_to_another_member(
-        members: list[EtcdServer], cluster_name: str, tmp_path) -> None:
+        members: list[EtcdServer], cluster_name: str, tmp_path, etcd_coordinator_tls: TlsFiles) -> None:
     """A client's WatchGang stream is served by a watch on the coordinator's
     current etcd member; when that member stops answering, the coordinator's
     store moves and breaks the watch, and WatchGang resumes it from the last
@@ -271,7 +288,7 @@ async def test_watch_gang_stream_survives_its_coordinator_moving_to_another_memb
     ordered = follower_first(members)
     victim = ordered[0]
     c = LocalCluster(",".join(m.endpoint for m in ordered), cluster_name, tmp_path, timings=t)
-    c.store = Store([m.endpoint for m in ordered[1:]], cluster_name, timeout=2.0)  # the test's own reads
+    c.store = Store([m.endpoint for m in ordered[1:]], cluster_name, timeout=2.0, tls=etcd_coordinator_tls)  # the test's own reads
     await c.start()
     try:
         coord = c.start_coordinator("az-a", "a0")

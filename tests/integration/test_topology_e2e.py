@@ -26,7 +26,7 @@ def start_agent(c: LocalCluster, node: str, fixture: str, *, leaf: str, spine: s
         sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
         "--spine", spine, "--leaf", leaf, "--simulate-members", "--timings", c._timings_json(),
         "--nvml-recording", str(FIX / fixture / "nvml.json"), "--sysfs-recording", str(FIX / fixture / "sysfs.json"),
-        "--log-level", "WARNING",
+        "--log-level", "WARNING", *c.agent_args(node),
     ]
     # No --state-dir: the agent makes a throw-away one under TMPDIR.
     tmp = c.workdir / "agent-tmp"
