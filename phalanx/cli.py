@@ -30,17 +30,24 @@ from typing import Any, NoReturn, TextIO
 
 import yaml
 
+from phalanx.client import read_token_file
 from phalanx.client import (
     ADDRESS_ENV,
+    CONFIG_ENV,
     DEFAULT_ADDRESS,
+    DEFAULT_CONFIG,
+    INSECURE_ENV,
     MAX_LIMIT,
     MAX_TIMEOUT_S,
     TLS_DIR_ENV,
     AsyncClient,
+    ClientConfigError,
+    Connection,
+    client_tls,
+    connection_settings,
     TerminalStateReached,
     check_timeout,
     is_terminal,
-    parse_addresses,
     parse_states,
     state_name,
 )
@@ -493,6 +500,8 @@ def cmd_certs(args: argparse.Namespace) -> int:
     """``phalanx certs init|issue``: the files only (phalanx.certs)."""
     from phalanx import certs  # local: cryptography is needed only here
 
+    if args.certs_command in ("etcd-init", "etcd-user"):
+        return cmd_certs_etcd(args)
     now = datetime.datetime.now(datetime.timezone.utc)
     try:
         if args.certs_command == "init":
@@ -506,6 +515,75 @@ def cmd_certs(args: argparse.Namespace) -> int:
     except certs.CertError as exc:
         raise UsageError(str(exc)) from None
     _print(f"wrote {crt} and {key} (0600): {certs.describe(cert)}")
+    return EXIT_OK
+
+
+def cmd_certs_etcd(args: argparse.Namespace) -> int:
+    """``phalanx certs etcd-init|etcd-user``: etcd's own CA, its members'
+    certificate and etcd users' client directories (phalanx.etcd_pki)."""
+    from phalanx import certs, etcd_pki
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    try:
+        if args.certs_command == "etcd-init":
+            hosts = certs.parse_hosts(args.hosts) if args.hosts is not None else ()
+            out = etcd_pki.init(Path(args.dir), hosts=hosts, now=now, days=args.days)
+            names = ",".join(dict.fromkeys((etcd_pki.ETCD_SERVER_NAME, *etcd_pki.DEFAULT_SERVER_HOSTS, *hosts)))
+            _print(f"wrote {out.ca}, {Path(args.dir) / certs.CA_KEY} (0600), {out.cert} and {out.key} (0600): "
+                   f"the etcd CA and the members' certificate for {names}")
+            return EXIT_OK
+        if args.user is not None and (args.cluster is not None or args.role is not None):
+            raise certs.CertError("--user: give either --user or --cluster with --role, not both")
+        if args.user is None:
+            if args.cluster is None or args.role is None:
+                raise certs.CertError("--cluster and --role: both are required without --user")
+            user = etcd_pki.user_for(args.cluster, args.role)
+        else:
+            user = etcd_pki.check_user(args.user)
+        out_dir = etcd_pki.issue_client(Path(args.dir), user, now=now, days=args.days)
+    except certs.CertError as exc:
+        raise UsageError(str(exc)) from None
+    _print(f"wrote {out_dir}/ ({certs.CA_CERT}, {etcd_pki.CLIENT_CERT}, {etcd_pki.CLIENT_KEY} 0600): "
+           f"etcd user {user}; give it as --etcd-tls-dir {out_dir}")
+    return EXIT_OK
+
+
+def cmd_etcd_auth(args: argparse.Namespace) -> int:
+    """``phalanx etcd-auth``: provision (or with --remove, remove) a
+    cluster's etcd users and roles, as etcd's root user (phalanx.etcd_auth)."""
+    from coordinator.store import InvalidEndpoint, parse_endpoints
+    from phalanx import certs, etcd_auth, etcd_pki
+
+    try:
+        endpoints = [e.target for e in parse_endpoints(args.etcd)]
+        etcd_auth.roles_for(args.cluster)  # the cluster name, before any connection
+        root = etcd_pki.files(args.etcd_tls_dir)
+        etcd_pki.check_client(root, now=datetime.datetime.now(datetime.timezone.utc))
+    except (InvalidEndpoint, certs.CertError) as exc:
+        raise UsageError(str(exc)) from None
+    except TlsError as exc:
+        raise UsageError(f"--etcd-tls-dir: {exc}") from None
+
+    async def go() -> dict:
+        if args.remove:
+            await etcd_auth.unprovision(endpoints, root, args.cluster)
+        else:
+            await etcd_auth.provision(endpoints, root, args.cluster)
+        return await etcd_auth.describe(endpoints, root, args.cluster)
+
+    try:
+        state = asyncio.run(go())
+    except etcd_auth.EtcdAuthError as exc:
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_ERROR
+    if args.remove:
+        _print(f"removed the etcd users and roles of cluster {args.cluster}")
+        return EXIT_OK
+    for role, perms in state["roles"].items():
+        _print(f"role {role}: " + "; ".join(p.describe() for p in perms))
+    for user, roles in state["users"].items():
+        _print(f"user {user}: roles {', '.join(roles)}")
+    _print("auth: enabled (users log in by the CN of their etcd client certificate)")
     return EXIT_OK
 
 
@@ -638,7 +716,8 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--address",
         default=argparse.SUPPRESS,
-        help=f"coordinator address(es), comma-separated (env {ADDRESS_ENV}; default {DEFAULT_ADDRESS})",
+        help=f"coordinator address(es), comma-separated (env {ADDRESS_ENV}, else the config file's addresses; "
+             f"default {DEFAULT_ADDRESS})",
     )
     common.add_argument(
         "--rpc-timeout",
@@ -649,7 +728,20 @@ def _common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--tls-dir",
         default=argparse.SUPPRESS,
-        help=f"connect with TLS: a directory with ca.crt, client.crt and client.key (env {TLS_DIR_ENV}; default plaintext)",
+        help=f"connect with TLS: a directory with ca.crt, client.crt and client.key (env {TLS_DIR_ENV}, else "
+             f"tls_dir in the config file ${CONFIG_ENV}, default {DEFAULT_CONFIG}; `phalanx config` shows which)",
+    )
+    common.add_argument(
+        "--insecure",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help=f"connect in plaintext (env {INSECURE_ENV}=1); never the default",
+    )
+    common.add_argument(
+        "--token-file",
+        default=argparse.SUPPRESS,
+        help="send the bearer token in FILE (env PHALANX_TOKEN: the token itself); only over TLS, where "
+             "--tls-dir needs only ca.crt (docs/security.md \"Bearer tokens\")",
     )
     return common
 
@@ -714,6 +806,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[common], help="leaders, epochs and capacity per AZ; gangs by state")
     p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
 
+    p = sub.add_parser("config", parents=[common],
+                       help="where this CLI finds its coordinators and credentials (flags, env, config file); contacts nobody")
+
     p = sub.add_parser("topology", parents=[common], help="the network tree with GPU usage")
     p.add_argument("--az", default="")
 
@@ -723,6 +818,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--incarnation", type=_non_negative_int, default=None, help="default: the latest one found")
     p.add_argument("--state-dir", default=None, help=f"the agents' state dir (env {STATE_DIR_ENV})")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new output until the members have ended (Ctrl-C stops)")
+
+    p = sub.add_parser("policy", help="the cluster's GangService policy: get it, or set it (admin) from a YAML file")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    q = actions.add_parser("get", parents=[common], help="print the policy as YAML, headed by its revision")
+    q.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    q = actions.add_parser("set", parents=[common],
+                           help="replace the policy with FILE (YAML), if it is still at --revision (from policy get)")
+    q.add_argument("file", metavar="FILE", help="the policy, YAML (- for stdin): max_priority, submitters, visibility")
+    q.add_argument("--revision", type=_non_negative_int, required=True,
+                   help="the revision `phalanx policy get` printed (0: no policy stored yet); a newer one is refused")
 
     # Local only: files in --dir, no coordinator is contacted (docs/security.md).
     p = sub.add_parser("certs", help="a cluster's CA and the certificates it issues (files in --dir)")
@@ -739,6 +844,23 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--node", default=None, help="agent only (required): the node it may register as")
     q.add_argument("--hosts", default=None, help="coordinator only: DNS names and IPs clients dial, comma-separated (default localhost,127.0.0.1,::1)")
     q.add_argument("--days", type=_int_in(1, 36600), default=365, help="validity (default 365; not beyond the CA's)")
+    q = actions.add_parser("etcd-init", help="create etcd's own CA and its members' certificate: DIR/ca.crt ca.key server.crt server.key")
+    q.add_argument("--dir", required=True, help="directory for the etcd CA (created 0700; not the Phalanx CA's)")
+    q.add_argument("--hosts", default=None, help="extra DNS names and IPs of the etcd members, comma-separated "
+                   "(always: etcd.phalanx.invalid,localhost,127.0.0.1,::1)")
+    q.add_argument("--days", type=_int_in(1, 36600), default=3650, help="validity of the CA and the server certificate (default 3650)")
+    q = actions.add_parser("etcd-user", help="issue DIR/<user>/{ca.crt,client.crt,client.key}: an etcd user's client certificate (CN = user)")
+    q.add_argument("--dir", required=True, help="directory holding the etcd CA (phalanx certs etcd-init)")
+    q.add_argument("--user", default=None, help="the etcd user, e.g. root (or give --cluster and --role)")
+    q.add_argument("--cluster", default=None, help="with --role: the user phalanx-<cluster>-<role>")
+    q.add_argument("--role", default=None, choices=["coordinator", "agent"])
+    q.add_argument("--days", type=_int_in(1, 36600), default=365, help="validity (default 365; not beyond the CA's)")
+
+    p = sub.add_parser("etcd-auth", help="provision (or --remove) a cluster's least-privilege etcd users and roles; turns etcd auth on")
+    p.add_argument("--etcd", required=True, help="etcd endpoints host:port, comma-separated")
+    p.add_argument("--etcd-tls-dir", required=True, help="the root user's client directory (phalanx certs etcd-user --user root)")
+    p.add_argument("--cluster", required=True, help="the cluster whose users and roles to provision")
+    p.add_argument("--remove", action="store_true", help="remove that cluster's users and roles instead")
     return parser
 
 
@@ -751,7 +873,46 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+async def cmd_policy(client: AsyncClient, args: argparse.Namespace) -> int:
+    """``phalanx policy get`` / ``set`` (docs/security.md "Policy as data")."""
+    if args.action == "get":
+        policy, record = await client.get_policy()
+        if args.output == "json":
+            _print(json.dumps({"revision": record.revision, "set_by": record.set_by, "set_at": record.set_at,
+                               "policy": policy}, indent=2, sort_keys=True))
+            return EXIT_OK
+        when = f" at {datetime.datetime.fromtimestamp(record.set_at, datetime.timezone.utc).isoformat(timespec='seconds')}" \
+            if record.set_at else ""
+        who = f", set by {record.set_by}{when}" if record.set_by else ""
+        _print(f"# revision: {record.revision}{who}" + (" (no policy stored: the defaults)" if not record.revision else ""))
+        _print(yaml.safe_dump(policy, sort_keys=True).rstrip("\n"))
+        return EXIT_OK
+    policy = read_policy_file(args.file)
+    record = await client.set_policy(policy, args.revision)
+    _print(f"policy set: revision {record.revision} (by {record.set_by or 'an unauthenticated caller'})")
+    return EXIT_OK
+
+
+def read_policy_file(path: str) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (``-`` = stdin); UsageError naming the
+    file. The coordinator validates the fields (INVALID_ARGUMENT names them)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: the policy must be a mapping (max_priority, submitters, visibility), got {type(data).__name__}")
+    return data
+
+
 REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] = {
+    "policy": cmd_policy,
     "get": cmd_get,
     "list": cmd_list,
     "watch": cmd_watch,
@@ -764,26 +925,48 @@ REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] =
 }
 
 
-def resolve_address(args: argparse.Namespace) -> str:
-    return getattr(args, "address", None) or os.environ.get(ADDRESS_ENV, "") or DEFAULT_ADDRESS
+def resolve_connection(args: argparse.Namespace) -> Connection:
+    """Where the command connects and with what: --address/--tls-dir/
+    --insecure, then $PHALANX_ADDRESS/$PHALANX_TLS_DIR/$PHALANX_INSECURE, then
+    the config file (phalanx.client.resolve_connection). UsageError naming
+    the flag, variable or file."""
+    try:
+        return connection_settings(getattr(args, "address", None), getattr(args, "tls_dir", None),
+                                   getattr(args, "insecure", False), cli=True)
+    except ClientConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
-def _address_source(args: argparse.Namespace) -> str:
-    if getattr(args, "address", None):
-        return "--address"
-    return ADDRESS_ENV if os.environ.get(ADDRESS_ENV, "") else "default address"
+def cmd_config(args: argparse.Namespace) -> int:
+    """``phalanx config``: where the credentials and addresses come from,
+    and who the client certificate says this is; contacts nobody."""
+    conn = resolve_connection(args)
+    _print(f"addresses: {','.join(conn.addresses)} (from {conn.addresses_from})")
+    if conn.tls_dir is None:
+        _print(f"tls: off, plaintext (from {conn.tls_from})")
+        return EXIT_OK
+    try:
+        files, cluster = client_tls(conn.tls_dir)
+    except TlsError as exc:
+        raise UsageError(f"{conn.tls_from}: TLS: {exc}") from None
+    from phalanx.tls import load, utc_now
+
+    loaded = load(files, cluster=cluster, use="client", now=utc_now())
+    _print(f"tls: {conn.tls_dir} (from {conn.tls_from})")
+    _print(f"cluster: {cluster} (the CA in {files.ca})")
+    _print(f"identity: {loaded.identity.uri()} (until {loaded.cert.not_valid_after_utc.isoformat()})")
+    return EXIT_OK
 
 
 async def _run_remote(args: argparse.Namespace) -> int:
+    conn = resolve_connection(args)
     try:
-        addresses = parse_addresses(resolve_address(args))
-    except ValueError as exc:
-        raise UsageError(f"{_address_source(args)}: {exc}") from None
-    tls_dir = getattr(args, "tls_dir", None)
-    try:
-        client = AsyncClient(addresses, timeout=getattr(args, "rpc_timeout", 10.0), tls_dir=tls_dir)
+        token = read_token_file(args.token_file) if getattr(args, "token_file", None) else None
+        client = AsyncClient(timeout=getattr(args, "rpc_timeout", 10.0), connection=conn, token=token)
     except TlsError as exc:  # names the file and the check
-        raise UsageError(f"{'--tls-dir' if tls_dir is not None else TLS_DIR_ENV}: TLS: {exc}") from None
+        raise UsageError(f"{conn.tls_from}: TLS: {exc}") from None
+    except ClientConfigError as exc:
+        raise UsageError(str(exc)) from None
     async with client:
         if args.command == "submit":
             spec = read_spec_file(args.file)  # validated before any connection
@@ -805,6 +988,10 @@ def run(args: argparse.Namespace) -> int:
             return cmd_logs(args)
         if args.command == "certs":
             return cmd_certs(args)
+        if args.command == "etcd-auth":
+            return cmd_etcd_auth(args)
+        if args.command == "config":
+            return cmd_config(args)
         return asyncio.run(_run_remote(args))
     except InvalidSpec as exc:
         _print(f"error: {exc}", sys.stderr)

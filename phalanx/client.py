@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import os
 import re
 import threading
@@ -65,7 +66,8 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, Conflict, FailedPrecondition, PhalanxError, from_status
 from phalanx.model import TERMINAL_STATES, GangState
 from phalanx.spec import FieldError, GangSpec, InvalidSpec, load_spec, parse_spec
-from phalanx.tls import TlsError, TlsFiles, channel_credentials
+from phalanx.certs import coordinator_server_name
+from phalanx.tls import TlsError, TlsFiles, channel_credentials, coordinator_channel, looks_like_handshake, probe_server, utc_now
 from phalanx.v1 import gang_pb2, gang_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
 from phalanx.wire import spec_from_pb, spec_to_pb
@@ -77,6 +79,14 @@ __all__ = [
     "TerminalStateReached",
     "ADDRESS_ENV",
     "TLS_DIR_ENV",
+    "CONFIG_ENV",
+    "INSECURE_ENV",
+    "ClientConfig",
+    "ClientConfigError",
+    "Connection",
+    "parse_client_config",
+    "resolve_connection",
+    "connection_settings",
     "DEFAULT_ADDRESS",
     "MAX_LIMIT",
     "MAX_MESSAGE_BYTES",
@@ -97,6 +107,11 @@ TLS_DIR_ENV = "PHALANX_TLS_DIR"
 TLS_CA_FILE = "ca.crt"
 TLS_CERT_FILE = "client.crt"
 TLS_KEY_FILE = "client.key"
+# A kubeconfig-style file: which cluster, its coordinators, the TLS dir.
+CONFIG_ENV = "PHALANX_CONFIG"
+DEFAULT_CONFIG = "~/.config/phalanx/config.yaml"
+# Plaintext is never a default: only insecure=True, --insecure or this.
+INSECURE_ENV = "PHALANX_INSECURE"
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # A call's deadline: gRPC turns a deadline of about 1e11 s or more into "no
 # deadline" (an overflow), so a typo would hang for ever; an hour is far
@@ -166,9 +181,208 @@ def default_address() -> str:
 
 
 def default_tls_dir() -> str:
-    """Where an SDK client without ``tls_dir`` finds its TLS files:
-    ``$PHALANX_TLS_DIR`` ("" = plaintext)."""
+    """``$PHALANX_TLS_DIR`` ("" = not set)."""
     return os.environ.get(TLS_DIR_ENV, "").strip()
+
+
+# --- where a client finds its coordinators and credentials ----------------------------
+
+
+class ClientConfigError(ValueError):
+    """No usable credentials, or a config file / variable that cannot be
+    used: the message names the file or variable, the field and the reason."""
+
+
+_CONFIG_FIELDS = ("cluster", "addresses", "tls_dir", "insecure")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    """What a config file says (``$PHALANX_CONFIG``, default
+    ``~/.config/phalanx/config.yaml``)::
+
+        cluster: prod                 # optional: checked against tls_dir's CA
+        addresses: [10.0.0.1:7070, 10.0.0.2:7070]
+        tls_dir: prod-admin           # ca.crt, client.crt, client.key; relative to this file
+        # insecure: true              # instead of tls_dir: plaintext
+    """
+
+    path: Path
+    cluster: str | None = None
+    addresses: tuple[str, ...] | None = None
+    tls_dir: Path | None = None
+    insecure: bool = False
+
+
+def parse_client_config(text: str, path: Path) -> ClientConfig:
+    """The config file's content, checked (pure: the text is passed in).
+    ClientConfigError names the file and the field."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ClientConfigError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ClientConfigError(f"{path}: must be a mapping of {', '.join(_CONFIG_FIELDS)}, got {type(data).__name__}")
+    unknown = sorted(str(k) for k in data if k not in _CONFIG_FIELDS)
+    if unknown:
+        raise ClientConfigError(f"{path}: unknown field(s) {', '.join(unknown)}; known: {', '.join(_CONFIG_FIELDS)}")
+    cluster = data.get("cluster")
+    if cluster is not None and (not isinstance(cluster, str) or not cluster.strip()):
+        raise ClientConfigError(f"{path}: cluster: must be a non-empty string, got {cluster!r}")
+    addresses = None
+    if data.get("addresses") is not None:
+        raw = data["addresses"]
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+            raise ClientConfigError(f"{path}: addresses: must be a list of host:port strings, got {raw!r}")
+        try:
+            addresses = parse_addresses(raw)
+        except ValueError as exc:
+            raise ClientConfigError(f"{path}: addresses: {exc}") from None
+    tls_dir = None
+    if data.get("tls_dir") is not None:
+        raw = data["tls_dir"]
+        if not isinstance(raw, str) or not raw.strip():
+            raise ClientConfigError(f"{path}: tls_dir: must be a directory path, got {raw!r}")
+        tls_dir = (path.parent / Path(raw).expanduser()).resolve() if not Path(raw).expanduser().is_absolute() else Path(raw).expanduser()
+    insecure = data.get("insecure", False)
+    if not isinstance(insecure, bool):
+        raise ClientConfigError(f"{path}: insecure: must be true or false, got {insecure!r}")
+    if insecure and tls_dir is not None:
+        raise ClientConfigError(f"{path}: tls_dir and insecure: true exclude each other (TLS or plaintext, not both)")
+    return ClientConfig(path, cluster.strip() if cluster else None, addresses, tls_dir, insecure)
+
+
+def _flag(value: str, name: str) -> bool:
+    text = value.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ClientConfigError(f"${name}: must be 1 or 0 (true/false), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Connection:
+    """Where a client connects and with what, and where each came from (the
+    flag, variable or file, for ``phalanx config`` and for error messages).
+    ``tls_dir`` None: plaintext (only ever by an explicit choice)."""
+
+    addresses: tuple[str, ...]
+    addresses_from: str
+    tls_dir: Path | None
+    tls_from: str
+    config: ClientConfig | None = None
+
+
+NO_CREDENTIALS = (
+    "no credentials to reach the coordinators: give a TLS directory with ca.crt, client.crt and client.key "
+    "({tls_flag} or ${tls_env}), or a config file (${config_env}, default {default_config}: cluster, addresses, "
+    "tls_dir), or choose plaintext explicitly ({insecure_flag} or {insecure_env}=1)"
+)
+
+
+def resolve_connection(
+    *,
+    addresses: str | Sequence[str] | None,
+    tls_dir: str | os.PathLike[str] | None,
+    insecure: bool,
+    env: Mapping[str, str],
+    config: ClientConfig | None,
+    cli: bool = False,
+) -> Connection:
+    """The decision (pure): the most explicit source wins, level by level:
+    the caller's own arguments (``tls_dir=``/``insecure=``, the CLI's
+    ``--tls-dir``/``--insecure``), then the variables (``$PHALANX_TLS_DIR``,
+    ``$PHALANX_INSECURE``), then the config file (``tls_dir``, ``insecure``).
+    Both TLS and plaintext at one level is an error; nothing at any level is
+    the NO_CREDENTIALS error. Addresses: the argument, ``$PHALANX_ADDRESS``,
+    the config file's, else 127.0.0.1:7070."""
+    tls_flag, insecure_flag, address_flag = ("--tls-dir", "--insecure", "--address") if cli else \
+        ("tls_dir=", "insecure=True", "addresses=")
+    # The addresses first: a malformed one is named even without credentials.
+    env_address = env.get(ADDRESS_ENV, "").strip()
+    try:
+        if addresses is not None:
+            where, found = address_flag, parse_addresses(addresses)
+        elif env_address:
+            where, found = f"${ADDRESS_ENV}", parse_addresses(env_address)
+        elif config is not None and config.addresses:
+            where, found = f"{config.path} (addresses)", config.addresses
+        else:
+            where, found = "the default address", parse_addresses(DEFAULT_ADDRESS)
+    except ValueError as exc:
+        raise ClientConfigError(f"{address_flag if addresses is not None else '$' + ADDRESS_ENV}: {exc}") from None
+    env_tls = env.get(TLS_DIR_ENV, "").strip()
+    env_insecure = _flag(env.get(INSECURE_ENV, ""), INSECURE_ENV)
+    arg_tls = str(tls_dir).strip() if tls_dir is not None else ""
+    levels = [
+        (tls_flag, arg_tls or None, insecure_flag, insecure),
+        (f"${TLS_DIR_ENV}", env_tls or None, f"{INSECURE_ENV}=1", env_insecure),
+    ]
+    if config is not None:
+        levels.append((f"{config.path} (tls_dir)", str(config.tls_dir) if config.tls_dir else None,
+                       f"{config.path} (insecure: true)", config.insecure))
+    chosen: tuple[Path | None, str] | None = None
+    for tls_name, directory, insecure_name, plain in levels:
+        if directory and plain:
+            raise ClientConfigError(f"{tls_name} and {insecure_name} exclude each other (TLS or plaintext, not both)")
+        if directory:
+            chosen = (Path(directory).expanduser(), tls_name)
+            break
+        if plain:
+            chosen = (None, insecure_name)
+            break
+    if chosen is None:
+        raise ClientConfigError(NO_CREDENTIALS.format(
+            tls_flag=tls_flag, tls_env=TLS_DIR_ENV, config_env=CONFIG_ENV, default_config=DEFAULT_CONFIG,
+            insecure_flag=insecure_flag, insecure_env=INSECURE_ENV))
+    return Connection(found, where, chosen[0], chosen[1], config)
+
+
+def config_path(env: Mapping[str, str]) -> tuple[Path, bool]:
+    """The config file to read and whether it was named (``$PHALANX_CONFIG``:
+    it must exist) or is the default (read only if it exists)."""
+    named = env.get(CONFIG_ENV, "").strip()
+    if named:
+        return Path(named).expanduser(), True
+    return Path(DEFAULT_CONFIG).expanduser(), False
+
+
+def read_client_config(env: Mapping[str, str]) -> ClientConfig | None:
+    """The config file, read and checked (the I/O around parse_client_config)."""
+    path, named = config_path(env)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        if named:
+            raise ClientConfigError(f"${CONFIG_ENV}={path}: no such file") from None
+        return None
+    except OSError as exc:
+        raise ClientConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return parse_client_config(text, path)
+
+
+def connection_settings(
+    addresses: str | Sequence[str] | None = None,
+    tls_dir: str | os.PathLike[str] | None = None,
+    insecure: bool = False,
+    *,
+    env: Mapping[str, str] | None = None,
+    cli: bool = False,
+) -> Connection:
+    """resolve_connection with this process's variables and config file.
+    The config file is read only when the arguments and the variables do
+    not already settle both the credentials and the addresses."""
+    env = os.environ if env is None else env
+    settled_tls = bool(str(tls_dir or "").strip()) or insecure or bool(env.get(TLS_DIR_ENV, "").strip()) \
+        or _flag(env.get(INSECURE_ENV, ""), INSECURE_ENV)
+    settled_address = addresses is not None or bool(env.get(ADDRESS_ENV, "").strip())
+    config = None if (settled_tls and settled_address and not env.get(CONFIG_ENV, "").strip()) else read_client_config(env)
+    return resolve_connection(addresses=addresses, tls_dir=tls_dir, insecure=insecure, env=env, config=config, cli=cli)
 
 
 def client_tls(directory: str | os.PathLike[str]) -> tuple[TlsFiles, str]:
@@ -191,6 +405,65 @@ def client_tls(directory: str | os.PathLike[str]) -> tuple[TlsFiles, str]:
         raise TlsError(files.ca, "not a PEM certificate" if not isinstance(exc, CertError) else "bad identity", str(exc)) from None
     channel_credentials(files, cluster=cluster)  # every check the channel will make
     return files, cluster
+
+
+# --- bearer tokens (docs/security.md "Bearer tokens") -------------------------------
+
+TOKEN_ENV = "PHALANX_TOKEN"
+MAX_TOKEN_BYTES = 1024
+TOKEN_NEEDS_TLS = ("token: a bearer token is sent only over TLS: give tls_dir= / --tls-dir / $PHALANX_TLS_DIR "
+                   "(a directory with the cluster's ca.crt; client.crt/.key are optional with a token)")
+
+
+def resolve_token(token: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token to send: ``token``, else ``$PHALANX_TOKEN``; None
+    for none. ClientConfigError (never echoing it) for one that is not a
+    single printable word."""
+    value = (token if token is not None else (os.environ if env is None else env).get(TOKEN_ENV, "")).strip()
+    if not value:
+        return None
+    if not value.isprintable() or any(c.isspace() for c in value) or len(value.encode()) > MAX_TOKEN_BYTES:
+        raise ClientConfigError(f"token: must be one word of printable text, at most {MAX_TOKEN_BYTES} bytes")
+    return value
+
+
+def read_token_file(path: str | os.PathLike[str]) -> str:
+    """The token in the file at ``path`` (the CLI's --token-file): its one
+    line; ClientConfigError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ClientConfigError(f"--token-file: {path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise ClientConfigError(f"--token-file: {path}: is empty")
+    return text.strip()
+
+
+def token_credentials(directory: str | os.PathLike[str], token: str) -> tuple[grpc.ChannelCredentials, str]:
+    """Channel credentials that verify the coordinator against ``ca.crt``
+    in ``directory`` (and present client.crt/.key when they are there) and
+    send ``authorization: Bearer <token>`` on every call, and the CA's
+    cluster. gRPC itself refuses call credentials on a plaintext channel."""
+    from cryptography import x509
+
+    from phalanx.certs import CertError, ca_cluster
+
+    d = Path(directory)
+    if (d / TLS_CERT_FILE).exists():
+        files, cluster = client_tls(d)
+        base = channel_credentials(files, cluster=cluster)
+    else:
+        ca = d / TLS_CA_FILE
+        try:
+            ca_pem = ca.read_bytes()
+        except OSError as exc:
+            raise TlsError(ca, "cannot read", exc.strerror or str(exc)) from None
+        try:
+            cluster = ca_cluster(x509.load_pem_x509_certificate(ca_pem))
+        except ValueError as exc:
+            raise TlsError(ca, "not a PEM certificate" if not isinstance(exc, CertError) else "bad identity", str(exc)) from None
+        base = grpc.ssl_channel_credentials(root_certificates=ca_pem)
+    return grpc.composite_channel_credentials(base, grpc.access_token_call_credentials(token)), cluster
 
 
 # gRPC's words for a failed handshake (the Python API gives no better signal).
@@ -381,20 +654,41 @@ class AsyncClient:
     """Async client for one Phalanx cluster. Use as ``async with AsyncClient(...)``
     or call :meth:`close`. Channels are opened lazily, on the running loop.
 
-    ``addresses`` ``None`` (the default): ``$PHALANX_ADDRESS``, else
-    ``127.0.0.1:7070``, as the CLI. ``timeout``: each call's deadline in
-    seconds, failover included, at most MAX_TIMEOUT_S. ``tls_dir``: a
-    directory with ``ca.crt``, ``client.crt`` and ``client.key`` (TLS with
-    this client certificate); ``None`` (the default): ``$PHALANX_TLS_DIR``;
-    unset or ``""``: plaintext. The files are checked here (TlsError names
-    the file and the check) and read again for every new channel."""
+    ``addresses`` ``None`` (the default): ``$PHALANX_ADDRESS``, else the
+    config file's, else ``127.0.0.1:7070``, as the CLI. ``timeout``: each
+    call's deadline in seconds, failover included, at most MAX_TIMEOUT_S.
+    ``tls_dir``: a directory with ``ca.crt``, ``client.crt`` and
+    ``client.key`` (TLS with this client certificate); ``None`` (the
+    default): ``$PHALANX_TLS_DIR``, else the config file's ``tls_dir``
+    (``$PHALANX_CONFIG``, default ``~/.config/phalanx/config.yaml``).
+    Plaintext only with ``insecure=True`` (or ``$PHALANX_INSECURE=1``, or
+    ``insecure: true`` in the config file); no credentials at all is a
+    ClientConfigError naming every way to give them (``resolve_connection``).
+    The TLS files are checked here (TlsError names the file and the check)
+    and read again for every new channel; the server must present a
+    coordinator certificate of the CA's cluster."""
 
     def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0,
-                 tls_dir: str | os.PathLike[str] | None = None):
+                 tls_dir: str | os.PathLike[str] | None = None, insecure: bool = False, *,
+                 connection: Connection | None = None, token: str | None = None):
         self.timeout = check_timeout(timeout)
-        self.addresses: tuple[str, ...] = parse_addresses(default_address() if addresses is None else addresses)
-        directory = default_tls_dir() if tls_dir is None else str(tls_dir)
-        self._tls: tuple[TlsFiles, str] | None = client_tls(directory) if directory else None
+        # ``connection``: already resolved (the CLI, whose errors name its flags).
+        self.connection = connection or connection_settings(addresses, tls_dir, insecure)
+        self.addresses: tuple[str, ...] = self.connection.addresses
+        self._tls: tuple[TlsFiles, str] | None = None
+        # ``token`` (else $PHALANX_TOKEN): a bearer token, sent only over TLS.
+        self._token = resolve_token(token)
+        if self._token is not None:
+            if self.connection.tls_dir is None:
+                raise ClientConfigError(TOKEN_NEEDS_TLS)
+            token_credentials(self.connection.tls_dir, self._token)  # checked now, as the TLS files are
+        if self.connection.tls_dir is not None and self._token is None:
+            self._tls = client_tls(self.connection.tls_dir)
+            config = self.connection.config
+            if config is not None and config.cluster and str(config.path) in self.connection.tls_from \
+                    and config.cluster != self._tls[1]:
+                raise ClientConfigError(f"{config.path}: cluster: {config.cluster!r}, but the CA in tls_dir "
+                                        f"{self.connection.tls_dir} is cluster {self._tls[1]!r}")
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, gang_pb2_grpc.GangServiceStub] = {}
         # Index of the address that answered last: stick to a working server.
@@ -413,9 +707,13 @@ class AsyncClient:
             raise RuntimeError("client is closed")
         stub = self._stubs.get(address)
         if stub is None:
-            if self._tls is not None:
+            if self._token is not None and self.connection.tls_dir is not None:
+                credentials, cluster = token_credentials(self.connection.tls_dir, self._token)
+                channel = grpc.aio.secure_channel(address, credentials, options=[
+                    ("grpc.ssl_target_name_override", coordinator_server_name(cluster)), *_CHANNEL_OPTIONS])
+            elif self._tls is not None:
                 files, cluster = self._tls
-                channel = grpc.aio.secure_channel(address, channel_credentials(files, cluster=cluster), options=list(_CHANNEL_OPTIONS))
+                channel = coordinator_channel(address, files, cluster=cluster, options=_CHANNEL_OPTIONS)
             else:
                 channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
             self._channels[address] = channel
@@ -489,9 +787,20 @@ class AsyncClient:
         try:
             return await retrying(once)
         except _TryNext:
-            raise self._exhausted(method, budget, failed) from None
+            raise self._exhausted(method, budget, failed, await self._why_refused(failed)) from None
 
-    def _exhausted(self, method: str, budget: float, failed: Sequence[_TryNext]) -> PhalanxError:
+    async def _why_refused(self, failed: Sequence[_TryNext]) -> str:
+        """Under TLS, when the last address failed the handshake: which
+        check the server's certificate failed (probe_server), else ""."""
+        last = next((f for f in reversed(failed) if f.error is not None), None)
+        if self._tls is None or last is None or last.error is None or last.error.code() != grpc.StatusCode.UNAVAILABLE \
+                or not looks_like_handshake(last.error.details() or ""):
+            return ""
+        files, cluster = self._tls
+        refusal = await asyncio.to_thread(probe_server, last.address, files, cluster=cluster, now=utc_now())
+        return str(refusal) if refusal is not None else ""
+
+    def _exhausted(self, method: str, budget: float, failed: Sequence[_TryNext], why: str = "") -> PhalanxError:
         """The error of a call no address answered in time. A coordinator
         that did answer UNAVAILABLE said why (e.g. etcd did not answer it):
         its words are kept even when later attempts merely timed out, so an
@@ -513,6 +822,8 @@ class AsyncClient:
         code = last.error.code()
         details = last.error.details() or code.name
         hint = _tls_hint(details, self._tls is not None) if code == grpc.StatusCode.UNAVAILABLE else ""
+        if why:
+            hint = f" (TLS: {why})"
         return _translate(last.error, last.address, f"{method}: no coordinator could answer (tried {where}): {details}{hint}")
 
     # -- API --
@@ -703,6 +1014,22 @@ class AsyncClient:
         """Each AZ's leader, epoch and capacity; gang counts by state."""
         return await self._call("ClusterStatus", gang_pb2.ClusterStatusRequest())
 
+    # -- the policy (docs/security.md "Policy as data") --
+
+    async def get_policy(self) -> tuple[dict[str, Any], gang_pb2.PolicyRecord]:
+        """The cluster's policy (defaults filled in) and its record
+        (``revision``: pass it to set_policy; 0 when none is stored)."""
+        record = await self._call("GetPolicy", gang_pb2.GetPolicyRequest())
+        return json.loads(record.policy_json), record
+
+    async def set_policy(self, policy: Mapping[str, Any], expected_revision: int) -> gang_pb2.PolicyRecord:
+        """Replace the policy (admin only), if it is still at
+        ``expected_revision`` (from get_policy; 0: none stored yet);
+        FailedPrecondition when someone changed it since."""
+        request = gang_pb2.SetPolicyRequest(policy_json=json.dumps(dict(policy), sort_keys=True),
+                                            expected_revision=expected_revision)
+        return await self._call("SetPolicy", request)
+
     async def close(self) -> None:
         self._closed = True
         channels = list(self._channels.values())
@@ -729,8 +1056,9 @@ class Client:
     between threads. ``watch`` returns a plain iterator."""
 
     def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0,
-                 tls_dir: str | os.PathLike[str] | None = None):
-        self._async = AsyncClient(addresses, timeout, tls_dir)  # validates before a thread exists
+                 tls_dir: str | os.PathLike[str] | None = None, insecure: bool = False, *, token: str | None = None):
+        self._async = AsyncClient(addresses, timeout, tls_dir, insecure, token=token)  # validates before a thread exists
+        self.connection = self._async.connection
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="phalanx-client", daemon=True)
         self._thread.start()
@@ -789,6 +1117,12 @@ class Client:
 
     def status(self) -> gang_pb2.ClusterStatusResponse:
         return self._run(self._async.status())
+
+    def get_policy(self) -> tuple[dict[str, Any], gang_pb2.PolicyRecord]:
+        return self._run(self._async.get_policy())
+
+    def set_policy(self, policy: Mapping[str, Any], expected_revision: int) -> gang_pb2.PolicyRecord:
+        return self._run(self._async.set_policy(policy, expected_revision))
 
     def close(self) -> None:
         if self._loop.is_closed():

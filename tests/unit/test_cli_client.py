@@ -26,6 +26,19 @@ from phalanx.spec import GangSpec, InvalidSpec
 from phalanx.v1 import types_pb2 as pb
 
 
+@pytest.fixture(autouse=True)
+def _plaintext_client_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about parsing, deadlines and failover against dead or
+    silent addresses, where no TLS handshake happens: plaintext, chosen
+    explicitly ($PHALANX_INSECURE) as the client requires, and no config
+    file of the machine's user (HOME is empty). Credentials have their own
+    tests (test_client_config.py)."""
+    for name in ("PHALANX_TLS_DIR", "PHALANX_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PHALANX_INSECURE", "1")
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
+
 @pytest.fixture
 def silent_listener() -> Iterator[tuple[socket.socket, str]]:
     """Accepts TCP connections (kernel backlog) but never speaks gRPC: a hung

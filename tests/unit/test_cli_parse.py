@@ -20,6 +20,19 @@ import pytest
 from phalanx import cli
 from phalanx.model import GangState
 
+
+@pytest.fixture(autouse=True)
+def _plaintext_client_env(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about parsing, deadlines and failover against dead or
+    silent addresses, where no TLS handshake happens: plaintext, chosen
+    explicitly ($PHALANX_INSECURE) as the client requires, and no config
+    file of the machine's user (HOME is empty). Credentials have their own
+    tests (test_client_config.py)."""
+    for name in ("PHALANX_TLS_DIR", "PHALANX_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PHALANX_INSECURE", "1")
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -148,7 +161,7 @@ def test_bad_address_exits_2_naming_it_without_connecting(address: str, words: s
     # The same from the environment, which the message names instead.
     monkeypatch.setenv(cli.ADDRESS_ENV, address)
     assert cli.main(["status", "--rpc-timeout", "30"]) == cli.EXIT_INVALID
-    assert capsys.readouterr().err.startswith(f"error: {cli.ADDRESS_ENV}: ")
+    assert capsys.readouterr().err.startswith(f"error: ${cli.ADDRESS_ENV}: ")
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -165,11 +178,13 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_address_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(cli.ADDRESS_ENV, raising=False)
-    assert cli.resolve_address(parse("status")) == "127.0.0.1:7070"
+    assert cli.resolve_connection(parse("status")).addresses == ("127.0.0.1:7070",)
     monkeypatch.setenv(cli.ADDRESS_ENV, "10.0.0.1:7070,10.0.0.2:7070")
-    assert cli.resolve_address(parse("status")) == "10.0.0.1:7070,10.0.0.2:7070"
+    conn = cli.resolve_connection(parse("status"))
+    assert conn.addresses == ("10.0.0.1:7070", "10.0.0.2:7070") and conn.addresses_from == f"${cli.ADDRESS_ENV}"
     # The flag wins over the environment.
-    assert cli.resolve_address(parse("status", "--address", "h:9")) == "h:9"
+    conn = cli.resolve_connection(parse("status", "--address", "h:9"))
+    assert conn.addresses == ("h:9",) and conn.addresses_from == "--address"
 
 
 # --- local validation: nothing is sent ---------------------------------------------------
@@ -317,7 +332,7 @@ def test_up_refuses_a_state_dir_that_is_a_file(tmp_path: Path, capsys: pytest.Ca
 def test_up_config_names_azs_and_normalises_etcd() -> None:
     from phalanx.up import UpConfig
 
-    cfg = UpConfig.from_args(parse("up", "--azs", "4", "--etcd", "http://10.0.0.1:2379/, 10.0.0.2:2379"))
+    cfg = UpConfig.from_args(parse("up", "--azs", "4", "--etcd", "http://10.0.0.1:2379/, 10.0.0.2:2379", "--insecure"))
     assert cfg.azs == ("az-a", "az-b", "az-c", "az-d")
     assert cfg.etcd == "10.0.0.1:2379,10.0.0.2:2379"
     assert cfg.workload

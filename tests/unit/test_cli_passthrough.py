@@ -52,7 +52,32 @@ def test_usage_errors_of_the_server_processes_are_one_error_line(argv: list[str]
 
 def test_coordinator_that_cannot_listen_says_so_in_one_line(capsys) -> None:
     rc = main(["coordinator", "--az", "a", "--id", "c1", "--etcd", "127.0.0.1:1", "--listen", "no-such-host.invalid:1",
-               "--log-level", "ERROR"])
+               "--log-level", "ERROR", "--insecure"])
     assert rc == 1
     err = capsys.readouterr().err
     assert err.startswith("error: cannot listen on no-such-host.invalid:1") and err.count("\n") == 1, err
+
+
+SERVE = ["--tls-dir", "T"]
+ETCD = ["--etcd-tls-dir", "E"]
+TLS_REQUIRED = "error: --tls-dir: required (pass --insecure to {})\n"
+ETCD_REQUIRED = "error: --etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)\n"
+
+
+@pytest.mark.parametrize("process, base, plaintext", [
+    ("coordinator", ["--az", "a", "--id", "c1", "--etcd", "127.0.0.1:1"], "serve plaintext"),
+    ("agent", ["--az", "a", "--etcd", "127.0.0.1:1", "--node", "h1"], "connect in plaintext"),
+    ("agents-sim", ["--az", "a", "--etcd", "127.0.0.1:1"], "connect in plaintext"),
+])
+@pytest.mark.parametrize("given, wanted", [
+    ([], TLS_REQUIRED),
+    (ETCD, TLS_REQUIRED),
+    (SERVE, ETCD_REQUIRED),
+])
+def test_server_processes_need_credentials_or_insecure(process: str, base: list[str], plaintext: str, given: list[str],
+                                                       wanted: str, capsys) -> None:
+    """Plaintext is never a default: without --tls-dir or --etcd-tls-dir a
+    process refuses to start (one line, exit 2) before it reads any file or
+    reaches etcd."""
+    assert main([process, *base, *given]) == 2
+    assert capsys.readouterr().err == wanted.format(plaintext)
