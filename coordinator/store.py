@@ -75,7 +75,7 @@ _DENIED_DETAILS = ("permission denied", "user name is empty", "user name not fou
 # or roles changed (``phalanx etcd-auth`` provisioning or removing another
 # cluster on the same etcd). It does hit coordinators: with another
 # cluster's roles provisioned in a loop, about a third of a coordinator's
-# txns got it (tests/integration/test_etcd_auth.py measures it). etcd
+# txns got it (docs/security.md "etcd: TLS and roles"). etcd
 # refused the request before applying anything, so sending it again is
 # safe even for a write (the "never retry a write" rule is about writes
 # whose outcome is unknown; clientv3 resends these too): the store resends

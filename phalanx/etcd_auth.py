@@ -99,6 +99,8 @@ class _Admin:
             details = exc.details() or ""
             if ok_if and ok_if in details:
                 return None
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise EtcdAuthError(f"etcd at {self.endpoint} did not answer {step}: {exc.code().name}: {details}") from None
             raise EtcdAuthError(f"etcd at {self.endpoint} refused {step} (as etcd user {self.user!r}): "
                                 f"{exc.code().name}: {details}") from None
 
