@@ -12,10 +12,12 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
+from coordinator.tokens import TokenFileError, load_tokens
 from phalanx.tls import TlsError, TlsFiles, etcd_files
 from phalanx.usage import OneLineParser
 
@@ -58,6 +60,11 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--policy", default="",
                    help="YAML file of what GangService allows each role (max_priority per role; docs/security.md); "
                         "needs --tls-dir; validated at start-up")
+    p.add_argument("--token-file", default="",
+                   help="also take GangService calls with a bearer token: FILE holds 'sha256:<hex> <role> <name> "
+                        "[queues=a,b]' lines (docs/security.md), re-read when it changes; needs --tls-dir and --token-listen")
+    p.add_argument("--token-listen", default="",
+                   help="HOST:PORT of the second TLS port, the one that takes bearer tokens (no client certificate asked)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s {a.id} %(levelname)s %(name)s: %(message)s")
@@ -65,6 +72,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     config = CoordinatorConfig(
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,
+        token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy,
     ).validate()
     if not a.insecure and not a.tls_dir:
         raise ConfigError(TLS_REQUIRED)
@@ -85,6 +93,13 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
             policy = load_policy(a.policy)
         except PolicyError as exc:
             raise ConfigError(f"--policy: {exc}") from None
+    if a.token_file:
+        if tls is None:
+            raise ConfigError("--token-file: needs --tls-dir (a bearer token is never taken in plaintext)")
+        try:
+            load_tokens(Path(a.token_file), cluster=a.cluster)  # checked now: a bad file stops the start
+        except TokenFileError as exc:
+            raise ConfigError(f"--token-file: {exc}") from None
     return config, tls, policy, etcd_tls
 
 

@@ -24,8 +24,10 @@ from coordinator.core import peer_auth
 from coordinator.core.authz import Policy
 from coordinator.election import Election, LeaderInfo, LeaseLost, LeaseSession
 from coordinator.leader import AzLeader
+from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
 from coordinator.store import Store, StoreUnavailable, jitter
+from coordinator.tokens import TokenSource
 from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
@@ -132,7 +134,10 @@ class Coordinator:
     (``--insecure``, warned about at start). ``etcd_tls``: the etcd client
     files (``--etcd-tls-dir``); None: etcd in plaintext (``--insecure``,
     warned about too). ``policy``: what GangService allows each role
-    (``--policy``); enforced only with TLS, where callers have identities."""
+    (``--policy``): the first policy record in etcd when there is none, and
+    what applies while there is none; enforced only with TLS, where callers
+    have identities. ``config.token_file``: bearer tokens, taken on the
+    second TLS port ``config.token_listen`` (``token_address``)."""
 
     def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None,
                  etcd_tls: TlsFiles | None = None):
@@ -142,6 +147,10 @@ class Coordinator:
         self.policy = policy or Policy()
         self.tls_source: ServerCredentialsSource | None = None
         self.store = Store(list(config.etcd), config.cluster, tls=etcd_tls, timeout=config.timings.etcd_timeout_s)
+        self.policies = PolicyCache(self.store, config.timings.policy_max_staleness_s, initial=policy,
+                                    initial_source=f"--policy {config.policy_file}" if policy is not None else "")
+        self.tokens: TokenSource | None = None
+        self.token_address = ""
         self.leader: AzLeader | None = None
         self.address = ""
         self.server: grpc.aio.Server | None = None
@@ -169,11 +178,14 @@ class Coordinator:
             # Before anything else: unusable files stop the start (TlsError
             # names the file and the check).
             self.tls_source = ServerCredentialsSource(self.tls, cluster=self.config.cluster)
+            if self.config.token_file:
+                self.tokens = TokenSource(self.config.token_file, cluster=self.config.cluster)
         else:
             log.warning(PLAINTEXT_WARNING)
         if self.etcd_tls is None:
             log.warning(ETCD_PLAINTEXT_WARNING)
         await self.store.connect()
+        await self.policies.seed()
         opts = [
             ("grpc.max_receive_message_length", self.config.max_request_bytes),
             ("grpc.so_reuseport", 0),
@@ -195,6 +207,14 @@ class Coordinator:
         try:
             if self.tls_source is not None:
                 port = server.add_secure_port(self.config.listen, self.tls_source.credentials())
+                if self.tokens is not None:
+                    # No client certificate is asked for on this port, so
+                    # only GangService calls with a bearer token pass there.
+                    tport = server.add_secure_port(self.config.token_listen,
+                                                   self.tls_source.credentials(require_client_auth=False))
+                    if tport == 0:
+                        raise OSError(f"cannot listen on --token-listen {self.config.token_listen}")
+                    self.token_address = f"{self.config.token_listen.rsplit(':', 1)[0]}:{tport}"
             else:
                 port = server.add_insecure_port(self.config.listen)
         except RuntimeError as exc:  # grpc >= 1.58 raises instead of returning 0

@@ -8,8 +8,10 @@ the AZ leader: a standby forwards them to the leader it finds in
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -17,6 +19,8 @@ import grpc
 from coordinator import convert
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
 from coordinator.core import authz, listing
+from coordinator import tokens
+from coordinator.policy_store import PolicyRecord
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
 from coordinator.election import LeaderInfo, observe, observe_all
 from coordinator.store import Compacted, StoreUnavailable
@@ -122,6 +126,33 @@ def _explanation_pb(g: GangRecord, summary: str, leader_reason: str, shortfalls:
     return resp
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who a GangService call is from, as ``_authorize`` found it.
+    ``identity`` None: a plaintext coordinator (nothing is checked)."""
+
+    identity: Identity | None
+    owner: str = ""  # what a submission records
+    forwarded: bool = False
+    policy: authz.Policy = authz.Policy()
+
+    def sees(self, gang_owner: str) -> bool:
+        if self.identity is None:
+            return True
+        return authz.visible(self.identity, self.policy, gang_owner, forwarded=self.forwarded)
+
+
+PLAINTEXT = Caller(None)
+# Actions whose decision reads the policy (caps, visibility); the others
+# are decided by role alone, so they do not wait on the policy record.
+_POLICY_ACTIONS = (authz.SUBMIT, authz.CANCEL, "get", "list", "watch", "explain")
+
+
+def _policy_pb(record: PolicyRecord) -> gpb.PolicyRecord:
+    return gpb.PolicyRecord(policy_json=json.dumps(record.policy.to_data(), sort_keys=True), revision=record.revision,
+                            set_by=record.set_by, set_at=record.set_at)
+
+
 class GangServicer(ggrpc.GangServiceServicer):
     def __init__(self, coordinator: "Coordinator"):
         self.c = coordinator
@@ -204,7 +235,7 @@ class GangServicer(ggrpc.GangServiceServicer):
                                 limits.IDEMPOTENCY_KEY_WHAT, required=False)
         if why:
             raise InvalidArgument(f"idempotency_key: {why[:200]}")
-        owner = await self._authorize(context, authz.SUBMIT, queue=spec.queue, priority=spec.priority)
+        owner = (await self._authorize(context, authz.SUBMIT, queue=spec.queue, priority=spec.priority)).owner
         leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request, owner)
         if forwarded is not None:
             return forwarded
@@ -215,7 +246,7 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def CancelGang(self, request: gpb.CancelGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
         _valid_reason(request.reason)  # before anything is read or forwarded
         rec = await self._load(request.id)
-        await self._authorize(context, authz.CANCEL, gang_owner=rec.owner, gang_id=rec.id)
+        await self._authorize(context, authz.CANCEL, gang_owner=rec.owner, gang_id=rec.id, ident=request.id)
         if rec.state.terminal:
             from phalanx.errors import FailedPrecondition
 
@@ -234,33 +265,79 @@ class GangServicer(ggrpc.GangServiceServicer):
     def _forwarded(self, context: grpc.aio.ServicerContext) -> bool:
         return any(k == FORWARDED for k, _ in (context.invocation_metadata() or ()))
 
-    async def _authorize(self, context: grpc.aio.ServicerContext, action: str, **what: Any) -> str:
-        """Refuse the call unless its caller may do ``action``
-        (coordinator/core/authz.py); return the owner a submission records.
-        Without TLS nothing is checked and the owner is "". Decided here, at
-        the first coordinator the call reaches: a coordinator that forwards
-        has already decided, so a forwarded call from a coordinator
-        certificate is let through and carries its caller's owner."""
-        source = self.c.tls_source
-        if source is None:
-            return ""
+    async def _identify(self, context: grpc.aio.ServicerContext) -> Identity:
+        """The caller's identity: its bearer token when the call carries one
+        (only a coordinator with --token-file takes them), else its client
+        certificate. Any failure is UNAUTHENTICATED naming the check, never
+        the token."""
         try:
-            identity: Identity = peer_identity(context, cas=source.current.cas, cluster=self.keys.cluster, now=utc_now())
+            token = tokens.bearer_token(context.invocation_metadata() or ())
+        except tokens.TokenRefused as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        if token is not None:
+            if self.c.tokens is None:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                    f"bearer token: coordinator {self.c.config.coordinator_id} takes no bearer tokens "
+                                    "(started without --token-file); use a client certificate")
+            try:
+                return self.c.tokens.identify(token)
+            except tokens.TokenRefused as exc:
+                log.warning("GangService refused a call from %s: %s", context.peer(), exc)
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        source = self.c.tls_source
+        assert source is not None
+        try:
+            return peer_identity(context, cas=source.current.cas, cluster=self.keys.cluster, now=utc_now())
         except IdentityError as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"client certificate: {exc}")
+            hint = " (or send a bearer token)" if self.c.tokens is not None else ""
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"client certificate: {exc}{hint}")
+        raise AssertionError("unreachable: abort raises")
+
+    def _missing(self, ident: str) -> NotFound:
+        return NotFound(f"id: no gang {ident!r} in cluster {self.keys.cluster!r}: neither an id nor the name of "
+                        f"a kept gang (finished gangs are deleted gang_retention_s="
+                        f"{self.c.config.timings.gang_retention_s:g}s after they end)")
+
+    async def _authorize(self, context: grpc.aio.ServicerContext, action: str, *, ident: str = "", **what: Any) -> Caller:
+        """Refuse the call unless its caller may do ``action``
+        (coordinator/core/authz.py); the Caller says the owner a submission
+        records and which gangs the caller sees. Without TLS nothing is
+        checked and the owner is "". Decided here, at the first coordinator
+        the call reaches: a coordinator that forwards has already decided,
+        so a forwarded call from a coordinator certificate is let through
+        and carries its caller's owner. A cancel of a gang the caller may
+        not see (``ident``: the id it named) is NOT_FOUND, as for a gang
+        that does not exist."""
+        if self.c.tls_source is None:
+            return PLAINTEXT
+        identity = await self._identify(context)
         forwarded = self._forwarded(context)
-        decision = authz.decide(identity, action, policy=self.c.policy, forwarded=forwarded, **what)
+        policy = authz.Policy()
+        if action in _POLICY_ACTIONS and not (forwarded and identity.role == "coordinator"):
+            policy = (await self.c.policies.current()).policy
+        if action == authz.CANCEL and not authz.visible(identity, policy, what.get("gang_owner", ""), forwarded=forwarded) \
+                and identity.role == "submitter":
+            raise self._missing(ident or what.get("gang_id", ""))
+        decision = authz.decide(identity, action, policy=policy, forwarded=forwarded, **what)
         if not decision.allowed:
             raise PermissionDenied(decision.reason)
         if identity.role == "coordinator":  # forwarded (decide refuses it otherwise)
             if action != authz.SUBMIT:
-                return ""
+                return Caller(identity, "", forwarded, policy)
             owner = dict(context.invocation_metadata() or ()).get(OWNER, "")
             if not authz.valid_owner(owner):
                 raise PermissionDenied(f"{authz.owner_of(identity)}: a forwarded SubmitGang must carry the caller's "
                                        f"identity in {OWNER} as <role>/<name>, got {owner[:80]!r}")
-            return owner
-        return authz.owner_of(identity)
+            return Caller(identity, owner, forwarded, policy)
+        return Caller(identity, authz.owner_of(identity), forwarded, policy)
+
+    async def _load_seen(self, caller: Caller, ident: str) -> GangRecord:
+        """``_load``, and NOT_FOUND (the same answer as for no such gang) for
+        a gang the caller may not see (visibility: own)."""
+        rec = await self._load(ident)
+        if not caller.sees(rec.owner):
+            raise self._missing(ident)
+        return rec
 
     def _tag(self, context: grpc.aio.ServicerContext) -> None:
         """Every answer, errors included, names the cluster and the
@@ -299,9 +376,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         if kv is None:
             kv = await self._latest_of_name(ident)
         if kv is None:
-            raise NotFound(f"id: no gang {ident!r} in cluster {self.keys.cluster!r}: neither an id nor the name of "
-                           f"a kept gang (finished gangs are deleted gang_retention_s="
-                           f"{self.c.config.timings.gang_retention_s:g}s after they end)")
+            raise self._missing(ident)
         records, bad = read_records([kv], GangRecord.from_dict)
         if bad:
             # The stored record is unreadable (written past the bounds or by
@@ -327,12 +402,12 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def GetGang(self, request: gpb.GetGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
-        await self._authorize(context, "get")
-        return convert.gang_to_pb(await self._load(request.id))
+        caller = await self._authorize(context, "get")
+        return convert.gang_to_pb(await self._load_seen(caller, request.id))
 
     @handled
     async def ListGangs(self, request: gpb.ListGangsRequest, context: grpc.aio.ServicerContext) -> gpb.ListGangsResponse:
-        await self._authorize(context, "list")
+        caller = await self._authorize(context, "list")
         states = set()
         for s in request.states:
             try:
@@ -364,6 +439,8 @@ class GangServicer(ggrpc.GangServiceServicer):
             log.warning("ListGangs skipped %d unreadable gang record(s), e.g. %s: %s", len(bad), *bad[0])
         out = []
         for g in gangs:
+            if not caller.sees(g.owner):
+                continue
             if states and g.state not in states:
                 continue
             if request.queue and g.spec.queue != request.queue:
@@ -394,8 +471,8 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
         self._tag(context)
         try:
-            await self._authorize(context, "watch")
-            rec = await self._load(request.id)
+            caller = await self._authorize(context, "watch")
+            rec = await self._load_seen(caller, request.id)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001
@@ -456,8 +533,8 @@ class GangServicer(ggrpc.GangServiceServicer):
 
     @handled
     async def ExplainGang(self, request: gpb.ExplainGangRequest, context: grpc.aio.ServicerContext) -> gpb.ExplainGangResponse:
-        await self._authorize(context, "explain")
-        g = await self._load(request.id)
+        caller = await self._authorize(context, "explain")
+        g = await self._load_seen(caller, request.id)
         if g.state not in (GangState.PENDING, GangState.RESERVING):
             return _explain_placed(g)
         # Only the owner AZ's leader knows why it holds a gang back (queue
@@ -583,3 +660,23 @@ class GangServicer(ggrpc.GangServiceServicer):
                 state = "UNREADABLE"  # a corrupt record is counted as such, not fatal
             resp.gangs_by_state[state] = resp.gangs_by_state[state] + 1
         return resp
+
+    # ------------------------------------------------------------- policy
+    @handled
+    async def GetPolicy(self, request: gpb.GetPolicyRequest, context: grpc.aio.ServicerContext) -> gpb.PolicyRecord:
+        await self._authorize(context, authz.GET_POLICY)
+        # A fresh read, not the cached copy: an admin bases SetPolicy's
+        # expected_revision on it.
+        return _policy_pb(await self.c.policies.read())
+
+    @handled
+    async def SetPolicy(self, request: gpb.SetPolicyRequest, context: grpc.aio.ServicerContext) -> gpb.PolicyRecord:
+        caller = await self._authorize(context, authz.SET_POLICY)  # before the policy is even parsed
+        try:
+            policy = authz.parse_policy_json(request.policy_json)
+        except authz.PolicyError as exc:
+            raise InvalidArgument(str(exc)) from None
+        record = await self.c.policies.set(policy, expected_revision=request.expected_revision,
+                                           set_by=caller.owner or "(plaintext)", now=self.c.wall())
+        log.info("policy record %s set to revision %d by %s", self.keys.policy(), record.revision, record.set_by)
+        return _policy_pb(record)
