@@ -231,6 +231,19 @@ def load_run_as(path: str | Path) -> RunAsPolicy:
         raise ValueError(f"{path}: {exc}") from None
 
 
+def closed_to_others(path: Path) -> Path | None:
+    """The first directory from ``/`` down to ``path`` that users other than
+    its owner and group cannot search (no ``o+x``), or None."""
+    p = Path(path).resolve()
+    for d in (*reversed(p.parents), p):
+        try:
+            if not d.stat().st_mode & stat.S_IXOTH:
+                return d
+        except OSError:
+            return d
+    return None
+
+
 class RunAsRefused(Exception):
     """A member its run-as policy does not let run (nothing was started)."""
 
@@ -638,7 +651,17 @@ class ProcessLauncher:
             log.warning("agent runs as uid %d, not root: members run as this same user (switching to the "
                         "users of the run-as policy needs root)", self._uid)
         self._work_root = Path(work_root) if work_root is not None else self._state_dir / "work"
+        if work_root is None and self._uid == 0:
+            # Members of other users pass through the state dir to their work
+            # dirs: search (not read) for others. What it holds stays closed:
+            # members.json and logs are 0600, their directories unlistable.
+            os.chmod(self._state_dir, stat.S_IMODE(self._state_dir.stat().st_mode) | 0o011)
         self._work_root.mkdir(parents=True, exist_ok=True)
+        closed = closed_to_others(self._work_root) if self._uid == 0 else None
+        if closed is not None:
+            log.warning("member work dirs under %s: %s is closed to other users, so members that run as "
+                        "another user start in their work dir but cannot open it by its path ($HOME, "
+                        "$PHALANX_WORK_DIR)", self._work_root, closed)
 
     # -- paths ------------------------------------------------------------- #
 

@@ -26,8 +26,16 @@ from agent.shim import EXIT_FENCED, LEASE_FILE, SHIM_FILE_NAME, read_exit_record
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import LocalCluster
 from tests.integration.test_gang_runtime import AZ, agent_proc, events
+from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def tmp_path(member_tmp: Path) -> Path:
+    """Here ``tmp_path`` is a directory members can reach and write (its
+    pid and "go" files): they run as nobody when the suite runs as root."""
+    return writable(member_tmp / "t")
 
 SHIM = Path(__file__).resolve().parents[2] / "agent" / SHIM_FILE_NAME
 WAIT_S = 20.0
@@ -119,7 +127,7 @@ def shims():
 
 
 def member_cmd(pidfile: Path, mode: str = "") -> list[str]:
-    return [sys.executable, "-c", MEMBER, str(pidfile), mode or "-"]
+    return [MEMBER_PYTHON, "-c", MEMBER, str(pidfile), mode or "-"]
 
 
 def child_pid(pidfile: Path) -> int:
@@ -385,7 +393,7 @@ async def launched(tmp_path: Path):
 
 def launch(gang: str, rank: int = 0) -> MemberLaunch:
     return MemberLaunch(key=MemberKey(gang, 1, rank), world_size=2, local_rank=rank, local_world_size=2,
-                        gpus=(rank,), nics=(), command=(sys.executable, "-c", "import time; time.sleep(300)"))
+                        gpus=(rank,), nics=(), command=(MEMBER_PYTHON, "-c", "import time; time.sleep(300)"))
 
 
 async def test_launcher_member_is_fenced_when_lease_goes_stale(tmp_path: Path, launched) -> None:
@@ -448,7 +456,7 @@ GATED = ("import os, sys, time\n"
 
 def gated_launch(gang: str, go: Path, code: int) -> MemberLaunch:
     return MemberLaunch(key=MemberKey(gang, 1, 0), world_size=1, local_rank=0, local_world_size=1,
-                        gpus=(0,), nics=(), command=(sys.executable, "-c", GATED, str(go), str(code)))
+                        gpus=(0,), nics=(), command=(MEMBER_PYTHON, "-c", GATED, str(go), str(code)))
 
 
 async def test_adopted_member_reports_its_real_exit_status(tmp_path: Path, launched) -> None:
@@ -610,7 +618,7 @@ async def test_member_that_succeeds_while_its_agent_is_dead_counts_as_success(
     c, agent = local_cluster, node_agent
     go = tmp_path / "go"
     g = await c.submit(pb.GangSpec(name="quiet-success", members=1, resources=pb.Resources(gpus=8),
-                                   run=pb.RunSpec(command=[sys.executable, "-c", GATED, str(go), "0"]),
+                                   run=pb.RunSpec(command=[MEMBER_PYTHON, "-c", GATED, str(go), "0"]),
                                    policy=pb.Policy(max_restarts=0)))
     await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, timeout=60)
     agent.kill()

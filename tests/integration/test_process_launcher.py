@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import time
-import sys
 import uuid
 from pathlib import Path
 from typing import Awaitable, Callable, Mapping
@@ -30,6 +29,7 @@ from agent.process import (
     read_log,
     stale_log_dirs,
 )
+from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 # Launcher A's Popen objects are dropped by close() while their members run on
 # purpose (that is what an agent restart looks like); Python warns about that.
@@ -116,8 +116,8 @@ class Exits:
 class Harness:
     def __init__(self, root: Path) -> None:
         self.state_dir = root / "state"
-        self.work = root / "work"
-        self.work.mkdir()
+        # Members run as nobody when the suite runs as root: they write here.
+        self.work = writable(root / "work")
         self.agent_id = "test-agent-" + uuid.uuid4().hex[:8]
         self.launchers: list[ProcessLauncher] = []
         self.pgids: set[int] = set()
@@ -181,8 +181,8 @@ class Harness:
 
 
 @pytest.fixture
-async def harness(tmp_path: Path) -> Harness:
-    h = Harness(tmp_path)
+async def harness(member_tmp: Path) -> Harness:
+    h = Harness(member_tmp)
     yield h  # type: ignore[misc]
     await h.cleanup()
 
@@ -191,7 +191,7 @@ async def harness(tmp_path: Path) -> Harness:
 # environment
 # --------------------------------------------------------------------------- #
 
-DUMP_ENV = (sys.executable, "-c",
+DUMP_ENV = (MEMBER_PYTHON, "-c",
             "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))")
 
 
@@ -509,11 +509,11 @@ def test_stale_log_dirs(listing, live, expected) -> None:
 async def test_prune_removes_old_logs_of_ended_members_only(harness: Harness) -> None:
     launcher, exits = harness.launcher(log_retention_s=3600.0)
     await launcher.adopt()
-    done = await harness.start(launcher, launch((sys.executable, "-c", "print('done')"), gang="old"))
+    done = await harness.start(launcher, launch((MEMBER_PYTHON, "-c", "print('done')"), gang="old"))
     assert await exits.wait(done.key) == 0
-    running = await harness.start(launcher, launch((sys.executable, "-c", "import time; time.sleep(60)"),
+    running = await harness.start(launcher, launch((MEMBER_PYTHON, "-c", "import time; time.sleep(60)"),
                                                    gang="live"))
-    recent = await harness.start(launcher, launch((sys.executable, "-c", "pass"), gang="recent"))
+    recent = await harness.start(launcher, launch((MEMBER_PYTHON, "-c", "pass"), gang="recent"))
     assert await exits.wait(recent.key) == 0
     long_ago = time.time() - 2 * 3600
     for key in (done.key, running.key):  # both last written two hours ago
