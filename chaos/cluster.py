@@ -24,6 +24,19 @@ With ``proxies=True`` each coordinator also gets a :mod:`chaos.proxy` on
 agents, forwarding standbys and clients all reach it through a proxy that a
 one-way fault can steer (request delivered, reply lost).
 
+Security is on, as deployed (docs/security.md): the etcd members serve TLS
+to clients and peers with client-certificate auth, and the cluster's etcd
+roles are provisioned (``phalanx.etcd_auth``, as root) before any Phalanx
+process starts; coordinators serve TLS (``--tls-dir``) and reach etcd as the
+cluster's coordinator user (``--etcd-tls-dir``), agents present their node's
+agent certificate and reach etcd as the agent user; the workload and the
+probes call with an admin certificate and verify the coordinators' name
+(``phalanx.tls.coordinator_channel``), so namespace addresses and the TCP
+proxies (which pass TLS through as bytes) need nothing in the certificates.
+The recorder and the final dump read etcd as root: observers, not parts of
+the system under test. Every certificate is in the run's work dir
+(:mod:`chaos.pki`) and goes with it.
+
 The runner learns the cluster's state by tailing the recorder's history
 (:class:`LiveView`): the root namespace has no route to the hosts.
 """
@@ -43,9 +56,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.topology.simulated import simulated_fabric
 from chaos.etcd_cluster import EtcdCluster
 from chaos.faults import FaultEvent
 from chaos.netns import Host, NetnsCluster, namespace_pids
+from chaos.pki import AGENT, COORDINATOR, RunPki
 from chaos.proxy import ProxyControl, RunningProxy, start_proxy
 from coordinator.config import Timings
 from phalanx import procs
@@ -177,6 +192,8 @@ class PhalanxCluster:
         self.etcd_proxy_azs = tuple(etcd_proxies)
         self.etcd_proxies: dict[str, RunningProxy] = {}
         self.etcd: EtcdCluster | None = None
+        self.pki: RunPki | None = None
+        self.client_dir: Path | None = None  # the workload's admin certificate
         self.ctl: Host | None = None
         self.client: Host | None = None
         self.procs: dict[str, ManagedProcess] = {}
@@ -194,6 +211,9 @@ class PhalanxCluster:
         c.run_dir.mkdir(parents=True, exist_ok=True)
         c.logs.mkdir(parents=True, exist_ok=True)
         c.etcd = EtcdCluster.build(net, c.workdir / "etcd", azs=c.azs)
+        assert c.etcd.tls_dir is not None
+        c.pki = RunPki.create(c.workdir / "pki", c.name, etcd_dir=c.etcd.tls_dir)
+        c.client_dir = c.pki.client("chaos-workload")
         c.ctl = c.etcd.client
         for az in c.azs:
             for i in range(1, c.coordinators_per_az + 1):
@@ -243,6 +263,15 @@ class PhalanxCluster:
         """AZ -> coordinator addresses a client should use (through the proxies if any)."""
         return {az: [self.advertised(c) for c in self.coordinator_ids(az)] for az in self.azs}
 
+    def client_args(self) -> list[str]:
+        """What ``chaos.workload`` needs to call the coordinators (an admin certificate)."""
+        assert self.client_dir is not None
+        return ["--tls-dir", str(self.client_dir)]
+
+    def _etcd_root_args(self) -> list[str]:
+        assert self.etcd is not None and self.etcd.root_dir is not None
+        return ["--etcd-tls-dir", str(self.etcd.root_dir)]
+
     def describe(self) -> dict[str, Any]:
         return {
             "net": self.net.describe(),
@@ -255,6 +284,7 @@ class PhalanxCluster:
             "etcd_proxies": list(self.etcd_proxy_azs),
             "timings": dataclasses.asdict(self.timings),
             "agent_env": self.agent_env,
+            "security": "TLS on every gRPC hop; etcd TLS with client-certificate auth and the cluster's roles",
         }
 
     # -- history of the runner ----------------------------------------------
@@ -345,8 +375,11 @@ class PhalanxCluster:
 
     def _coordinator(self, cid: str, az: str) -> ManagedProcess:
         h = self.coord_host(cid)
+        assert self.pki is not None
         cmd = [sys.executable, "-m", "coordinator", "--cluster", self.name, "--az", az, "--id", cid,
                "--etcd", self.coordinator_etcd(cid, az), "--listen", f"{h.ip}:{COORD_PORT}",
+               "--tls-dir", str(self.pki.coordinator(cid)),
+               "--etcd-tls-dir", str(self.pki.etcd_user_dir(COORDINATOR)),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO"]
         if self.use_proxies:
             cmd += ["--advertise", self.advertised(cid)]
@@ -356,8 +389,12 @@ class PhalanxCluster:
         h = self.agent_host(az)
         state = self.workdir / "state" / f"agents-{az}"
         state.mkdir(parents=True, exist_ok=True)
+        assert self.pki is not None
+        # agent.sim's default fabric (1 spine, 2 leaves): one agent certificate per node it simulates.
+        nodes = [t.node for t in simulated_fabric(az, self.nodes_per_az, 1, 2)]
         cmd = [sys.executable, "-m", "agent.sim", "--cluster", self.name, "--az", az,
                "--etcd", self.etcd_endpoints(az), "--nodes", str(self.nodes_per_az), "--launch",
+               "--tls-dir", str(self.pki.agents(nodes)), "--etcd-tls-dir", str(self.pki.etcd_user_dir(AGENT)),
                "--state-dir", str(state), "--history", str(self.run_dir / f"agents-{az}.jsonl"),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO"]
         return ManagedProcess(f"agents-{az}", "agents", az, h, cmd, "PHALANX_AGENTS_READY", dict(self.agent_env))
@@ -367,9 +404,11 @@ class PhalanxCluster:
         has a leader and every node is ready."""
         assert self.etcd is not None and self.ctl is not None
         self.etcd.start(timeout=60)
+        self.provision_etcd()
         rec = ManagedProcess("recorder", "recorder", "", self.ctl,
                              [sys.executable, "-m", "chaos.recorder", "watch", "--etcd", self.etcd_endpoints(),
-                              "--cluster", self.name, "--out", str(self.run_dir / "etcd.jsonl")],
+                              "--cluster", self.name, "--out", str(self.run_dir / "etcd.jsonl"),
+                              *self._etcd_root_args()],
                              "PHALANX_RECORDER_READY")
         self.procs[rec.name] = rec
         self._spawn(rec)
@@ -401,6 +440,20 @@ class PhalanxCluster:
         self._wait_ready(agents, timeout)
         self.wait(self.healthy, timeout, "every AZ has a leader and all nodes ready")
         return self
+
+    def provision_etcd(self, timeout: float = 60.0) -> None:
+        """The cluster's etcd users and roles, and auth on
+        (``phalanx.etcd_auth.provision`` as root), run inside ``ctl``: the
+        root namespace has no route to etcd."""
+        assert self.ctl is not None and self.etcd is not None and self.etcd.root_dir is not None
+        code = ("import asyncio, sys; from phalanx import etcd_auth, etcd_pki; "
+                "asyncio.run(etcd_auth.provision(sys.argv[1].split(','), etcd_pki.files(sys.argv[2]), sys.argv[3]))")
+        res = self.ctl.run([sys.executable, "-c", code, self.etcd_endpoints(), str(self.etcd.root_dir), self.name],
+                           timeout=timeout, env=self._env({}), cwd=str(REPO))
+        if res.returncode != 0:
+            raise ClusterError(f"provisioning etcd users failed ({res.returncode}): {(res.stderr or res.stdout)[-2000:]}")
+        self.record({"src": "process", "mono": time.monotonic(), "action": "etcd-auth", "name": "etcd", "role": "etcd",
+                     "az": "", "detail": f"users and roles of cluster {self.name} provisioned, auth enabled"})
 
     # -- control -----------------------------------------------------------------
 
@@ -493,7 +546,8 @@ class PhalanxCluster:
         """The final etcd state, read by ``chaos.recorder dump`` inside ``ctl``."""
         assert self.ctl is not None
         res = self.ctl.run([sys.executable, "-m", "chaos.recorder", "dump", "--etcd", self.etcd_endpoints(),
-                            "--cluster", self.name, "--out", str(out), "--timeout", str(timeout)],
+                            "--cluster", self.name, "--out", str(out), "--timeout", str(timeout),
+                            *self._etcd_root_args()],
                            timeout=timeout + 30, env=self._env({}), cwd=str(REPO))
         if res.returncode != 0:
             raise ClusterError(f"final dump failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -508,7 +562,7 @@ class PhalanxCluster:
         try:
             return self.client.popen(
                 [sys.executable, "-m", "chaos.workload", "--targets", json.dumps(self.targets()), "--trigger", az,
-                 "--tag", tag, "--out", str(self.run_dir / "workload.jsonl")],
+                 "--tag", tag, "--out", str(self.run_dir / "workload.jsonl"), *self.client_args()],
                 stdout=log, stderr=subprocess.STDOUT, env=self._env({}), cwd=str(REPO))
         finally:
             log.close()

@@ -5,6 +5,14 @@ the hosts (by design, nothing is added to it), so every check runs
 ``etcdctl`` inside a client host. ``EtcdServer.wait_ready`` is not used for
 the same reason: it polls /health from the calling process's namespace.
 
+Members serve clients and peers over TLS with client-certificate auth (as
+deployed; docs/security.md): :meth:`EtcdCluster.build` makes one etcd CA per
+cluster in ``<data_root>/pki`` (``phalanx.etcd_pki``), its server
+certificate naming every member's address (members verify each other's peer
+certificates against the address they dial), and ``etcdctl`` uses the
+``root`` client certificate there. Roles and ``auth enable`` are the
+caller's (:mod:`chaos.cluster` provisions its Phalanx cluster's users).
+
 Members are ``EtcdServer``s (``netns`` set), started through
 ``phalanx.procs.spawn`` like every process of the suite: a member dies with
 the runner that started it (or restarted it, from any thread), even when the
@@ -24,7 +32,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from chaos.netns import Host, NetnsCluster
+from phalanx import etcd_pki
 from phalanx.etcd_server import EtcdServer
+from phalanx.tls import utc_now
 
 CLIENT_PORT = 2379
 PEER_PORT = 2380
@@ -65,32 +75,46 @@ class EtcdCluster:
     client: Host
     data_root: Path
     token: str = "phalanx-chaos"
+    # The etcd PKI (phalanx.etcd_pki layout); None: plaintext, no client auth.
+    tls_dir: Path | None = None
     members: dict[str, EtcdMember] = field(default_factory=dict)
 
     @classmethod
     def build(
-        cls, net: NetnsCluster, data_root: Path, azs: Sequence[str] = ("a", "b", "c"), client: Host | None = None
+        cls, net: NetnsCluster, data_root: Path, azs: Sequence[str] = ("a", "b", "c"), client: Host | None = None,
+        *, tls: bool = True,
     ) -> "EtcdCluster":
         hosts = [net.add_host(f"etcd-{az}", az=az) for az in azs]
-        return cls(net=net, hosts=hosts, client=client or net.add_host("ctl"), data_root=Path(data_root))
+        tls_dir = None
+        if tls:
+            tls_dir = Path(data_root) / "pki"
+            etcd_pki.init(tls_dir, hosts=tuple(h.ip for h in hosts), now=utc_now())
+            etcd_pki.issue_client(tls_dir, etcd_pki.ROOT_USER, now=utc_now())
+        return cls(net=net, hosts=hosts, client=client or net.add_host("ctl"), data_root=Path(data_root),
+                   tls_dir=tls_dir)
 
     def __post_init__(self) -> None:
-        initial = ",".join(f"etcd-{h.az or h.name}=http://{h.ip}:{PEER_PORT}" for h in self.hosts)
+        servers = {}
         for h in self.hosts:
             az = h.az or h.name
             name = f"etcd-{az}"
             d = self.data_root / name
-            self.members[az] = EtcdMember(az, h, EtcdServer(
+            servers[az] = EtcdServer(
                 data_dir=d / "data",
                 name=name,
                 host=h.ip,
                 client_port=CLIENT_PORT,
                 peer_port=PEER_PORT,
-                initial_cluster=initial,
                 cluster_token=self.token,
                 log_path=d / "etcd.log",
                 netns=h.netns,
-            ))
+                tls_dir=self.tls_dir,
+            )
+        initial = ",".join(f"{s.name}={s.peer_url}" for s in servers.values())
+        for h in self.hosts:
+            az = h.az or h.name
+            servers[az].initial_cluster = initial
+            self.members[az] = EtcdMember(az, h, servers[az])
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -146,14 +170,23 @@ class EtcdCluster:
     def endpoints(self, azs: Sequence[str] | None = None) -> list[str]:
         return [self.members[a].endpoint for a in (azs or list(self.members))]
 
+    @property
+    def root_dir(self) -> Path | None:
+        """The etcd ``root`` user's client dir (ca.crt client.crt client.key), or None without TLS."""
+        return self.tls_dir / etcd_pki.ROOT_USER if self.tls_dir else None
+
     def etcdctl(
         self, *args: str, azs: Sequence[str] | None = None, command_timeout: float = 2.0, dial_timeout: float = 1.0
     ) -> subprocess.CompletedProcess[str]:
         """Run ``etcdctl ARGS`` (API v3) inside the client host against the members ``azs``."""
-        eps = ",".join(f"http://{e}" for e in self.endpoints(azs))
+        eps = ",".join(self.members[a].server.client_url for a in (azs or list(self.members)))
         env = dict(os.environ, ETCDCTL_API="3")
+        creds: list[str] = []
+        if self.root_dir is not None:
+            root = etcd_pki.files(self.root_dir)
+            creds = [f"--cacert={root.ca}", f"--cert={root.cert}", f"--key={root.key}"]
         return self.client.run(
-            ["etcdctl", f"--endpoints={eps}", f"--command-timeout={command_timeout}s",
+            ["etcdctl", f"--endpoints={eps}", *creds, f"--command-timeout={command_timeout}s",
              f"--dial-timeout={dial_timeout}s", *args],
             env=env, timeout=command_timeout + dial_timeout + 20,
         )
@@ -164,7 +197,7 @@ class EtcdCluster:
         by_ep: dict[str, bool] = {}
         try:
             for item in json.loads(res.stdout or "[]"):
-                by_ep[item["endpoint"].removeprefix("http://")] = bool(item.get("health"))
+                by_ep[item["endpoint"].split("://", 1)[-1]] = bool(item.get("health"))
         except (json.JSONDecodeError, KeyError, TypeError):
             pass
         return {a: by_ep.get(self.members[a].endpoint, False) for a in (azs or list(self.members))}

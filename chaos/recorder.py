@@ -1,6 +1,8 @@
 """Record what etcd saw, from inside a chaos host (the root namespace has no route).
 
-Two commands, both through :mod:`coordinator.store` (the only etcd gateway)::
+Two commands, both through :mod:`coordinator.store` (the only etcd gateway),
+with ``--etcd-tls-dir D`` (ca.crt client.crt client.key of an etcd user that
+may read the cluster's prefix; the chaos cluster gives root) or ``--insecure``::
 
     python -m chaos.recorder watch --etcd H:P,H:P --cluster C --out etcd.jsonl
         every put/delete under /phalanx/C/ from revision 1 on, one JSON line
@@ -39,6 +41,7 @@ from typing import Any, TextIO
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.store import KV, Compacted, Store, StoreUnavailable
+from phalanx import etcd_pki
 
 READY = "PHALANX_RECORDER_READY"
 
@@ -131,10 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--timeout", type=float, default=30.0, help="dump: give up after this long")
+    p.add_argument("--etcd-tls-dir", default="", help="etcd client files (ca.crt client.crt client.key)")
+    p.add_argument("--insecure", action="store_true", help="reach etcd in plaintext")
     a = p.parse_args(argv)
+    if not a.etcd_tls_dir and not a.insecure:
+        p.error("--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)")
+    tls = etcd_pki.files(a.etcd_tls_dir) if a.etcd_tls_dir else None
 
     async def amain() -> int:
-        store = await Store(a.etcd, a.cluster, timeout=2.0).connect()
+        store = await Store(a.etcd, a.cluster, tls=tls, timeout=2.0).connect()
         try:
             if a.command == "dump":
                 data = await dump(store, a.timeout)

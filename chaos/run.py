@@ -127,7 +127,8 @@ def run_scenario(
             wl_out = open(run_dir / "logs" / "workload.log", "ab")
             workload = pc.client.popen(
                 _py("chaos.workload", "--targets", targets, "--seed", str(seed), "--duration", str(duration),
-                    "--rate", str(rate), "--steady", str(duration), "--out", str(run_dir / "workload.jsonl")),
+                    "--rate", str(rate), "--steady", str(duration), "--out", str(run_dir / "workload.jsonl"),
+                    *pc.client_args()),
                 stdout=wl_out, stderr=subprocess.STDOUT, env=pc._env({}), cwd=str(REPO))
             wl_out.close()
             try:
@@ -144,7 +145,7 @@ def run_scenario(
             probe_out = open(run_dir / "logs" / "probe.log", "ab")
             probe = pc.client.popen(
                 _py("chaos.workload", "--probe", "--targets", targets, "--seed", str(seed),
-                    "--retry-budget", str(bound), "--out", str(run_dir / "probe.jsonl")),
+                    "--retry-budget", str(bound), "--out", str(run_dir / "probe.jsonl"), *pc.client_args()),
                 stdout=probe_out, stderr=subprocess.STDOUT, env=pc._env({}),
                 cwd=str(REPO))
             probe_out.close()

@@ -34,6 +34,12 @@ other history source on the machine)::
 
 ``--probe`` submits one small high-priority gang per AZ (used right after
 the last heal: invariant 7, "admission resumes").
+
+Calls go over TLS with the client certificate in ``--tls-dir`` (ca.crt
+client.crt client.key; the chaos cluster gives an admin one) and check that
+the server is a coordinator of the CA's cluster, whatever address it is
+dialled at (``phalanx.tls.coordinator_channel``); plaintext only with
+``--insecure``.
 """
 
 from __future__ import annotations
@@ -176,6 +182,7 @@ class Workload:
         targets: Mapping[str, Sequence[str]],
         rec: Recorder,
         *,
+        tls_dir: str = "",
         attempt_timeout: float = 3.0,
         retry_budget: float = 30.0,
         retry_pause: float = 0.3,
@@ -195,7 +202,15 @@ class Workload:
         # exponential backoff (up to 120 s), which would look like an outage.
         opts = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000),
                 ("grpc.min_reconnect_backoff_ms", 200)]
-        self.channels = {a: grpc.aio.insecure_channel(a, options=opts) for addrs in self.targets.values() for a in addrs}
+        if tls_dir:
+            from phalanx.client import client_tls
+            from phalanx.tls import coordinator_channel
+
+            files, cluster = client_tls(tls_dir)
+            self.channels = {a: coordinator_channel(a, files, cluster=cluster, options=opts)
+                             for addrs in self.targets.values() for a in addrs}
+        else:
+            self.channels = {a: grpc.aio.insecure_channel(a, options=opts) for addrs in self.targets.values() for a in addrs}
         self.stubs = {a: gang_pb2_grpc.GangServiceStub(ch) for a, ch in self.channels.items()}
 
     async def close(self) -> None:
@@ -302,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trigger", default="", metavar="AZ",
                    help="submit one high-priority 1-GPU gang to AZ (a fault's trigger; not a probe)")
     p.add_argument("--out", required=True)
+    p.add_argument("--tls-dir", default="", help="client certificate dir: ca.crt client.crt client.key")
+    p.add_argument("--insecure", action="store_true", help="call the coordinators in plaintext")
     a = p.parse_args(argv)
+    if not a.tls_dir and not a.insecure:
+        p.error("--tls-dir: required (pass --insecure to call in plaintext)")
     targets = json.loads(a.targets)
     azs = sorted(targets)
     if a.trigger:
@@ -321,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, stop.set)
         with open(a.out, "a", buffering=1) as out:
             w = Workload(targets, Recorder(out, a.probe), attempt_timeout=a.attempt_timeout,
-                         retry_budget=a.retry_budget)
+                         retry_budget=a.retry_budget, tls_dir=a.tls_dir)
             try:
                 print(f"PHALANX_WORKLOAD_STARTED planned={len(planned)}", flush=True)
                 await w.run(planned, stop)

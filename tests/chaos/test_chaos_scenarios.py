@@ -14,6 +14,7 @@ loaded machine, and the measured recovery times are only reported.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -95,11 +96,39 @@ def test_checker_reports_agents_that_do_not_fence(tmp_path: Path) -> None:
     assert_nothing_left(r)
 
 
+def etcdctl_as(pc: PhalanxCluster, role: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """etcdctl inside ``ctl`` with the cluster's ``role`` etcd user's certificate."""
+    assert pc.pki is not None and pc.etcd is not None and pc.ctl is not None
+    d = pc.pki.etcd_user_dir(role)
+    return pc.ctl.run(["etcdctl", f"--endpoints={pc.etcd.members['a'].server.client_url}", f"--cacert={d / 'ca.crt'}",
+                       f"--cert={d / 'client.crt'}", f"--key={d / 'client.key'}", "--command-timeout=5s", *args],
+                      env={**os.environ, "ETCDCTL_API": "3"}, timeout=60)
+
+
+def assert_secured_as_deployed(pc: PhalanxCluster, out: Path) -> None:
+    """etcd checks its users' roles (the agent user reads the leader keys and
+    may write nothing; the coordinator user sees nothing outside its cluster)
+    and a coordinator refuses a plaintext call (the run's own workload, with
+    its admin certificate, is what gets gangs running)."""
+    forged = etcdctl_as(pc, "agent", "put", f"/phalanx/{pc.name}/nodes/a/forged", "x")
+    assert forged.returncode != 0 and "permission denied" in forged.stderr, forged
+    leaders = etcdctl_as(pc, "agent", "get", "--prefix", "--keys-only", f"/phalanx/{pc.name}/leader/")
+    assert leaders.returncode == 0 and f"/phalanx/{pc.name}/leader/a" in leaders.stdout, leaders
+    other = etcdctl_as(pc, "coordinator", "get", "/phalanx/another-cluster/leader/a")
+    assert other.returncode != 0 and "permission denied" in other.stderr, other
+    assert pc.client is not None
+    pc.client.run([sys.executable, "-m", "chaos.workload", "--targets", json.dumps(pc.targets()), "--trigger", "a",
+                   "--insecure", "--retry-budget", "1", "--out", str(out)], env=pc._env({}), cwd=str(REPO), timeout=120)
+    outcomes = [json.loads(ln) for ln in out.read_text().splitlines() if '"kind":"outcome"' in ln]
+    assert [(o["acked"], o["code"]) for o in outcomes] == [(False, "UNAVAILABLE")], outcomes
+
+
 def test_a_run_cut_short_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None:
     """A run that dies with a partition applied, a leader SIGSTOPped, members
     and the workload running: every process (members included, SIGSTOPped
     ones too), namespace, veth and iptables rule goes with the cluster, and
-    the root namespace is as it was."""
+    the root namespace is as it was. (The same cluster first shows that it
+    runs secured as deployed: etcd roles enforced, plaintext refused.)"""
     before = root_state()
     seen: list[int] = []
     with pytest.raises(RuntimeError, match="cut short"):
@@ -107,10 +136,11 @@ def test_a_run_cut_short_mid_fault_leaves_nothing_behind(tmp_path: Path) -> None
             prefix = net.prefix
             pc = PhalanxCluster.build(net, tmp_path / "work", tmp_path / "run")
             pc.start()
+            assert_secured_as_deployed(pc, tmp_path / "plaintext.jsonl")
             assert pc.client is not None
             pc.client.popen([sys.executable, "-m", "chaos.workload", "--targets",
                              json.dumps(pc.targets()), "--duration", "60", "--steady", "60",
-                             "--out", str(tmp_path / "run" / "workload.jsonl")],
+                             "--out", str(tmp_path / "run" / "workload.jsonl"), *pc.client_args()],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=pc._env({}), cwd=str(REPO))
             deadline = time.monotonic() + 60
             while not (tmp_path / "run" / "agents-a.jsonl").exists() or "member_started" not in (

@@ -337,6 +337,16 @@ def test_schedule_is_reproducible_and_run_heals_everything() -> None:
 def test_etcd_three_members_survive_one_loss_not_two(net: NetnsCluster, tmp_path: Path) -> None:
     etcd = EtcdCluster.build(net, tmp_path / "etcd").start()
     assert etcd.member_health() == {"a": True, "b": True, "c": True}
+    # Members serve TLS only, and only to a client certificate of their CA.
+    a = etcd.members["a"]
+    assert a.server.client_url == f"https://{a.host.ip}:2379" and a.server.peer_url.startswith("https://")
+    assert etcd.root_dir is not None
+    plain = etcd.client.run(["etcdctl", f"--endpoints=http://{a.endpoint}", "--dial-timeout=1s",
+                             "--command-timeout=2s", "get", "x"], env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
+    no_cert = etcd.client.run(["etcdctl", f"--endpoints={a.server.client_url}", f"--cacert={etcd.root_dir / 'ca.crt'}",
+                               "--dial-timeout=1s", "--command-timeout=2s", "get", "x"],
+                              env={**os.environ, "ETCDCTL_API": "3"}, timeout=30)
+    assert plain.returncode != 0 and no_cert.returncode != 0, (plain.stderr, no_cert.stderr)
 
     history: list[FaultEvent] = []
     kill_a = Kill(etcd.process_ref("a"), restart=etcd.restarter("a"), name="kill-etcd-a",
