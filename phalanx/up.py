@@ -125,8 +125,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd", default="", help="use this etcd (host:port[,...]) instead of starting one")
     p.add_argument(
         "--etcd-pki", default="",
-        help="with --etcd: its PKI directory (phalanx certs etcd-init: ca.crt, ca.key, root/), from which up issues "
-        "this cluster's etcd users and provisions their roles",
+        help="with --etcd: its PKI directory (phalanx certs etcd-init: ca.crt, ca.key), from which up issues "
+        "this cluster's etcd users (and root's, if missing) and provisions their roles",
     )
     p.add_argument(
         "--insecure", action="store_true",
@@ -255,14 +255,12 @@ def security_flags_error(own_etcd_given: bool, etcd_pki: str, insecure: bool) ->
 
 
 def etcd_pki_dir_error(directory: Path) -> str | None:
-    """What ``--etcd-pki`` lacks: the CA (to issue this cluster's etcd
-    users) and the root user's client files (to provision their roles)."""
-    from phalanx import etcd_pki
-
-    need = [directory / "ca.crt", directory / "ca.key", *etcd_pki.files(directory / etcd_pki.ROOT_USER).paths()]
-    missing = [str(p) for p in need if not p.is_file()]
+    """What ``--etcd-pki`` lacks: the CA, from which ``up`` issues this
+    cluster's etcd users (and root's client files, to provision their
+    roles, if the directory has none yet)."""
+    missing = [str(p) for p in (directory / "ca.crt", directory / "ca.key") if not p.is_file()]
     if missing:
-        return f"{directory}: missing {', '.join(missing)} (make it with phalanx certs etcd-init and etcd-user --user root)"
+        return f"{directory}: missing {', '.join(missing)} (make the etcd PKI with phalanx certs etcd-init --dir {directory})"
     return None
 
 
@@ -879,6 +877,8 @@ class Up:
             if not cfg.etcd_pki and not (etcd_pki_dir / "ca.crt").is_file():
                 # A kept state dir keeps its etcd, and the etcd its CA and users.
                 etcd_pki.init(etcd_pki_dir, now=now)
+            if cfg.etcd_pki and not all(p.is_file() for p in etcd_pki.files(etcd_pki_dir / etcd_pki.ROOT_USER).paths()):
+                etcd_pki.issue_client(etcd_pki_dir, etcd_pki.ROOT_USER, now=now)
             creds = make_credentials(self.state_dir, self.cluster, cfg.coordinator_ids(), nodes, etcd_pki_dir, now=now)
         except (CertError, OSError, ValueError) as exc:
             raise StartupFailed(f"cannot make the cluster's certificates: {exc}") from None

@@ -1,5 +1,7 @@
-"""``phalanx up``: starts a whole cluster, serves the API, and leaves nothing
-behind when stopped (no process, no temp state dir).
+"""``phalanx up``: starts a whole cluster, secure by default (mutual TLS on
+every gRPC hop, etcd over TLS with client certificates and per-cluster
+users), serves the API through the client config it prints, and leaves
+nothing behind when stopped (no process, no temp state dir).
 
 Every child of ``up`` leads its own session, so "nothing left behind" is
 checked as: no live process remains in any session that ``up``'s children
@@ -14,17 +16,22 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
-from phalanx import procs
+from phalanx import etcd_pki, procs
 from phalanx.client import AsyncClient
+from phalanx.errors import PhalanxError
 from phalanx.etcd_server import EtcdServer
-from phalanx.up import UpProcess, proc_stat
+from phalanx.up import ADMIN_NAME, UpProcess, proc_stat
 from tests.conftest import etcdctl
+from tests.pki import EtcdPki
 
 pytestmark = pytest.mark.integration
 
@@ -67,10 +74,28 @@ def processes_mentioning(token: str) -> list[int]:
     return found
 
 
-async def leaders(address: str) -> set[str]:
-    async with AsyncClient(address) as client:
+async def leaders(up: UpProcess) -> set[str]:
+    async with AsyncClient(up.address, **up.client_kwargs()) as client:
         st = await client.status()
         return {az.az for az in st.azs if az.has_leader}
+
+
+async def plaintext_status(address: str) -> str:
+    """A client without certificates: what it gets (an error) as text."""
+    async with AsyncClient(address, timeout=5.0, insecure=True) as client:
+        try:
+            await client.status()
+        except PhalanxError as exc:
+            return str(exc)
+    return "answered"
+
+
+def etcdctl_fails(*argv: str) -> str:
+    """Run etcdctl; it must fail: its error output."""
+    done = subprocess.run(["etcdctl", *argv], env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode != 0, f"etcdctl {' '.join(argv)} succeeded: {done.stdout[:300]}"
+    return done.stderr
 
 
 def test_up_no_workload_starts_everything_and_leaves_nothing_behind() -> None:
@@ -85,29 +110,67 @@ def test_up_no_workload_starts_everything_and_leaves_nothing_behind() -> None:
         # Exactly one address line, naming every coordinator (2 AZs x 2).
         assert len([line for line in up.lines if line.startswith("PHALANX_ADDRESS=")]) == 1
         assert len(up.addresses) == 4 and len(set(up.addresses)) == 4
-        assert asyncio.run(leaders(up.address)) >= {"az-a", "az-b"}
+        assert asyncio.run(leaders(up)) >= {"az-a", "az-b"}
         # etcd + 4 coordinators + 2 agent processes, each leading its own session.
         children = child_sessions(up.proc.pid)
         assert len(children) == 7, children
         assert all(pid == sid for pid, sid in children.items())
         assert up.state_dir is not None and (up.state_dir / "logs").is_dir()
         assert any(p.name == "etcd.log" for p in (up.state_dir / "logs").iterdir())
+
+        # The one line that tells the user how the CLI finds its credentials,
+        # and the CLI, given only that, reaches the cluster over mutual TLS.
+        assert up.config is not None and up.config.parent == up.state_dir
+        assert up.find_line(rf"^phalanx up: for the CLI and the SDK: export PHALANX_CONFIG={re.escape(str(up.config))} ")
+        done = subprocess.run([sys.executable, "-m", "phalanx", "status"], env=up.client_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert f"cluster {cluster} " in done.stdout and "az-b" in done.stdout, done.stdout
+        # Every coordinator serves TLS only: a client without a certificate is refused by each.
+        for address in up.addresses:
+            refused = asyncio.run(plaintext_status(address))
+            assert refused != "answered" and "no coordinator could answer" in refused, (address, refused)
+
+        # etcd: TLS with client certificates, and least-privilege users.
+        m = up.find_line(r"^phalanx up: etcd at (\S+) \(TLS, client certificates; pid \d+\)")
+        assert m is not None, "\n".join(up.lines)
+        endpoint, prefix = m.group(1), f"/phalanx/{cluster}/"
+        pki = up.state_dir / "etcd-pki"
+        root = etcd_pki.files(pki / etcd_pki.ROOT_USER)
+        # Plaintext: refused (the member speaks TLS only).
+        etcdctl_fails("--endpoints", f"http://{endpoint}", "--dial-timeout", "3s", "--command-timeout", "5s",
+                      "get", "--prefix", prefix)
+        # TLS without a client certificate: refused by the handshake.
+        etcdctl_fails("--endpoints", f"https://{endpoint}", "--cacert", str(root.ca), "--dial-timeout", "3s",
+                      "--command-timeout", "5s", "get", "--prefix", prefix)
+        # The agents' user reads the leader keys but writes nothing.
+        agent = etcd_pki.files(pki / etcd_pki.user_for(cluster, "agent"))
+        assert f"{prefix}leader/az-a" in etcdctl(endpoint, "get", "--prefix", "--keys-only", f"{prefix}leader/", tls=agent)
+        denied = etcdctl_fails("--endpoints", f"https://{endpoint}", "--cacert", str(agent.ca), "--cert",
+                               str(agent.cert), "--key", str(agent.key), "put", f"{prefix}leader/az-a", "forged")
+        assert "permission denied" in denied, denied
+        # The coordinators' user is confined to its cluster's prefix.
+        coordinator = etcd_pki.files(pki / etcd_pki.user_for(cluster, "coordinator"))
+        denied = etcdctl_fails("--endpoints", f"https://{endpoint}", "--cacert", str(coordinator.ca), "--cert",
+                               str(coordinator.cert), "--key", str(coordinator.key), "get", "/phalanx/other/x")
+        assert "permission denied" in denied, denied
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0, "\n".join(up.lines[-40:])
     assert live_in_sessions(set(children.values())) == []
     assert processes_mentioning(cluster) == [] and processes_mentioning(str(up.state_dir)) == []
-    assert not up.state_dir.exists(), "a state dir that up created must be removed"
+    assert not up.state_dir.exists(), "a state dir that up created must be removed (its keys and CA with it)"
     assert any("stopped" in line for line in up.lines)
 
 
 def test_up_with_workload_on_given_etcd_keeps_given_state_dir(
-    etcd_server: EtcdServer, cluster_name: str, tmp_path: Path
+    etcd_server: EtcdServer, etcd_pki: EtcdPki, cluster_name: str, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
     up = UpProcess([
-        "--etcd", f"http://{etcd_server.endpoint}", "--cluster", cluster_name, "--azs", "1",
-        "--coordinators-per-az", "1", "--nodes-per-az", "2", "--base-port", "0", "--state-dir", str(state),
+        "--etcd", f"https://{etcd_server.endpoint}", "--etcd-pki", str(etcd_pki.dir), "--cluster", cluster_name,
+        "--azs", "1", "--coordinators-per-az", "1", "--nodes-per-az", "2", "--base-port", "0",
+        "--state-dir", str(state),
     ])
     try:
         up.start()
@@ -123,24 +186,29 @@ def test_up_with_workload_on_given_etcd_keeps_given_state_dir(
     assert live_in_sessions(set(children.values())) == []
     assert processes_mentioning(cluster_name) == []
     assert state.is_dir() and (state / "logs" / "az-a-c0.log").is_file(), "a given state dir is kept"
+    # The workload went over TLS as up's admin: the gangs record that owner.
+    owners = etcdctl(etcd_server.endpoint, "get", "--prefix", f"/phalanx/{cluster_name}/gangs/", "--print-value-only")
+    assert f"admin/{ADMIN_NAME}" in owners, owners[:500]
 
 
-def test_up_reports_a_failed_start_and_cleans_up(tmp_path: Path) -> None:
-    """An etcd nobody serves: no leader can be elected; with a short start
-    timeout ``up`` gives up, exits 1, and still stops what it started."""
+def test_up_reports_a_failed_start_and_cleans_up(etcd_pki: EtcdPki, tmp_path: Path) -> None:
+    """An etcd nobody serves: its users cannot be provisioned, no leader can
+    be elected; with a short start timeout ``up`` gives up, exits 1, and
+    still stops what it started."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = f"127.0.0.1:{s.getsockname()[1]}"
     cluster = "t" + uuid.uuid4().hex[:10]
     up = UpProcess([
-        "--no-workload", "--etcd", dead, "--cluster", cluster, "--azs", "1", "--coordinators-per-az", "1",
-        "--nodes-per-az", "1", "--base-port", "0", "--start-timeout", "20", "--state-dir", str(tmp_path / "state"),
+        "--no-workload", "--etcd", dead, "--etcd-pki", str(etcd_pki.dir), "--cluster", cluster, "--azs", "1",
+        "--coordinators-per-az", "1", "--nodes-per-az", "1", "--base-port", "0", "--start-timeout", "20",
+        "--state-dir", str(tmp_path / "state"),
     ])
     with pytest.raises(RuntimeError) as info:
         up.start(timeout=240)  # waits for PHALANX_ADDRESS, which never comes
     assert "exited with code 1" in str(info.value)
     assert up.stop() == 1
-    assert any("error:" in line for line in up.lines)
+    assert any("error:" in line and dead in line for line in up.lines), "\n".join(up.lines)
     assert processes_mentioning(cluster) == []
 
 
@@ -215,8 +283,8 @@ def test_stale_verdict(owner: dict | None, alive: bool, users: list[int], remove
 # --- ports, names, readiness, deaths ------------------------------------------------------------
 
 
-async def status_of(address: str):  # type: ignore[no-untyped-def]
-    async with AsyncClient(address) as client:
+async def status_of(up: UpProcess):  # type: ignore[no-untyped-def]
+    async with AsyncClient(up.address, **up.client_kwargs()) as client:
         return await client.status()
 
 
@@ -240,8 +308,8 @@ def test_up_says_which_ports_it_took_names_its_cluster_and_reports_a_dead_etcd(t
             assert up.addresses == [f"127.0.0.1:{warning.group(1)}"]
             name = up.find_line(r"^PHALANX_CLUSTER=(\S+)$")
             assert name is not None and re.fullmatch(r"local-[0-9a-f]{6}", name.group(1))
-            assert asyncio.run(status_of(up.address)).cluster == name.group(1)
-            m = up.find_line(r"^phalanx up: etcd at \S+ \(pid (\d+)\)")
+            assert asyncio.run(status_of(up)).cluster == name.group(1)
+            m = up.find_line(r"^phalanx up: etcd at \S+ \(TLS, client certificates; pid (\d+)\)")
             assert m is not None
             os.kill(int(m.group(1)), signal.SIGKILL)
             up.wait_for_line(rf"warning: etcd \(pid {m.group(1)}\) exited with code -9", timeout=30)
@@ -263,18 +331,21 @@ def plant_leader(endpoint: str, cluster: str, az: str, address: str, ttl: int) -
     return int(got["kvs"][0]["create_revision"])
 
 
-def test_up_is_ready_only_with_leaders_of_this_run(etcd_server: EtcdServer, cluster_name: str, tmp_path: Path) -> None:
+def test_up_is_ready_only_with_leaders_of_this_run(
+    etcd_server: EtcdServer, etcd_pki: EtcdPki, cluster_name: str, tmp_path: Path
+) -> None:
     """An earlier run's leader key still on its lease (a kept --state-dir
     restarted at once, a shared --etcd): up must not take it for a leader
     and print PHALANX_ADDRESS before its own coordinator is elected."""
     stale_epoch = plant_leader(etcd_server.endpoint, cluster_name, "az-a", "127.0.0.1:1", ttl=12)
     up = UpProcess([
-        "--no-workload", "--etcd", etcd_server.endpoint, "--cluster", cluster_name, "--azs", "1",
+        "--no-workload", "--etcd", etcd_server.endpoint, "--etcd-pki", str(etcd_pki.dir), "--cluster", cluster_name,
+        "--azs", "1",
         "--coordinators-per-az", "1", "--nodes-per-az", "1", "--base-port", "0", "--state-dir", str(tmp_path / "s"),
     ])
     try:
         up.start()
-        (az,) = [a for a in asyncio.run(status_of(up.address)).azs if a.az == "az-a"]
+        (az,) = [a for a in asyncio.run(status_of(up)).azs if a.az == "az-a"]
         assert az.has_leader and az.leader_address in up.addresses, (az, up.addresses)
         assert az.epoch > stale_epoch
         assert up.find_line(r"az-a: leader key of an earlier run \(az-a-c0 at 127\.0\.0\.1:1, epoch \d+\) still held")
@@ -323,3 +394,93 @@ def test_up_launch_runs_a_sample_member_any_machine_has_within_its_member_budget
         code = up.stop(signal.SIGINT)
     assert code == 0, "\n".join(up.lines[-30:])
     assert 0 < most <= LAUNCH_MEMBER_BUDGET, most
+
+
+# --- security: --insecure, the flags, the client config ---------------------------------------------
+
+
+def test_up_insecure_runs_plaintext_says_so_and_its_config_says_insecure(tmp_path: Path) -> None:
+    """--insecure: one warning; a client without certificates gets in; the
+    client config it prints says ``insecure: true`` and the CLI, given only
+    that, reaches the cluster; the coordinators and agents ran with --insecure."""
+    up = UpProcess(
+        ["--insecure", "--no-workload", "--azs", "1", "--coordinators-per-az", "1", "--nodes-per-az", "1",
+         "--base-port", "0"],
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )
+    try:
+        up.start()
+        assert len([ln for ln in up.lines if "warning: --insecure" in ln]) == 1, "\n".join(up.lines)
+        assert asyncio.run(plaintext_status(up.address)) == "answered"
+        assert up.config is not None and up.admin_dir is None
+        assert yaml.safe_load(up.config.read_text())["insecure"] is True
+        done = subprocess.run([sys.executable, "-m", "phalanx", "status"], env=up.client_env(), capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert not (up.state_dir / "pki").exists() and not (up.state_dir / "etcd-pki").exists()
+        m = up.find_line(r"^phalanx up: etcd at \S+ \(plaintext, no auth; pid \d+\)")
+        assert m is not None, "\n".join(up.lines)
+    finally:
+        code = up.stop(signal.SIGINT)
+    assert code == 0, "\n".join(up.lines[-30:])
+
+
+from phalanx.up import client_config, security_args, security_flags_error  # noqa: E402
+
+FLAGS = [
+    ("own etcd, secure", False, "", False, None),
+    ("own etcd, insecure", False, "", True, None),
+    ("given etcd with its PKI", True, "/pki", False, None),
+    ("given etcd, insecure", True, "", True, None),
+    ("given etcd without PKI or --insecure", True, "", False, "--etcd: needs --etcd-pki"),
+    ("PKI without --etcd", False, "/pki", False, "--etcd-pki: only with --etcd"),
+    ("PKI and --insecure", True, "/pki", True, "--etcd-pki: not with --insecure"),
+]
+
+
+@pytest.mark.parametrize("etcd, pki, insecure, error", [c[1:] for c in FLAGS], ids=[c[0] for c in FLAGS])
+def test_security_flags_error(etcd: bool, pki: str, insecure: bool, error: str | None) -> None:
+    got = security_flags_error(etcd, pki, insecure)
+    assert (got is None) if error is None else (got is not None and got.startswith(error)), got
+
+
+def test_bad_security_flags_exit_2_naming_the_flag_and_write_nothing(tmp_path: Path) -> None:
+    """Checked before anything starts: no state dir is made."""
+    cases = [
+        (["--etcd", "127.0.0.1:2379"], "--etcd: needs --etcd-pki"),
+        (["--etcd-pki", str(tmp_path)], "--etcd-pki: only with --etcd"),
+        (["--etcd", "127.0.0.1:2379", "--etcd-pki", str(tmp_path / "none")], "--etcd-pki: "),
+    ]
+    for args, want in cases:
+        done = subprocess.run([sys.executable, "-m", "phalanx", "up", "--no-workload", *args],
+                              env=dict(os.environ, TMPDIR=str(tmp_path)), capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (args, done.stderr)
+        assert done.stderr.startswith(f"error: {want}"), (args, done.stderr)
+    assert not list(tmp_path.glob("phalanx-up-*")), "a refused start makes no state dir"
+
+
+CONFIGS = [
+    ("TLS", "c1", ["127.0.0.1:1"], "pki/c1/admin", {"cluster": "c1", "addresses": ["127.0.0.1:1"], "tls_dir": "pki/c1/admin"}),
+    ("plaintext", "c1", ["a:1", "b:2"], None, {"cluster": "c1", "addresses": ["a:1", "b:2"], "insecure": True}),
+]
+
+
+@pytest.mark.parametrize("cluster, addresses, tls_dir, want", [c[1:] for c in CONFIGS], ids=[c[0] for c in CONFIGS])
+def test_client_config_is_what_the_client_parses(cluster: str, addresses: list[str], tls_dir: str | None, want: dict) -> None:
+    from phalanx.client import parse_client_config
+
+    doc = client_config(cluster, addresses, tls_dir)
+    assert doc == want
+    parsed = parse_client_config(yaml.safe_dump(doc), Path("/state/config.yaml"))
+    assert parsed.cluster == cluster and list(parsed.addresses or ()) == addresses
+    assert parsed.insecure is (tls_dir is None)
+    assert parsed.tls_dir == (None if tls_dir is None else Path("/state") / tls_dir)
+
+
+def test_security_args() -> None:
+    from phalanx.up import Credentials
+
+    creds = Credentials(Path("/s/servers"), Path("/s/admin"), Path("/e/coord"), Path("/e/agent"), Path("/e/root"))
+    assert security_args(None, "coordinator") == security_args(None, "agents") == ["--insecure"]
+    assert security_args(creds, "coordinator") == ["--tls-dir", "/s/servers", "--etcd-tls-dir", "/e/coord"]
+    assert security_args(creds, "agents") == ["--tls-dir", "/s/servers", "--etcd-tls-dir", "/e/agent"]
