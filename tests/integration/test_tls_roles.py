@@ -127,7 +127,9 @@ async def test_roles_queues_owners_and_priority(local_cluster: LocalCluster, pki
 def test_bad_policy_stops_the_coordinator(tmp_path: Path, etcd_endpoint: str) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("max_priority:\n  viewer: 5\n")
-    base = [sys.executable, "-m", "coordinator", "--az", AZ, "--id", "c9", "--etcd", etcd_endpoint, "--policy", str(policy)]
+    # --insecure: so that the missing TLS flags are not the first error.
+    base = [sys.executable, "-m", "coordinator", "--az", AZ, "--id", "c9", "--etcd", etcd_endpoint, "--policy", str(policy),
+            "--insecure"]
     for extra, words in (([], ("--policy", "needs --tls-dir")), (["--tls-dir", str(tmp_path)], ("max_priority.viewer",))):
         res = subprocess.run(base + extra, capture_output=True, text=True, cwd=REPO, timeout=60)
         errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
