@@ -15,7 +15,7 @@ import pytest
 
 from phalanx import certs, wire
 from phalanx.certs import Identity
-from phalanx.tls import TlsFiles, secure_channel
+from phalanx.tls import TlsFiles, channel_credentials, coordinator_server_name
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 from phalanx.v1 import peer_pb2 as ppb
@@ -71,7 +71,12 @@ def pki(local_cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def _channel(c: LocalCluster, address: str, files: TlsFiles, cluster: str | None = None) -> grpc.aio.Channel:
-    return secure_channel(address, files, cluster=cluster or c.cluster)
+    """A channel presenting ``files`` (checked as a certificate of
+    ``cluster``, default the test's) that verifies the server as the test
+    cluster's coordinator, as every phalanx client does: so what refuses a
+    foreign caller is the server, not the caller's own name check."""
+    return grpc.aio.secure_channel(address, channel_credentials(files, cluster=cluster or c.cluster),
+                                   options=[("grpc.ssl_target_name_override", coordinator_server_name(c.cluster))])
 
 
 async def _register(address: str, c: LocalCluster, files: TlsFiles, node: str) -> tuple[Any, Any]:
