@@ -94,14 +94,24 @@ async def test_unknown_ids_cancel_of_finished_oversized_and_cross_az(local_clust
         await stub.SubmitGang(gpb.SubmitGangRequest(spec=huge))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
-    # A peer call from nobody (no caller identity, no slice) is refused: no change.
-    peer = pgrpc.CoordinatorPeerStub(c._channels[c.coordinators["a0"].address])
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await peer.Prepare(ppb.PrepareRequest(gang=g.id, incarnation=1))
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await peer.Commit(ppb.DecisionRequest(gang=g.id, incarnation=1))
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    # Peer calls with a coordinator certificate of this cluster (so the
+    # certificate's role is not what refuses them; test_tls_peers covers
+    # that). From nobody (no caller identity): refused, since under TLS the
+    # caller must be the leader of the AZ it names. From the leader's own
+    # identity without a slice: the request itself is refused. No change.
+    info = await c.leader(AZ)
+    me = ppb.PeerIdentity(az=AZ, epoch=info.epoch, coordinator_id=info.coordinator_id)
+    async with c.channel(c.coordinators["a0"].address, role="coordinator", name=info.coordinator_id) as ch:
+        peer = pgrpc.CoordinatorPeerStub(ch)
+        for call in (peer.Prepare(ppb.PrepareRequest(gang=g.id, incarnation=1)),
+                     peer.Commit(ppb.DecisionRequest(gang=g.id, incarnation=1))):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED, err.value.details()
+            assert "no leader" in err.value.details(), err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await peer.Prepare(ppb.PrepareRequest(caller=me, gang=g.id, incarnation=1))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     assert await gang_keys(c) == before
 
     # Cross-AZ gangs are accepted since issue 3 (two-phase reservations).
