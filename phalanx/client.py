@@ -822,6 +822,9 @@ class AsyncClient:
         code = last.error.code()
         details = last.error.details() or code.name
         hint = _tls_hint(details, self._tls is not None) if code == grpc.StatusCode.UNAVAILABLE else ""
+        if self._token is not None and code == grpc.StatusCode.UNAVAILABLE:
+            hint = (" (with a bearer token: dial a coordinator's --token-listen port; its certificate port "
+                    "refuses a client without a certificate at the handshake)")
         if why:
             hint = f" (TLS: {why})"
         return _translate(last.error, last.address, f"{method}: no coordinator could answer (tried {where}): {details}{hint}")

@@ -20,7 +20,8 @@ import pytest
 from coordinator.tokens import hash_token, new_token
 from phalanx.certs import coordinator_server_name
 from phalanx.client import AsyncClient, ClientConfigError
-from phalanx.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PhalanxError
+from coordinator.store import Put
+from phalanx.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PhalanxError
 from phalanx.v1 import gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 from tests.integration.harness import REPO, LocalCluster, tiny
 
@@ -104,6 +105,12 @@ async def test_bearer_tokens(local_cluster: LocalCluster, tmp_path: Path) -> Non
     async with AsyncClient(taddr, timeout=10, tls_dir=ca, token=t2) as alice:
         assert (await alice.get(gang.id)).id == gang.id
     assert set(await c.etcd_gangs()) == {gang.id}
+
+    # The certificate port asks every client for a certificate: a token
+    # client there is told to dial the token port.
+    async with AsyncClient(c.coordinators["c1"].address, timeout=3, tls_dir=ca, token=t2) as client:
+        with pytest.raises(PhalanxError, match="--token-listen"):
+            await client.get(gang.id)
 
     # A token is never sent in plaintext (the SDK refuses before dialling).
     with pytest.raises(ClientConfigError, match="only over TLS"):
@@ -211,4 +218,24 @@ async def test_policy_as_data(local_cluster: LocalCluster, tmp_path: Path) -> No
         # bob's own override (50) is above the submitter maximum.
         assert (await client.submit(tiny("bob-hi", members=1, queue="a", priority=40))).gang.owner == "submitter/bob"
     async with AsyncClient(c1.address, timeout=10, tls_dir=eve) as client:
+        assert {alices.id, bobs.id} <= {g.id for g in await client.list()}
+
+    # A record written by hand that does not validate is applied by nobody:
+    # calls that need it are DATA_LOSS naming the key and its revision,
+    # and an admin replaces it with that revision.
+    await c.store.txn([], [Put(c.store.keys.policy(), {"format": 1, "policy": {"visibility": "everyone"}})])
+    bad_rev, _ = await _record(c)
+    async with AsyncClient(c1.address, timeout=10, tls_dir=admin) as client:
+        with pytest.raises(DataLoss, match=f"revision {bad_rev}.*visibility"):
+            await client.get_policy()
+        deadline = time.monotonic() + SETTLE_S
+        while True:  # c1 may still hold the good copy for its staleness bound
+            try:
+                await client.list()
+            except DataLoss:
+                break
+            assert time.monotonic() < deadline, "c1 kept applying a policy etcd no longer holds"
+            await asyncio.sleep(0.2)
+        fixed = await client.set_policy({}, bad_rev)
+        assert fixed.revision > bad_rev and (await client.get_policy())[0]["visibility"] == "all"
         assert {alices.id, bobs.id} <= {g.id for g in await client.list()}
