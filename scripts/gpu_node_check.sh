@@ -501,8 +501,12 @@ EOF
             ADDR=$(grep -o 'address=[^ ]*' "$WORK/logs/coordinator.out" | head -1 | cut -d= -f2)
             echo "coordinator ready at $ADDR (pid $COORD_PID)"
             mkdir -p "$WORK/agent-state"
+            # The check's members are its own python (under the repo, maybe in a
+            # 0700 home) and need the GPUs: the CLI's owner (admin/gpucheck) runs
+            # them as root, explicitly allowed; any other owner as nobody.
+            printf 'default: nobody\nowners:\n  admin/gpucheck: root\nallow_root: [admin/gpucheck]\n' >"$WORK/run-as.yaml"
             agent_args=(--az "$AZ" --etcd "$EP" --node "$NODE" --state-dir "$WORK/agent-state" --timings "$timings"
-                --tls-dir "$WORK/pki" --etcd-tls-dir "$WORK/etcd-pki/phalanx-$CLUSTER-agent")
+                --tls-dir "$WORK/pki" --etcd-tls-dir "$WORK/etcd-pki/phalanx-$CLUSTER-agent" --run-as "$WORK/run-as.yaml")
             if [ "$DRY" = 1 ]; then
                 agent_args+=(--nvml-recording "$FIXTURE/nvml.json" --sysfs-recording "$FIXTURE/sysfs.json")
             fi
