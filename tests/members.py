@@ -40,8 +40,11 @@ def reachable_by_others(path: str | os.PathLike[str]) -> bool:
 
 
 def _member_python() -> str:
-    for candidate in (sys.executable, shutil.which("python3", path=os.defpath), shutil.which("python3")):
-        if candidate and reachable_by_others(candidate):
+    # The system's interpreters (os.defpath: /bin, /usr/bin) rather than a
+    # PATH search: PATH may lead into the same closed virtualenv.
+    system = [os.path.join(d, "python3") for d in os.defpath.split(os.pathsep) if d]
+    for candidate in (sys.executable, *system):
+        if os.path.exists(candidate) and reachable_by_others(candidate):
             return candidate
     return sys.executable  # then the agent is not root here: members run as the suite's user
 

@@ -18,9 +18,17 @@ import pytest
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node
+from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
 AZ = "az-a"
+
+
+@pytest.fixture
+def tmp_path(member_tmp: Path) -> Path:
+    """Here ``tmp_path`` is a directory members can reach (they run as nobody
+    when the suite runs as root); ``writable`` makes their output dirs."""
+    return writable(member_tmp / "t")
 
 # A member that records its environment, then runs until told to stop.
 ENV_DUMP = (
@@ -33,10 +41,11 @@ ENV_DUMP = (
 
 
 def member(out: Path, seconds: float) -> list[str]:
-    return [sys.executable, "-c", ENV_DUMP, str(out), str(seconds)]
+    return [MEMBER_PYTHON, "-c", ENV_DUMP, str(out), str(seconds)]
 
 
-def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failpoints: Path | None = None, leaf: str = "l0") -> subprocess.Popen:
+def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failpoints: Path | None = None, leaf: str = "l0",
+               extra: tuple[str, ...] = ()) -> subprocess.Popen:
     env = dict(os.environ)
     if failpoints is not None:
         env["PHALANX_FAILPOINTS_FILE"] = str(failpoints)
@@ -45,7 +54,7 @@ def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failp
          "--spine", "s0", "--leaf", leaf, "--state-dir", str(state_dir), "--history", str(history),
          "--timings", c._timings_json(), "--log-level", "INFO",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),
-         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"), *c.agent_args(node)],
+         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"), *c.agent_args(node), *extra],
         stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "a"), text=True, cwd=REPO, env=env,
     )
     ready, _, _ = select.select([p.stdout], [], [], 30)
@@ -112,7 +121,7 @@ async def two_agents(local_cluster: LocalCluster, tmp_path: Path):
 async def test_members_see_exactly_their_environment(two_agents, tmp_path: Path) -> None:
     c, _ = two_agents
     out = tmp_path / "env"
-    out.mkdir()
+    writable(out)
     spec = pb.GangSpec(name="envs", members=4, resources=pb.Resources(gpus=4, rdma_nics=4), run=pb.RunSpec(command=member(out, 0.5)))
     g = await c.submit(spec)
     done = await c.wait_state(g.id, TERMINAL, timeout=60)
@@ -137,7 +146,7 @@ async def test_members_see_exactly_their_environment(two_agents, tmp_path: Path)
 async def test_killed_member_restarts_the_whole_gang_one_incarnation_at_a_time(two_agents, tmp_path: Path) -> None:
     c, _ = two_agents
     out = tmp_path / "env"
-    out.mkdir()
+    writable(out)
     spec = pb.GangSpec(name="restart-me", members=2, resources=pb.Resources(gpus=8),
                        run=pb.RunSpec(command=member(out, 300)), policy=pb.Policy(max_restarts=2))
     g = await c.submit(spec)
@@ -190,7 +199,7 @@ async def test_cut_off_agent_fences_and_gang_is_replaced_only_after_its_deadline
     try:
         await c.wait_nodes_ready(AZ, 2)
         out = tmp_path / "env"
-        out.mkdir()
+        writable(out)
         spec = pb.GangSpec(name="one-node", members=1, resources=pb.Resources(gpus=8), run=pb.RunSpec(command=member(out, 300)))
         g = await c.submit(spec)
         running = await c.wait_state(g.id, {pb.GANG_STATE_RUNNING})
@@ -226,7 +235,7 @@ async def test_cut_off_agent_fences_and_gang_is_replaced_only_after_its_deadline
 async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(two_agents, tmp_path: Path) -> None:
     c, procs = two_agents
     out = tmp_path / "env"
-    out.mkdir()
+    writable(out)
     keep = await c.submit(pb.GangSpec(name="keep", members=1, resources=pb.Resources(gpus=4), run=pb.RunSpec(command=member(out, 300))))
     drop = await c.submit(pb.GangSpec(name="drop", members=1, resources=pb.Resources(gpus=4), run=pb.RunSpec(command=member(out, 300))))
     k = await c.wait_state(keep.id, {pb.GANG_STATE_RUNNING})

@@ -23,8 +23,16 @@ from coordinator.core.records import NodeRecord
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node
 from tests.integration.test_gang_runtime import AZ, agent_proc
+from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def tmp_path(member_tmp: Path) -> Path:
+    """Here ``tmp_path`` is a directory members can reach (they run as nobody
+    when the suite runs as root); ``writable`` makes their output dirs."""
+    return writable(member_tmp / "t")
 
 # Below the ephemeral range, away from the agents' default range: other tests
 # on this host never hold these ports.
@@ -82,7 +90,7 @@ sys.exit(3 if rank == 1 and inc == fail_inc else 0)
 
 
 def member(out: Path, *, leftover_inc: int = 0, fail_inc: int = 0) -> list[str]:
-    return [sys.executable, "-c", MEMBER, str(out), str(leftover_inc), str(fail_inc)]
+    return [MEMBER_PYTHON, "-c", MEMBER, str(out), str(leftover_inc), str(fail_inc)]
 
 
 def results(out: Path, inc: int) -> dict[int, dict]:
@@ -132,7 +140,7 @@ async def test_agents_advertise_their_address_and_ports(agents: LocalCluster) ->
 async def test_members_on_two_nodes_meet_at_master_addr_and_port(agents: LocalCluster, tmp_path: Path) -> None:
     c = agents
     out = tmp_path / "out"
-    out.mkdir()
+    writable(out)
     spec = pb.GangSpec(name="meet", members=2, resources=pb.Resources(gpus=8), run=pb.RunSpec(command=member(out)))
     g = await c.submit(spec)
     done = await c.wait_state(g.id, TERMINAL, timeout=90)
@@ -145,7 +153,7 @@ async def test_members_on_two_nodes_meet_at_master_addr_and_port(agents: LocalCl
 async def test_a_restarted_gang_gets_a_port_that_is_free_again(agents: LocalCluster, tmp_path: Path) -> None:
     c = agents
     out = tmp_path / "out"
-    out.mkdir()
+    writable(out)
     # Incarnation 1: the exchange works, rank 0 leaves a process holding its
     # port, rank 1 exits 3. Incarnation 2 must meet on another, free port.
     spec = pb.GangSpec(name="again", members=2, resources=pb.Resources(gpus=8),
@@ -189,7 +197,7 @@ async def test_simulated_nodes_of_phalanx_up_meet_on_loopback(local_cluster: Loc
             slices[n] = rec.ports
         assert slices == {"s0": (30300, 30349), "s1": (30350, 30399)}, "disjoint slices of one host's block"
         out = tmp_path / "out"
-        out.mkdir()
+        writable(out)
         g = await c.submit(pb.GangSpec(name="sim-meet", members=2, resources=pb.Resources(gpus=8),
                                        run=pb.RunSpec(command=member(out))))
         done = await c.wait_state(g.id, TERMINAL, timeout=90)

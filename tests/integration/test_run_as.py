@@ -8,7 +8,7 @@ gang's owner reaches the agent and its --run-as file decides.
 
 Switching users needs root: where the suite does not run as root these
 tests are skipped (the agent then runs members as itself; the decision table
-in tests/unit/test_run_as.py covers that case)."""
+in tests/unit/test_run_as_policy.py covers that case)."""
 
 from __future__ import annotations
 
