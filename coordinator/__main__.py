@@ -18,6 +18,7 @@ from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
 from coordinator.tokens import TokenFileError, load_tokens
+from phalanx.errors import StoreDenied
 from phalanx.tls import TlsError, TlsFiles, etcd_files
 from phalanx.usage import OneLineParser
 
@@ -111,9 +112,14 @@ async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: 
         loop.add_signal_handler(sig, coord.stop)
     try:
         address = await coord.start()
-    except TlsError as exc:  # the --tls-dir files: which file, which check
+    except TlsError as exc:  # the --tls-dir or --etcd-tls-dir files: which file, which check
         await coord.close()
-        print(f"error: --tls-dir: {exc}", file=sys.stderr)
+        flag = "--etcd-tls-dir" if etcd_tls is not None and exc.path in map(str, etcd_tls.paths()) else "--tls-dir"
+        print(f"error: {flag}: {exc}", file=sys.stderr)
+        return 2
+    except StoreDenied as exc:  # the etcd user of --etcd-tls-dir may not do this: not transient
+        await coord.close()
+        print(f"error: --etcd-tls-dir: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # --listen names a host that does not resolve, or a port that is taken
         await coord.close()
@@ -122,6 +128,9 @@ async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: 
     print(f"PHALANX_COORDINATOR_READY id={config.coordinator_id} az={config.az} address={address}", flush=True)
     try:
         await coord.run()
+    except StoreDenied as exc:  # e.g. an agent's etcd user: it cannot campaign, retrying changes nothing
+        print(f"error: --etcd-tls-dir: {exc}", file=sys.stderr)
+        return 2
     finally:
         await coord.close()
     return 0

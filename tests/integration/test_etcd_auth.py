@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -127,6 +130,50 @@ async def test_agent_credentials_read_token_keys_and_write_nothing(etcd: Etcd) -
         assert {k: await root.get(k) for k in (leader, resv)} == before
         assert await root.get("/phalanx/c1/gangs/g1") is None
         await root.txn([], [Delete("/phalanx/c1/", prefix=True)])
+
+
+def test_a_coordinator_process_with_the_agents_credentials_writes_nothing(etcd: Etcd) -> None:
+    """The Must-hold, end to end: a real coordinator started with the
+    agent's etcd directory cannot campaign (its leader-key write is
+    refused), ends saying which etcd user was denied what, and etcd, read
+    directly with etcdctl as root, holds exactly what it held before."""
+    leader = "/phalanx/c1/leader/az-a"
+    etcdctl(etcd, "put", "/phalanx/c1/reservations/az-a/g1", '{"status":"HELD"}')
+    before = etcdctl(etcd, "get", "--prefix", "/phalanx/", "-w", "json")
+    agent_dir = etcd.user(C1, "agent").ca.parent
+    # --insecure only for the gRPC side (no --tls-dir): etcd is reached over
+    # TLS with the agent's certificate.
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator", "--cluster", C1, "--az", "az-a", "--id", "c0",
+         "--etcd", etcd.endpoint, "--etcd-tls-dir", str(agent_dir), "--insecure", "--timings", "fast"],
+        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --etcd-tls-dir: etcd denied"), proc.stderr[-2000:]
+    assert "etcd denied" in proc.stderr and "'phalanx-c1-agent'" in proc.stderr and leader in proc.stderr, proc.stderr[-2000:]
+    after = etcdctl(etcd, "get", "--prefix", "/phalanx/", "-w", "json")
+    # The key-values alone: the header's raft term may differ.
+    assert json.loads(after).get("kvs") == json.loads(before).get("kvs")
+    assert "leader" not in etcdctl(etcd, "get", "--prefix", "--keys-only", "/phalanx/c1/")
+    etcdctl(etcd, "del", "--prefix", "/phalanx/c1/")
+
+
+def test_a_coordinator_with_a_mismatched_etcd_key_names_the_file(etcd: Etcd, tmp_path: Path) -> None:
+    good = etcd.user(C1, "coordinator")
+    other = etcd.user(C1, "agent")
+    d = tmp_path / "mixed"
+    d.mkdir()
+    for src, name in ((good.ca, "ca.crt"), (good.cert, "client.crt"), (other.key, "client.key")):
+        shutil.copy(src, d / name)
+    proc = subprocess.run(
+        [sys.executable, "-m", "coordinator", "--cluster", C1, "--az", "az-a", "--id", "c0",
+         "--etcd", etcd.endpoint, "--etcd-tls-dir", str(d), "--insecure"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --etcd-tls-dir: {d / 'client.key'}: key mismatch: not the key of {d / 'client.crt'}"), proc.stderr
 
 
 async def test_plaintext_foreign_ca_and_unknown_user_are_refused(etcd: Etcd, tmp_path: Path) -> None:
