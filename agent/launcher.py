@@ -70,7 +70,10 @@ ExitCallback = Callable[..., Awaitable[None] | None]
 
 class Launcher(Protocol):
     async def start(self, launch: MemberLaunch) -> MemberHandle:
-        """Start a member; return once it is started (the process exists)."""
+        """Start a member; return once it is started (the process exists).
+        Raises when the member must not run at all (``agent.process.RunAsRefused``:
+        its owner's run-as policy); nothing was started, and the agent fails
+        the member with the exception's text as its reason."""
 
     async def stop(self, key: MemberKey, grace_s: float) -> None:
         """Stop a member: SIGTERM to its group, SIGKILL after ``grace_s``.
