@@ -842,7 +842,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--name", required=True, help="who: a user, a service, an agent or coordinator id")
     q.add_argument("--queues", default=None, help="submitter only (required): the queues it may use, comma-separated")
     q.add_argument("--node", default=None, help="agent only (required): the node it may register as")
-    q.add_argument("--hosts", default=None, help="coordinator only: DNS names and IPs clients dial, comma-separated (default localhost,127.0.0.1,::1)")
+    q.add_argument("--hosts", default=None, help="coordinator only: DNS names and IPs other TLS clients dial, comma-separated (default "
+                        "localhost,127.0.0.1,::1); coordinators.<cluster>.phalanx.invalid, the name phalanx's own "
+                        "clients check, is always added")
     q.add_argument("--days", type=_int_in(1, 36600), default=365, help="validity (default 365; not beyond the CA's)")
     q = actions.add_parser("etcd-init", help="create etcd's own CA and its members' certificate: DIR/ca.crt ca.key server.crt server.key")
     q.add_argument("--dir", required=True, help="directory for the etcd CA (created 0700; not the Phalanx CA's)")

@@ -474,13 +474,14 @@ def _tls_hint(details: str, tls: bool) -> str:
     """What to add to "no coordinator could answer" when the reason may be TLS."""
     low = details.lower()
     if tls and any(w in low for w in _TLS_WORDS):
-        return (" (TLS handshake failed: the coordinator's certificate does not verify against this client's ca.crt"
-                " or does not name this host, or the coordinator serves plaintext)")
+        return (" (TLS handshake failed: the server's certificate does not verify against this client's ca.crt"
+                " or is not a coordinator certificate of its cluster, or the coordinator serves plaintext)")
     if tls:
         return (" (connecting with TLS: a coordinator that closes the connection at once refused this client's"
                 " certificate: another CA, expired, or not yet valid)")
     if "socket closed" in low or "connection reset" in low or "handshake" in low:
-        return " (connecting in plaintext: if the coordinator serves TLS, set $PHALANX_TLS_DIR or --tls-dir)"
+        return (" (connecting in plaintext, chosen by --insecure/PHALANX_INSECURE: if the coordinator serves TLS,"
+                " give credentials: --tls-dir, $PHALANX_TLS_DIR or $PHALANX_CONFIG)")
     return ""
 
 
