@@ -6,9 +6,12 @@ account's groups only (not the agent's), and a work dir of its own as cwd,
 HOME and PHALANX_WORK_DIR; its log stays the agent's. Through a cluster: the
 gang's owner reaches the agent and its --run-as file decides.
 
+An agent that is not root (a launcher in a process running as nobody)
+runs its members as itself, even where the policy says root, and says so.
+
 Switching users needs root: where the suite does not run as root these
-tests are skipped (the agent then runs members as itself; the decision table
-in tests/unit/test_run_as_policy.py covers that case)."""
+tests are skipped (the decision table in tests/unit/test_run_as_policy.py
+covers every case)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,9 @@ import json
 import os
 import pwd
 import stat
+import subprocess
+import sys
+import sysconfig
 import uuid
 from pathlib import Path
 
@@ -29,7 +35,7 @@ from agent.shim import LEASE_FILE, LeaseWriter
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster
 from tests.integration.test_gang_runtime import AZ, agent_proc
-from tests.members import member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
+from tests.members import MEMBER_PYTHON, member_tmp, reachable_by_others, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = [
     pytest.mark.integration,
@@ -240,3 +246,54 @@ async def test_gang_of_an_owner_mapped_to_root_fails_with_the_reason_and_runs_no
         assert not marker.exists(), "a refused member must not run"
     finally:
         stop_agent(p)
+
+
+# --------------------------------------------------------------------------- #
+# An agent that is not root runs members as itself
+# --------------------------------------------------------------------------- #
+
+# A launcher in a process running as nobody, with a policy whose default is
+# root: it cannot switch, so the member runs as nobody too (never refused,
+# never root), and the launcher says so once.
+NON_ROOT_AGENT = r"""
+import asyncio, logging, sys
+from pathlib import Path
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(levelname)s %(message)s")
+from agent.core.run_as import Account, RunAsPolicy
+from agent.launcher import MemberKey, MemberLaunch
+from agent.process import ProcessLauncher
+
+async def main():
+    codes, done = {}, asyncio.Event()
+    def on_exit(key, code, ended=None):
+        codes[key] = code
+        done.set()
+    launcher = ProcessLauncher(Path(sys.argv[1]), "non-root-agent", on_exit,
+                               run_as=RunAsPolicy(default=Account("root", 0, 0, (0,))))
+    m = MemberLaunch(key=MemberKey("g", 1, 0), world_size=1, local_rank=0, local_world_size=1, gpus=(), nics=(),
+                     command=("/bin/sh", "-c", "echo member-uid=$(id -u)"), owner="admin/eve")
+    await launcher.start(m)
+    await asyncio.wait_for(done.wait(), 20)
+    print("code=%d" % codes[m.key])
+    print(launcher.log_path(m.key).read_text())
+    await launcher.close()
+
+asyncio.run(main())
+"""
+
+
+def test_an_agent_that_is_not_root_runs_members_as_itself_and_says_so(member_tmp: Path) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    site = sysconfig.get_paths()["purelib"]
+    same = subprocess.run([MEMBER_PYTHON, "-c", "import sys; print(sys.version_info[:2])"],
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+    if same != str(tuple(sys.version_info[:2])) or not all(reachable_by_others(p) for p in (repo, site)):
+        pytest.skip("no interpreter nobody can run with this checkout and its packages")
+    state = writable(member_tmp / "agent")
+    done = subprocess.run([MEMBER_PYTHON, "-c", NON_ROOT_AGENT, str(state / "state")], user=NOBODY.pw_uid,
+                          group=NOBODY.pw_gid, extra_groups=[], cwd=state, capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{site}"))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "code=0" in out and f"member-uid={NOBODY.pw_uid}" in out, out
+    assert out.count("not root: members run as this same user") == 1, out
