@@ -57,7 +57,13 @@ class Perm:
     range_end: bytes
 
     def describe(self) -> str:
-        return f"{_PERM_NAMES.get(self.kind, self.kind)} [{self.key.decode()}, {self.range_end!r})"
+        kind = _PERM_NAMES.get(self.kind, str(self.kind))
+        key = self.key.decode(errors="replace")
+        if self.range_end == _prefix_end(key):
+            return f"{kind} prefix {key}"
+        if not self.range_end:
+            return f"{kind} key {key}"
+        return f"{kind} [{key}, {self.range_end.decode(errors='replace')})"
 
 
 def _prefix_end(prefix: str) -> bytes:

@@ -238,6 +238,21 @@ async def test_provision_is_idempotent_converges_and_unprovision_removes(etcd: E
             await s.get("/phalanx/c3/x")
 
 
+def test_cli_etcd_auth_provisions_and_removes(etcd: Etcd, capsys: pytest.CaptureFixture[str]) -> None:
+    from phalanx import cli
+
+    root_dir = str(etcd.root.ca.parent)
+    assert cli.main(["etcd-auth", "--etcd", etcd.endpoint, "--etcd-tls-dir", root_dir, "--cluster", "c4"]) == 0
+    out = capsys.readouterr().out
+    assert "role phalanx-c4-coordinator: readwrite prefix /phalanx/c4/\n" in out
+    assert "role phalanx-c4-agent: read prefix /phalanx/c4/leader/; read prefix /phalanx/c4/reservations/\n" in out
+    assert "user phalanx-c4-agent: roles phalanx-c4-agent" in out
+    assert asyncio.run(etcd_auth.describe(etcd.endpoint, etcd.root, "c4"))["users"]
+    assert cli.main(["etcd-auth", "--etcd", etcd.endpoint, "--etcd-tls-dir", root_dir, "--cluster", "c4", "--remove"]) == 0
+    assert "removed the etcd users and roles of cluster c4" in capsys.readouterr().out
+    assert asyncio.run(etcd_auth.describe(etcd.endpoint, etcd.root, "c4")) == {"users": {}, "roles": {}}
+
+
 async def test_provision_refuses_a_non_root_certificate(etcd: Etcd) -> None:
     with pytest.raises(etcd_auth.EtcdAuthError, match="phalanx-c1-coordinator"):
         await etcd_auth.provision(etcd.endpoint, etcd.user(C1, "coordinator"), C1)
