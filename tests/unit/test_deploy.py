@@ -6,12 +6,20 @@ Every container's arguments go through the real parsers (``kubelet``'s
 and the ConfigMaps), the timings ConfigMap through ``timings_from_mapping``,
 and each overlay's strategic-merge patches are applied with the few merge
 keys they use (containers and env by name), which is checked too.
+
+Credentials: real certificates (``phalanx.certs``, ``phalanx.etcd_pki``) are
+packed into Secrets by ``deploy/secrets.py``, "mounted" into a directory per
+pod as the kubelet would (Secret keys, ``items``, emptyDirs shared by the
+pod's containers), the agent pod's init step copies its node's files for
+real, and every ``--tls-dir`` / ``--etcd-tls-dir`` is then checked by the
+processes' own start-up checks.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import datetime
 import importlib.util
 import json
 import logging
@@ -27,6 +35,9 @@ import pytest
 import yaml
 
 import agent.__main__ as agent_main
+from phalanx import certs as phalanx_certs
+from phalanx import etcd_pki
+from phalanx import tls as phalanx_tls
 import coordinator.__main__ as coordinator_main
 from coordinator.config import CoordinatorConfig, Timings, timings_from_mapping
 from coordinator.store import parse_endpoints
@@ -41,7 +52,7 @@ PLACEHOLDER = "SET-BY-OVERLAY"
 
 # What the API server / kubelet would fill in through the downward API.
 FIELD_VALUES = {
-    "metadata.name": "phalanx-coordinator-az-a-6d5f8b7c9-x2x7k",
+    "metadata.name": "phalanx-coordinator-az-a-0",
     "metadata.namespace": "phalanx",
     "status.podIP": "10.42.3.17",
     "spec.nodeName": "gpu-017",
@@ -227,7 +238,7 @@ def test_base_is_in_the_phalanx_namespace_and_uses_one_image() -> None:
     assert (ns["kind"], ns["metadata"]["name"]) == ("Namespace", "phalanx")
     image_names = {i["name"] for i in kust.get("images", [])}
     for (kind, name), obj in base_objects().items():
-        if kind in ("Deployment", "DaemonSet"):
+        if kind in ("StatefulSet", "DaemonSet", "Job"):
             spec = pod_spec(obj)
             for c in spec.get("initContainers", []) + spec["containers"]:
                 assert c["image"] in image_names, f"{name}/{c['name']}: image {c['image']} is not set by kustomization images"
@@ -268,14 +279,23 @@ def test_etcd_configmap_is_usable_by_the_store() -> None:
 # --- coordinator ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,objects", contexts(), ids=CONTEXT_IDS)
-def test_coordinator_args_parse(name: str, objects: dict, keep_logging: None) -> None:
+def test_coordinator_args_parse(
+    name: str, objects: dict, keep_logging: None, secrets: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
     cms = configmaps(objects)
-    deploy = objects[("Deployment", "phalanx-coordinator")]
-    container = only(pod_spec(deploy)["containers"], "coordinator")
+    deploy = objects[("StatefulSet", "phalanx-coordinator")]
+    spec = pod_spec(deploy)
+    container = only(spec["containers"], "coordinator")
     full = argv(container, cms)
     assert full[:3] == ["python", "-m", "coordinator"]
-    config = coordinator_main.parse_args(full[3:])
+    pod = Pod(tmp_path, spec, secrets)
+    # The etcd files are checked by the parser, the gRPC ones as the server
+    # loads them at start-up (its own certificate, named by its --id).
+    config, tls, _, etcd_tls = coordinator_main.parse_everything(pod.remap(full[3:], container))
     assert isinstance(config, CoordinatorConfig)
+    assert tls is not None and etcd_tls is not None
+    loaded = phalanx_tls.load(tls, cluster=config.cluster, use="server", now=datetime.datetime.now(datetime.timezone.utc))
+    assert loaded.identity.role == "coordinator" and loaded.identity.name == config.coordinator_id
     env = container_env(container, cms)
     assert config.az == env["PHALANX_AZ"]
     assert config.coordinator_id == FIELD_VALUES["metadata.name"]
@@ -290,14 +310,15 @@ def test_coordinator_args_parse(name: str, objects: dict, keep_logging: None) ->
 
 def test_coordinator_probes_and_service_use_the_served_port() -> None:
     objects = base_objects()
-    deploy = objects[("Deployment", "phalanx-coordinator")]
+    deploy = objects[("StatefulSet", "phalanx-coordinator")]
     container = only(pod_spec(deploy)["containers"], "coordinator")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"grpc": GRPC_PORT}
     for probe in ("readinessProbe", "livenessProbe"):
-        # The native gRPC probe: standard health checking, service "".
-        assert container[probe]["grpc"]["port"] == GRPC_PORT, probe
-        assert container[probe]["grpc"].get("service", "") == ""
+        # A TCP probe: the kubelet's gRPC probe dials plaintext without a
+        # client certificate, which the TLS-only server refuses.
+        assert set(container[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"tcpSocket"}, probe
+        assert container[probe]["tcpSocket"]["port"] in (GRPC_PORT, "grpc"), probe
     service = objects[("Service", "phalanx-coordinator")]
     (port,) = service["spec"]["ports"]
     assert port["port"] == GRPC_PORT and port["targetPort"] in ("grpc", GRPC_PORT)
@@ -306,10 +327,13 @@ def test_coordinator_probes_and_service_use_the_served_port() -> None:
     assert deploy["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     pdb = objects[("PodDisruptionBudget", "phalanx-coordinator")]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    # A StatefulSet's pods are named <name>-<ordinal>: the --id and the
+    # certificate name are known before the pod exists.
+    assert deploy["spec"]["serviceName"] == service["metadata"]["name"]
 
 
 def test_coordinator_replicas_spread_over_nodes() -> None:
-    deploy = base_objects()[("Deployment", "phalanx-coordinator")]
+    deploy = base_objects()[("StatefulSet", "phalanx-coordinator")]
     assert deploy["spec"]["replicas"] == 2
     spec = pod_spec(deploy)
     (term,) = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
@@ -321,7 +345,7 @@ def test_coordinator_replicas_spread_over_nodes() -> None:
 # --- agent ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name,objects", contexts(), ids=CONTEXT_IDS)
-def test_agent_args_parse(name: str, objects: dict) -> None:
+def test_agent_args_parse(name: str, objects: dict, secrets: dict[str, dict[str, bytes]], tmp_path: Path) -> None:
     cms = configmaps(objects)
     ds = objects[("DaemonSet", "phalanx-agent")]
     spec = pod_spec(ds)
@@ -329,6 +353,17 @@ def test_agent_args_parse(name: str, objects: dict) -> None:
     full = argv(container, cms)
     assert full[:3] == ["python", "-m", "agent"]
     a = agent_main.build_parser().parse_args(full[3:])
+    # Credentials: the init step copies this node's files, then the agent's
+    # own start-up checks pass on what it finds.
+    pod = Pod(tmp_path, spec, secrets)
+    pod.run_init(only(spec["initContainers"], "agent-tls"), cms)
+    creds = agent_main.build_parser().parse_args(pod.remap(full[3:], container))
+    assert agent_main.required_flags_error(creds) is None
+    files = agent_main.tls_files(creds)
+    assert files is not None and sorted(p.name for p in Path(creds.tls_dir).iterdir()) == sorted(
+        p.name for p in files.paths()
+    ), "the agent container holds its own node's certificate and nothing else"
+    assert agent_main.etcd_tls_files(creds) is not None
     env = container_env(container, cms)
     assert a.az == env["PHALANX_AZ"]
     assert a.node == FIELD_VALUES["spec.nodeName"]
@@ -405,6 +440,221 @@ def test_agent_api_access_is_get_nodes_for_the_init_container_only() -> None:
     assert mount["mountPath"] == script.SA_DIR
 
 
+# --- credentials: Secrets, mounts, the init step, the etcd-auth Job -------------------------------
+
+
+
+def load_secrets_script():
+    spec = importlib.util.spec_from_file_location("phalanx_deploy_secrets", DEPLOY / "secrets.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def cluster_of_config() -> str:
+    return configmaps(base_objects())["phalanx-etcd"]["cluster"]
+
+
+def coordinator_pod_names() -> list[str]:
+    """What each overlay's StatefulSet names its pods: <name><suffix>-<ordinal>."""
+    sts = base_objects()[("StatefulSet", "phalanx-coordinator")]
+    names = []
+    for overlay in OVERLAYS:
+        (kust,) = load_docs(overlay / "kustomization.yaml")
+        names += [f"{sts['metadata']['name']}{kust['nameSuffix']}-{i}" for i in range(sts["spec"]["replicas"])]
+    return names
+
+
+def make_pki(root: Path) -> tuple[Path, Path]:
+    """The files an operator makes with ``phalanx certs`` (deploy/README.md)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cluster = cluster_of_config()
+    pki, etcd = root / "pki", root / "etcd-pki"
+    phalanx_certs.init_ca(pki, cluster, now=now)
+    for pod in coordinator_pod_names():
+        phalanx_certs.issue(pki, "coordinator", pod, now=now)
+    for node in (FIELD_VALUES["spec.nodeName"], "gpu-018"):
+        phalanx_certs.issue(pki, "agent", node, node=node, now=now)
+    etcd_pki.init(etcd, now=now)
+    for user in (etcd_pki.ROOT_USER, etcd_pki.user_for(cluster, "coordinator"), etcd_pki.user_for(cluster, "agent")):
+        etcd_pki.issue_client(etcd, user, now=now)
+    return pki, etcd
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, bytes]]:
+    """Secret name -> files, as deploy/secrets.py writes them for kubectl apply."""
+    import base64
+
+    root = tmp_path_factory.mktemp("deploy-pki")
+    pki, etcd = make_pki(root)
+    out = root / "secrets.yaml"
+    rc = load_secrets_script().main(["--pki", str(pki), "--etcd-pki", str(etcd), "--cluster", cluster_of_config(),
+                                     "--out", str(out)])
+    assert rc == 0
+    assert out.stat().st_mode & 0o077 == 0, "the file holds private keys"
+    got = {}
+    for doc in load_docs(out):
+        assert doc["kind"] == "Secret" and doc["metadata"]["namespace"] == "phalanx"
+        got[doc["metadata"]["name"]] = {k: base64.b64decode(v) for k, v in doc["data"].items()}
+    return got
+
+
+class Pod:
+    """A pod's volumes as files under ``root``, as the kubelet mounts them:
+    a Secret volume holds its keys (only ``items``, under their paths, when
+    given; a missing key fails the pod), an emptyDir is one directory that
+    every container of the pod mounting it shares."""
+
+    def __init__(self, root: Path, spec: dict[str, Any], secrets: dict[str, dict[str, bytes]]) -> None:
+        self.root = root
+        self.volumes: dict[str, Path] = {}
+        for v in spec["volumes"]:
+            d = root / "volumes" / v["name"]
+            if "secret" in v:
+                name = v["secret"]["secretName"]
+                assert name in secrets, f"volume {v['name']}: Secret {name} is not one deploy/secrets.py makes"
+                data = secrets[name]
+                items = v["secret"].get("items") or [{"key": k, "path": k} for k in data]
+                d.mkdir(parents=True)
+                for item in items:
+                    assert item["key"] in data, f"volume {v['name']}: Secret {name} has no key {item['key']}"
+                    (d / item["path"]).write_bytes(data[item["key"]])
+                    (d / item["path"]).chmod(v["secret"].get("defaultMode", 0o644))
+                self.volumes[v["name"]] = d
+            elif "emptyDir" in v:
+                d.mkdir(parents=True)
+                self.volumes[v["name"]] = d
+
+    def path(self, container: dict[str, Any], path: str) -> Path:
+        """Where ``path`` in ``container`` lands: a file of one of its mounts."""
+        for m in container.get("volumeMounts", []):
+            mp = m["mountPath"].rstrip("/")
+            if (path == mp or path.startswith(mp + "/")) and m["name"] in self.volumes:
+                return self.volumes[m["name"]] / path[len(mp):].lstrip("/")
+        raise AssertionError(f"{container['name']}: {path} is on no Secret or emptyDir volume it mounts")
+
+    def remap(self, args: list[str], container: dict[str, Any]) -> list[str]:
+        """``--tls-dir`` / ``--etcd-tls-dir`` pointed at where their mounts landed."""
+        out = []
+        for arg in args:
+            flag, eq, value = arg.partition("=")
+            if eq and flag in ("--tls-dir", "--etcd-tls-dir"):
+                arg = f"{flag}={self.path(container, value)}"
+            out.append(arg)
+        return out
+
+    def run_init(self, init: dict[str, Any], cms: dict[str, dict[str, str]]) -> None:
+        """Run an init container's shell script for real, its paths remapped."""
+        import subprocess
+
+        env = container_env(init, cms)
+        for name in ("SRC", "DST"):
+            env[name] = str(self.path(init, env[name]))
+        command = [expand(str(x), env) for x in init["command"]]
+        assert command[:2] == ["/bin/sh", "-c"]
+        done = subprocess.run([*command, *init["args"]], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+
+
+def test_secrets_hold_no_ca_key_and_every_coordinator_pod_has_its_certificate(
+    secrets: dict[str, dict[str, bytes]]
+) -> None:
+    mod = load_secrets_script()
+    assert set(secrets) == {mod.COORDINATOR_TLS, mod.AGENT_TLS, mod.ETCD_COORDINATOR, mod.ETCD_AGENT, mod.ETCD_ROOT}
+    for name, data in secrets.items():
+        assert not any(k.endswith("ca.key") for k in data), f"{name} holds a CA key"
+        assert not any(b"PRIVATE KEY" in v for k, v in data.items() if k == "ca.crt")
+    for pod in coordinator_pod_names():
+        assert {f"coordinator-{pod}.crt", f"coordinator-{pod}.key"} <= set(secrets[mod.COORDINATOR_TLS]), pod
+    # Each etcd Secret is the user it says.
+    for secret, user in ((mod.ETCD_COORDINATOR, etcd_pki.user_for(cluster_of_config(), "coordinator")),
+                         (mod.ETCD_AGENT, etcd_pki.user_for(cluster_of_config(), "agent")),
+                         (mod.ETCD_ROOT, etcd_pki.ROOT_USER)):
+        from cryptography import x509
+
+        assert etcd_pki.user_of(x509.load_pem_x509_certificate(secrets[secret]["client.crt"])) == user
+
+
+def test_secrets_script_names_a_missing_file_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pki, etcd = make_pki(tmp_path)
+    user = etcd_pki.user_for(cluster_of_config(), "agent")
+    (etcd / user / "client.key").unlink()
+    out = tmp_path / "secrets.yaml"
+    rc = load_secrets_script().main(["--pki", str(pki), "--etcd-pki", str(etcd), "--cluster", cluster_of_config(),
+                                     "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert err.startswith("error: ") and str(etcd / user / "client.key") in err and "etcd-user" in err
+
+
+def test_other_nodes_keys_reach_only_the_init_step_and_the_root_key_only_the_job() -> None:
+    """Members run in the agent container: it must not see every node's key
+    (they could register as another node), nor any container but the
+    etcd-auth Job etcd's root key."""
+    mod = load_secrets_script()
+    objects = base_objects()
+
+    def secrets_seen(spec: dict[str, Any], container: dict[str, Any]) -> set[str]:
+        by_volume = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+        return {by_volume[m["name"]] for m in container.get("volumeMounts", []) if m["name"] in by_volume}
+
+    seen: dict[str, set[str]] = {}
+    for (kind, name), obj in objects.items():
+        if kind in ("StatefulSet", "DaemonSet", "Job"):
+            spec = pod_spec(obj)
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                seen[f"{name}/{c['name']}"] = secrets_seen(spec, c)
+    assert seen["phalanx-agent/agent"] == {mod.ETCD_AGENT}
+    assert seen["phalanx-agent/agent-tls"] == {mod.AGENT_TLS}
+    assert seen["phalanx-coordinator/coordinator"] == {mod.COORDINATOR_TLS, mod.ETCD_COORDINATOR}
+    assert [k for k, v in seen.items() if mod.ETCD_ROOT in v] == ["phalanx-etcd-auth/etcd-auth"]
+    assert [k for k, v in seen.items() if mod.AGENT_TLS in v] == ["phalanx-agent/agent-tls"]
+    # The copy lives in memory, never on the node's disk.
+    spec = pod_spec(objects[("DaemonSet", "phalanx-agent")])
+    assert only(spec["volumes"], "agent-tls")["emptyDir"]["medium"] == "Memory"
+
+
+def test_agent_init_step_refuses_a_node_without_a_certificate(
+    secrets: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    import subprocess
+
+    objects = base_objects()
+    cms = configmaps(objects)
+    spec = pod_spec(objects[("DaemonSet", "phalanx-agent")])
+    init = only(spec["initContainers"], "agent-tls")
+    pod = Pod(tmp_path, spec, secrets)
+    env = {**container_env(init, cms), "NODE_NAME": "gpu-999"}
+    env["SRC"], env["DST"] = str(pod.path(init, env["SRC"])), str(pod.path(init, env["DST"]))
+    done = subprocess.run([*init["command"], *init["args"]], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "agent-gpu-999.crt" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name,objects", contexts(), ids=CONTEXT_IDS)
+def test_etcd_auth_job_runs_phalanx_etcd_auth_as_root(
+    name: str, objects: dict, secrets: dict[str, dict[str, bytes]], tmp_path: Path
+) -> None:
+    import phalanx.cli as cli
+
+    cms = configmaps(objects)
+    job = objects[("Job", "phalanx-etcd-auth")]
+    spec = pod_spec(job)
+    assert spec["restartPolicy"] == "OnFailure" and spec["automountServiceAccountToken"] is False
+    container = only(spec["containers"], "etcd-auth")
+    full = argv(container, cms)
+    assert full[:4] == ["python", "-m", "phalanx", "etcd-auth"]
+    pod = Pod(tmp_path, spec, secrets)
+    a = cli.build_parser().parse_args(pod.remap(full[3:], container))
+    assert a.cluster == cms["phalanx-etcd"]["cluster"] and a.etcd == cms["phalanx-etcd"]["endpoints"]
+    assert not a.remove
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert etcd_pki.check_client(etcd_pki.files(a.etcd_tls_dir), now=now)[3] == etcd_pki.ROOT_USER
+
+
 # --- overlays -------------------------------------------------------------------------------------
 
 def test_each_overlay_names_a_distinct_az() -> None:
@@ -420,7 +670,7 @@ def test_each_overlay_names_a_distinct_az() -> None:
         objects = overlay_objects(overlay)
         seen_az, seen_zone = set(), set()
         for key, container in (
-            (("Deployment", "phalanx-coordinator"), "coordinator"),
+            (("StatefulSet", "phalanx-coordinator"), "coordinator"),
             (("DaemonSet", "phalanx-agent"), "agent"),
         ):
             spec = pod_spec(objects[key])
@@ -439,7 +689,7 @@ def test_each_overlay_names_a_distinct_az() -> None:
 def test_base_alone_schedules_nowhere() -> None:
     """The base's AZ is a placeholder no node's zone matches."""
     objects = base_objects()
-    for key in (("Deployment", "phalanx-coordinator"), ("DaemonSet", "phalanx-agent")):
+    for key in (("StatefulSet", "phalanx-coordinator"), ("DaemonSet", "phalanx-agent")):
         assert zone_values(pod_spec(objects[key])) == [PLACEHOLDER]
 
 
