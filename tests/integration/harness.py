@@ -128,22 +128,9 @@ class LocalCluster:
         return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("coordinator"))]
 
     def agent_args(self, node: str) -> list[str]:
-        """The credential flags of ``python -m agent --node node``, and its
-        ``--run-as`` policy (``run_as_file``)."""
+        """The credential flags of ``python -m agent --node node``."""
         self.pki.agent(node)
-        return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("agent")),
-                "--run-as", str(self.run_as_file())]
-
-    def run_as_file(self) -> Path:
-        """A ``--run-as`` policy for real members of the harness's gangs
-        (submitted with the ``admin/tester`` certificate): they run as root,
-        explicitly allowed, because a test member is this interpreter, which
-        lives where ``nobody`` (the default account) cannot reach (a 0700
-        home). Every other owner runs as nobody, as by default."""
-        path = self.workdir / "run-as.yaml"
-        if not path.exists():
-            path.write_text("default: nobody\nowners:\n  admin/tester: root\nallow_root: [admin/tester]\n")
-        return path
+        return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("agent"))]
 
     def agents_tls(self, nodes: list[str]) -> dict[str, Any]:
         """``run_agents`` keyword arguments for simulated ``nodes`` of this
