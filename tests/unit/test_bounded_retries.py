@@ -22,6 +22,7 @@ from chaos.proxy import ProxyControl, ProxyError
 from chaos.workload import Recorder, Workload, plan
 from coordinator.store import Store, StoreUnavailable
 from phalanx.etcd_server import free_port
+from tests.pki import EtcdPki
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,8 +173,11 @@ async def test_retries_end_at_the_budget_with_the_last_error() -> None:
 
 # --- the recorder's final read ----------------------------------------------------------------------------------
 
-async def test_dump_gives_up_with_store_unavailable_after_its_timeout() -> None:
-    store = await Store([f"127.0.0.1:{free_port()}"], "unit", timeout=0.2).connect()  # nothing listens there
+async def test_dump_gives_up_with_store_unavailable_after_its_timeout(tmp_path) -> None:
+    # With etcd client credentials, as the chaos recorder runs (TLS is the default).
+    pki = EtcdPki(tmp_path / "etcd-pki")
+    tls = pki.role("unit", "coordinator")
+    store = await Store([f"127.0.0.1:{free_port()}"], "unit", timeout=0.2, tls=tls).connect()  # nothing listens there
     try:
         with pytest.raises(StoreUnavailable):
             await asyncio.wait_for(recorder.dump(store, timeout=0.5), timeout=60)
