@@ -72,6 +72,7 @@ class EtcdServer:
     # and peers. None: plaintext (only behind --insecure).
     tls_dir: Path | None = None
     proc: subprocess.Popen | None = None
+    last_health_error: Exception | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -174,7 +175,10 @@ class EtcdServer:
                 with urllib.request.urlopen(f"{self.client_url}/health", timeout=timeout) as resp:
                     return json.loads(resp.read()).get("health") in ("true", True)
             return self._healthy_tls(timeout)
-        except Exception:
+        except Exception as exc:
+            # Kept for wait_ready's error: over TLS a refused certificate
+            # (ssl.SSLError naming the check) is not the same as "not up yet".
+            self.last_health_error = exc
             return False
 
     def _healthy_tls(self, timeout: float) -> bool:
@@ -205,7 +209,8 @@ class EtcdServer:
             if self.healthy(0.5):
                 return self
             time.sleep(0.05)
-        raise TimeoutError(f"etcd {self.name} not healthy at {self.client_url} after {timeout}s")
+        last = f" (last: {self.last_health_error!r})" if self.last_health_error is not None else ""
+        raise TimeoutError(f"etcd {self.name} not healthy at {self.client_url} after {timeout}s{last}")
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:
