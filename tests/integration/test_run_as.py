@@ -9,7 +9,7 @@ gang's owner reaches the agent and its --run-as file decides.
 An agent that is not root (a launcher in a process running as nobody)
 runs its members as itself, even where the policy says root, and says so.
 
-Switching users needs root: where the suite does not run as root these
+Switching users needs root: where the suite does not run as root those
 tests are skipped (the decision table in tests/unit/test_run_as_policy.py
 covers every case)."""
 
@@ -37,10 +37,8 @@ from tests.integration.harness import TERMINAL, LocalCluster
 from tests.integration.test_gang_runtime import AZ, agent_proc
 from tests.members import MEMBER_PYTHON, member_tmp, reachable_by_others, writable  # noqa: F401 (member_tmp: a fixture)
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root"),
-]
+pytestmark = pytest.mark.integration
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 
 WAIT_S = 20.0  # an upper bound for something to happen, never a pass/fail timing
 NOBODY = pwd.getpwnam("nobody")
@@ -136,6 +134,7 @@ async def run_member(launcher: ProcessLauncher, exits: Exits, owner: str) -> tup
     return m, report(log), log
 
 
+@needs_root
 async def test_unmapped_owner_runs_as_nobody_with_its_own_groups_group_and_work_dir(launcher) -> None:
     launcher, exits = launcher
     m, seen, log = await run_member(launcher, exits, "queue/team-a")
@@ -156,12 +155,14 @@ async def test_unmapped_owner_runs_as_nobody_with_its_own_groups_group_and_work_
     assert "user=nobody" in log
 
 
+@needs_root
 async def test_mapped_owner_runs_as_the_mapped_ids_and_no_other_group(launcher) -> None:
     launcher, exits = launcher
     _, seen, log = await run_member(launcher, exits, "admin/mapped")
     assert (seen["uid"], seen["gid"], seen["groups"]) == ("4242", "4343", "4343"), log
 
 
+@needs_root
 async def test_owner_mapped_to_root_without_allow_root_is_refused_and_nothing_runs(launcher, member_tmp: Path) -> None:
     launcher, exits = launcher
     ran = writable(member_tmp / "out") / "ran"
@@ -180,6 +181,7 @@ async def test_owner_mapped_to_root_without_allow_root_is_refused_and_nothing_ru
     assert marked == [] and not ran.exists()
 
 
+@needs_root
 async def test_owner_in_allow_root_runs_as_root_with_roots_groups_only(launcher) -> None:
     launcher, exits = launcher
     _, seen, log = await run_member(launcher, exits, "admin/ops")
@@ -212,6 +214,7 @@ def stop_agent(p) -> None:
     p.stdout.close()
 
 
+@needs_root
 async def test_gang_owner_reaches_the_agent_and_runs_as_the_mapped_user(local_cluster: LocalCluster,
                                                                        member_tmp: Path) -> None:
     c = local_cluster
@@ -230,6 +233,7 @@ async def test_gang_owner_reaches_the_agent_and_runs_as_the_mapped_user(local_cl
         stop_agent(p)
 
 
+@needs_root
 async def test_gang_of_an_owner_mapped_to_root_fails_with_the_reason_and_runs_nothing(
         local_cluster: LocalCluster, member_tmp: Path) -> None:
     c = local_cluster
@@ -282,6 +286,7 @@ asyncio.run(main())
 """
 
 
+@needs_root
 def test_an_agent_that_is_not_root_runs_members_as_itself_and_says_so(member_tmp: Path) -> None:
     repo = Path(__file__).resolve().parents[2]
     site = sysconfig.get_paths()["purelib"]
@@ -297,3 +302,27 @@ def test_an_agent_that_is_not_root_runs_members_as_itself_and_says_so(member_tmp
     out = done.stdout
     assert "code=0" in out and f"member-uid={NOBODY.pw_uid}" in out, out
     assert out.count("not root: members run as this same user") == 1, out
+
+
+# --------------------------------------------------------------------------- #
+# A bad --run-as file: the agent does not start
+# --------------------------------------------------------------------------- #
+
+@pytest.mark.parametrize("text,field,reason", [
+    ("owners:\n  admin/alice: no-such-user-here\n", "owners.admin/alice", "no user 'no-such-user-here' on this node"),
+    ("users: {}\n", "users", "unknown field"),
+    ("allow_root: admin/ops\n", "allow_root", "must be a list of owners"),
+    ("default: '12:x'\n", "default", "neither a user name nor UID:GID"),
+    ("owners: [\n", "(document)", "not YAML"),
+])
+def test_a_bad_run_as_file_stops_the_agent_with_one_line_naming_file_and_field(
+        tmp_path: Path, text: str, field: str, reason: str) -> None:
+    path = tmp_path / "run-as.yaml"
+    path.write_text(text)
+    done = subprocess.run([sys.executable, "-m", "agent", "--az", "a", "--etcd", "127.0.0.1:1", "--insecure",
+                           "--run-as", str(path)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --run-as: {path}: {field}: "), done.stderr
+    assert reason in lines[0], done.stderr
