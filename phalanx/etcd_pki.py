@@ -38,7 +38,12 @@ from phalanx.certs import (
     CA_CERT,
     CA_KEY,
     CA_DAYS,
+    CHECK_EXPIRED,
+    CHECK_NOT_YET_VALID,
+    CHECK_UNKNOWN_CA,
+    CHECK_WRONG_USE,
     DEFAULT_DAYS,
+    MAX_CLUSTER_LEN,
     CertError,
     _aware,
     _check_days,
@@ -73,17 +78,15 @@ USER_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 MAX_USER_LEN = 128
 USER_WHAT = "an etcd user name (letters, digits, '.', '_', '-' inside; no '/')"
 
+# check_client's words: phalanx.certs' CHECK_* (imported above, so the same
+# failure reads the same for both CAs) and these two.
 CHECK_KEY_MISMATCH = "key mismatch"
-CHECK_UNKNOWN_CA = "unknown CA"
-CHECK_EXPIRED = "expired"
-CHECK_NOT_YET_VALID = "not yet valid"
-CHECK_WRONG_USE = "wrong use"
 CHECK_NO_USER = "no user"
 
 
 def user_for(cluster: str, role: str) -> str:
     """The etcd user (and role) a cluster's coordinators or agents use."""
-    e = name_error(cluster, DNS_LABEL, 63, DNS_LABEL_WHAT)
+    e = name_error(cluster, DNS_LABEL, MAX_CLUSTER_LEN, DNS_LABEL_WHAT)
     if e:
         raise CertError(f"--cluster {e}")
     if role not in ROLES:
