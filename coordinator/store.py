@@ -87,9 +87,19 @@ _AUTH_OLD_REVISION = ("revision of auth store is old", "revision in header is ol
 AUTH_OLD_RESENDS = 3
 
 
+def classify(code: grpc.StatusCode, details: str) -> str:
+    """What an etcd error answer means to the store (pure): "denied"
+    (StoreDenied), "auth-old" (resend, see above), "transient" or "refused"
+    (both StoreUnavailable; only "transient" may move to another member)."""
+    if code == grpc.StatusCode.PERMISSION_DENIED or any(d in details for d in _DENIED_DETAILS):
+        return "denied"
+    if any(d in details for d in _AUTH_OLD_REVISION):
+        return "auth-old"
+    return "transient" if code in _TRANSIENT else "refused"
+
+
 def _auth_old(exc: grpc.aio.AioRpcError) -> bool:
-    details = exc.details() or ""
-    return any(d in details for d in _AUTH_OLD_REVISION)
+    return classify(exc.code(), exc.details() or "") == "auth-old"
 
 
 # --- keys --------------------------------------------------------------------
@@ -597,13 +607,14 @@ class Store:
     # -- error translation (docs/style.md §6): one table, at the boundary
     def _translate(self, exc: grpc.aio.AioRpcError, what: str, key: str | Callable[[], str] = "") -> Exception:
         details = exc.details() or ""
-        if exc.code() == grpc.StatusCode.PERMISSION_DENIED or any(d in details for d in _DENIED_DETAILS):
+        kind = classify(exc.code(), details)
+        if kind == "denied":
             return self._denied(what, key() if callable(key) else key, details)
-        if _auth_old(exc):
+        if kind == "auth-old":
             return StoreUnavailable(f"etcd refused {what} for now: the etcd users or roles changed while it was "
                                     f"checked, {AUTH_OLD_RESENDS + 1} times in a row ({details}); nothing was "
                                     f"applied, sending it again may pass")
-        if exc.code() in _TRANSIENT:
+        if kind == "transient":
             hint = ""
             if self.tls is not None and ("ssl" in details.lower() or "handshake" in details.lower()):
                 hint = (f" (TLS handshake failed: is {self.tls.ca} the CA of etcd's server certificate, and "

@@ -9,10 +9,12 @@ import datetime
 import stat
 from pathlib import Path
 
+import grpc
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from coordinator import store
 from phalanx import certs, cli, etcd_auth, etcd_pki
 from phalanx.tls import TlsError, TlsFiles
 
@@ -196,3 +198,22 @@ def test_cli_bad_input_is_one_error_line_and_writes_nothing(name: str, tmp_path:
     assert rc == cli.EXIT_INVALID and out == ""
     assert err.count("\n") == 1 and err.startswith("error: ") and words in err, err
     assert _tree(tmp_path) == before
+
+
+# What the store makes of etcd's error answers (coordinator.store.classify).
+ETCD_ANSWERS = [
+    (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied", "denied"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty", "denied"),
+    (grpc.StatusCode.FAILED_PRECONDITION, "etcdserver: user name not found", "denied"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: revision of auth store is old", "auth-old"),
+    (grpc.StatusCode.UNKNOWN, "auth: revision in header is old", "auth-old"),
+    (grpc.StatusCode.UNAVAILABLE, "etcdserver: no leader", "transient"),
+    (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", "transient"),
+    (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: duplicate key given in txn request", "refused"),
+    (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", "refused"),
+]
+
+
+@pytest.mark.parametrize("code,details,want", ETCD_ANSWERS)
+def test_store_classifies_etcd_answers(code: grpc.StatusCode, details: str, want: str) -> None:
+    assert store.classify(code, details) == want
