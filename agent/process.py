@@ -651,10 +651,15 @@ class ProcessLauncher:
             log.warning("agent runs as uid %d, not root: members run as this same user (switching to the "
                         "users of the run-as policy needs root)", self._uid)
         self._work_root = Path(work_root) if work_root is not None else self._state_dir / "work"
+        # Member logs and exit records are the agent's: a member (any user)
+        # must neither list other gangs' logs nor read them.
+        logs = self._state_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        os.chmod(logs, 0o700)
         if work_root is None and self._uid == 0:
             # Members of other users pass through the state dir to their work
             # dirs: search (not read) for others. What it holds stays closed:
-            # members.json and logs are 0600, their directories unlistable.
+            # logs/ is 0700 and members.json 0600.
             os.chmod(self._state_dir, stat.S_IMODE(self._state_dir.stat().st_mode) | 0o011)
         self._work_root.mkdir(parents=True, exist_ok=True)
         closed = closed_to_others(self._work_root) if self._uid == 0 else None

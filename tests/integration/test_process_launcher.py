@@ -328,7 +328,7 @@ async def test_spawn_failure_reported_as_127(harness: Harness, command: tuple[st
 
 async def test_unwritable_log_is_a_spawn_failure_not_a_crash(harness: Harness) -> None:
     launcher, exits = harness.launcher()
-    (harness.state_dir / "logs").mkdir(parents=True)
+    (harness.state_dir / "logs").mkdir(parents=True, exist_ok=True)  # the launcher made it
     (harness.state_dir / "logs" / "g").write_text("a file where the gang's log dir belongs")
     member = launch(("sleep", "30"))
     assert (await harness.start(launcher, member)).pid == 0

@@ -152,6 +152,7 @@ async def test_unmapped_owner_runs_as_nobody_with_its_own_groups_group_and_work_
     # The log is the agent's, not the member's.
     lst = launcher.log_path(m.key).stat()
     assert (lst.st_uid, stat.S_IMODE(lst.st_mode)) == (os.geteuid(), 0o600)
+    assert stat.S_IMODE((launcher.state_path.parent / "logs").stat().st_mode) == 0o700
     assert "user=nobody" in log
 
 
