@@ -99,7 +99,6 @@ class LocalCluster:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.pki = pki or ClusterPki(workdir, cluster)
         self.etcd_pki = etcd_pki or etcd_pki_for(etcd)
-        self._root_stores: list[Store] = []
         # The test's own reads and writes go through the coordinator's etcd
         # user: what the test checks in etcd is what a coordinator can see.
         self.store = Store(etcd, cluster, timeout=2.0, tls=self.etcd_pki.role(cluster, "coordinator"))
@@ -138,16 +137,6 @@ class LocalCluster:
         for node in nodes:
             self.pki.agent(node)
         return {"tls_dir": self.pki.server_dir(), "etcd_tls": self.etcd_pki.role(self.cluster, "agent")}
-
-    async def root_store(self) -> Store:
-        """A Store on this cluster's prefix as etcd root, closed with the
-        cluster: only for a test that plants what no coordinator would write
-        (the coordinator user could write it too, but root says it is the
-        test, not a Phalanx process, that wrote it) or reads outside the
-        cluster's prefix."""
-        s = await Store(self.etcd, self.cluster, timeout=2.0, tls=self.etcd_pki.root).connect()
-        self._root_stores.append(s)
-        return s
 
     def _timings_json(self) -> str:
         import dataclasses
@@ -362,8 +351,6 @@ class LocalCluster:
                 c.proc.stdout.close()
         for ch in self._channels.values():
             await ch.close()
-        for s in self._root_stores:
-            await s.close()
         await self.store.close()
 
 
