@@ -29,6 +29,7 @@ from phalanx import etcd_pki, procs
 from phalanx.client import AsyncClient
 from phalanx.errors import PhalanxError
 from phalanx.etcd_server import EtcdServer
+from phalanx.programs import require
 from phalanx.up import ADMIN_NAME, UpProcess, proc_stat
 from tests.conftest import etcdctl
 from tests.pki import EtcdPki
@@ -92,7 +93,7 @@ async def plaintext_status(address: str) -> str:
 
 def etcdctl_fails(*argv: str) -> str:
     """Run etcdctl; it must fail: its error output."""
-    done = subprocess.run(["etcdctl", *argv], env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True,
+    done = subprocess.run([require("etcdctl"), *argv], env=dict(os.environ, ETCDCTL_API="3"), capture_output=True, text=True,
                           timeout=30)
     assert done.returncode != 0, f"etcdctl {' '.join(argv)} succeeded: {done.stdout[:300]}"
     return done.stderr
