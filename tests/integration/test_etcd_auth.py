@@ -63,7 +63,9 @@ class Etcd:
         return etcd_pki.files(etcd_pki.issue_client(self.pki, etcd_pki.user_for(cluster, role), now=_now()))
 
     def store(self, tls, cluster: str = C1) -> Store:
-        return Store(self.endpoint, cluster, tls=tls)
+        # A generous deadline: on a loaded machine a slow answer must not
+        # pass for a refusal.
+        return Store(self.endpoint, cluster, tls=tls, timeout=10.0)
 
 
 @pytest.fixture(scope="module")
@@ -180,13 +182,13 @@ async def test_plaintext_foreign_ca_and_unknown_user_are_refused(etcd: Etcd, tmp
     async with etcd.store(etcd.root) as root:
         await root.txn([], [Put("/phalanx/c1/leader/az-a", "x")])
         try:
-            async with Store(etcd.endpoint, C1, tls=None, timeout=1.0) as plain:
+            async with Store(etcd.endpoint, C1, tls=None, timeout=5.0) as plain:
                 with pytest.raises(StoreUnavailable):
                     await plain.get("/phalanx/c1/leader/az-a")
             # Another etcd CA's certificate, even one that says CN=root.
             etcd_pki.init(tmp_path / "other", now=_now())
             foreign = etcd_pki.files(etcd_pki.issue_client(tmp_path / "other", "root", now=_now()))
-            async with Store(etcd.endpoint, C1, tls=foreign, timeout=1.0) as s:
+            async with Store(etcd.endpoint, C1, tls=foreign, timeout=5.0) as s:
                 with pytest.raises(StoreUnavailable) as err:
                     await s.get("/phalanx/c1/leader/az-a")
                 assert str(foreign.ca) in str(err.value)  # the hint names the files to check
@@ -304,7 +306,7 @@ async def test_role_changes_while_writing_are_transient_never_denied(etcd: Etcd)
         return n
 
     written: list[str] = []
-    failed: list[Exception] = []
+    failed: list[str] = []
 
     async def write(s: Store, worker: int) -> None:
         for i in range(60):
@@ -312,8 +314,8 @@ async def test_role_changes_while_writing_are_transient_never_denied(etcd: Etcd)
             try:
                 await s.txn([absent(key)], [Put(key, i)])
                 written.append(key)
-            except StoreUnavailable as exc:
-                failed.append(exc)
+            except StoreUnavailable:  # a StoreDenied is not one: it fails the test
+                failed.append(key)
 
     async with etcd.store(etcd.user(C1, "coordinator")) as s, etcd.store(etcd.root) as root:
         task = asyncio.create_task(churn())
@@ -324,8 +326,10 @@ async def test_role_changes_while_writing_are_transient_never_denied(etcd: Etcd)
             rounds = await task
         assert rounds >= 1
         kvs, _ = await root.get_prefix("/phalanx/c1/gangs/")
-        assert sorted(k.key for k in kvs) == sorted(written)
-        assert all("auth" in str(e) or "roles changed" in str(e) for e in failed), failed[:3]
+        present = {k.key for k in kvs}
+        # Every acknowledged write landed; a failed one may have (a timeout
+        # leaves the outcome unknown), a refused one has not.
+        assert set(written) <= present <= set(written) | set(failed)
         await root.txn([], [Delete("/phalanx/c1/", prefix=True)])
 
 
