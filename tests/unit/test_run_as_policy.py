@@ -116,3 +116,25 @@ def test_decide(owner, policy, agent_uid, expected) -> None:
 def test_the_documented_default_user_is_nobody() -> None:
     assert DEFAULT_USER == "nobody"
     assert parse_policy({}, resolve).default == NOBODY
+
+
+@pytest.mark.parametrize("account,arg", [
+    (Account("nobody", 65534, 65534, (65534,)), "65534:65534:65534"),
+    (Account("alice", 1001, 1001, (1001, 27)), "1001:1001:1001,27"),
+    (Account("2000:3000", 2000, 3000), "2000:3000:"),
+])
+def test_the_launcher_hands_the_shim_exactly_the_accounts_ids_and_groups(account, arg) -> None:
+    from agent.process import account_arg
+    from agent.shim import parse_user
+
+    assert account_arg(account) == arg
+    assert parse_user(arg) == (account.uid, account.gid, list(account.groups))
+
+
+@pytest.mark.parametrize("arg", ["", "1001", "1001:1001", "a:1:", "1:2:x", "1:2:3:4"])
+def test_the_shim_refuses_a_malformed_user(arg) -> None:
+    from agent.shim import EXIT_USAGE, main, parse_user
+
+    with pytest.raises(ValueError):
+        parse_user(arg)
+    assert main(["--lease", "/nonexistent", "--fence-after", "1", "--user", arg, "--", "true"]) == EXIT_USAGE
