@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import itertools
 import json
 import os
@@ -359,7 +360,7 @@ def sim_node_names(az: str, nodes: int, spines: int, leaves_per_spine: int) -> l
 
 def make_credentials(
     state_dir: Path, cluster: str, coordinators: list[str], nodes: list[str], etcd_pki_dir: Path,
-    *, now: Any,
+    *, now: datetime.datetime,
 ) -> Credentials:
     """The cluster's gRPC CA (kept with a kept state dir, else new), a
     certificate for every coordinator and simulated node and an admin client

@@ -485,3 +485,37 @@ def test_security_args() -> None:
     assert security_args(None, "coordinator") == security_args(None, "agents") == ["--insecure"]
     assert security_args(creds, "coordinator") == ["--tls-dir", "/s/servers", "--etcd-tls-dir", "/e/coord"]
     assert security_args(creds, "agents") == ["--tls-dir", "/s/servers", "--etcd-tls-dir", "/e/agent"]
+
+
+def test_make_credentials_issues_what_each_process_loads_and_keeps_the_ca(tmp_path: Path) -> None:
+    """Every file a coordinator, an agent and the admin client load passes
+    the same checks they make at start-up; a second run on the same state
+    dir keeps the CA (a kept --state-dir) and issues the leaves afresh."""
+    import datetime
+
+    from cryptography import x509
+
+    from phalanx import tls
+    from phalanx.tls import TlsFiles, coordinator_server_name
+    from phalanx.up import make_credentials
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    etcd_dir = tmp_path / "etcd-pki"
+    etcd_pki.init(etcd_dir, now=now)
+    first = make_credentials(tmp_path, "c1", ["az-a-c0"], ["az-a-n0"], etcd_dir, now=now)
+    coordinator = tls.load(TlsFiles.issued(first.server_dir, "coordinator", "az-a-c0"), cluster="c1", use="server", now=now)
+    assert coordinator_server_name("c1") in coordinator.cert.extensions.get_extension_for_class(
+        x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    agent = tls.load(TlsFiles.issued(first.server_dir, "agent", "az-a-n0"), cluster="c1", use="client", now=now)
+    assert agent.identity.node == "az-a-n0"
+    admin = tls.load(TlsFiles(first.admin_dir / "ca.crt", first.admin_dir / "client.crt", first.admin_dir / "client.key"),
+                     cluster="c1", use="client", now=now)
+    assert admin.identity.role == "admin"
+    for d, user in ((first.etcd_coordinator, etcd_pki.user_for("c1", "coordinator")),
+                    (first.etcd_agent, etcd_pki.user_for("c1", "agent"))):
+        assert etcd_pki.check_client(etcd_pki.files(d), now=now)[3] == user
+    ca = (first.server_dir / "ca.crt").read_bytes()
+    second = make_credentials(tmp_path, "c1", ["az-a-c0"], ["az-a-n0"], etcd_dir, now=now)
+    assert (second.server_dir / "ca.crt").read_bytes() == ca, "a kept state dir keeps its CA"
+    renewed = tls.load(TlsFiles.issued(second.server_dir, "coordinator", "az-a-c0"), cluster="c1", use="server", now=now)
+    assert renewed.cert.serial_number != coordinator.cert.serial_number
