@@ -136,6 +136,7 @@ class Agent:
         self.connected = asyncio.Event()
         self.leader_address = ""
         self._dialed = ""  # the address of the last leader dialed (for a refusal's message)
+        self._probed: tuple[tuple[str, str], str] = (("", ""), "")  # (address, gRPC's words) -> the reason found
         self.leader_epoch = 0
         self.fenced_count = 0
         self._fenced_episode: float | None = None
@@ -229,9 +230,13 @@ class Agent:
         gRPC's words."""
         address = self._dialed or "the leader"
         assert self.tls is not None
-        refusal = await asyncio.to_thread(probe_server, address, self.tls, cluster=self.cluster, now=utc_now()) \
-            if self._dialed else None
-        reason = str(refusal) if refusal is not None else f"{address}: TLS handshake failed: {details}"
+        if self._probed[0] == (address, details):
+            reason = self._probed[1]  # the same failure again: no second look every heartbeat
+        else:
+            refusal = await asyncio.to_thread(probe_server, address, self.tls, cluster=self.cluster, now=utc_now()) \
+                if self._dialed else None
+            reason = str(refusal) if refusal is not None else f"{address}: TLS handshake failed: {details}"
+            self._probed = ((address, details), reason)
         if reason != self._refused:
             log.error("agent %s: refusing the leader: %s", self.node, reason)
         self._refused = reason
