@@ -18,8 +18,8 @@
 #   d  end to end: etcd + one coordinator (AZ a) + one real agent (real
 #      discovery, real member processes), secure as by default: etcd with
 #      TLS, client certificates and the cluster's etcd users (phalanx.etcd_pki,
-#      phalanx.etcd_auth), coordinator/agent/CLI with certificates from
-#      `phalanx certs`; a 1-member gang on all GPUs of the
+#      phalanx.etcd_auth), coordinator/agent/CLI with certificates of the
+#      cluster's CA (phalanx.certs); a 1-member gang on all GPUs of the
 #      node runs scripts/gpu_member_check.py and must SUCCEED; a gang asking for
 #      more GPUs than exist can never fit: it must FAIL at once and
 #      `phalanx explain` must say "never fits" and why; everything is stopped
@@ -430,33 +430,31 @@ else
     # Secure as a deployment (the default): etcd with TLS, client
     # certificates and the cluster's least-privilege etcd users; coordinator,
     # agent and CLI with certificates of the cluster's gRPC CA.
-    echo "--- gRPC certificates (phalanx certs) in $WORK/pki, client dir $WORK/client"
     CLUSTER=local   # the coordinator's and the agent's default --cluster
-    pki_ok=1
-    for certs_args in "init --dir $WORK/pki --cluster $CLUSTER" \
-        "issue --dir $WORK/pki --role coordinator --name a-c0" \
-        "issue --dir $WORK/pki --role agent --name $NODE --node $NODE" \
-        "issue --dir $WORK/pki --role admin --name gpucheck"; do
-        # shellcheck disable=SC2086 # words of a fixed command line
-        to 30 "$PY" -m phalanx certs $certs_args >>"$WORK/logs/certs.log" 2>&1 || pki_ok=0
-    done
-    mkdir -p -m 700 "$WORK/client"
-    cp "$WORK/pki/ca.crt" "$WORK/client/ca.crt" 2>/dev/null || pki_ok=0
-    cp "$WORK/pki/admin-gpucheck.crt" "$WORK/client/client.crt" 2>/dev/null || pki_ok=0
-    cp "$WORK/pki/admin-gpucheck.key" "$WORK/client/client.key" 2>/dev/null || pki_ok=0
     # etcd through the project's own helper (same flags as phalanx up and the tests)
-    echo "--- starting etcd (TLS, client-cert auth, etcd auth; PKI in $WORK/etcd-pki)"
+    echo "--- starting etcd (TLS, client-cert auth, etcd auth; PKI in $WORK/etcd-pki; gRPC CA in $WORK/pki)"
     # The holder is etcd's parent for the whole run (etcd dies with it, by the
     # parent-death signal), and the holder dies with this script: SIGKILL of
     # the script (a test's timeout) leaves no etcd behind. It also makes the
-    # etcd CA, the coordinator and agent etcd users and provisions their roles.
+    # credentials (in this one interpreter: each start costs seconds on a
+    # loaded machine), as `phalanx certs` and `phalanx certs etcd-*` would:
+    # the cluster's gRPC CA with the coordinator's, the agent's and an admin
+    # client certificate ($WORK/client, for the CLI); the etcd CA with the
+    # coordinator and agent etcd users, whose roles it provisions.
     "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" "$WORK/etcd.info" \
-        "$WORK/etcd-pki" "$CLUSTER" >"$WORK/logs/etcd-holder.log" 2>&1 <<'EOF' &
-import asyncio, datetime, os, sys, time
-from phalanx import etcd_auth, etcd_pki
+        "$WORK/etcd-pki" "$CLUSTER" "$WORK/pki" "$NODE" "$WORK/client" >"$WORK/logs/etcd-holder.log" 2>&1 <<'EOF' &
+import asyncio, datetime, os, shutil, sys, time
+from pathlib import Path
+from phalanx import certs, etcd_auth, etcd_pki
 from phalanx.etcd_server import EtcdServer
 now = datetime.datetime.now(datetime.timezone.utc)
-pki, cluster = sys.argv[4], sys.argv[5]
+pki, cluster, grpc_pki, node, client = sys.argv[4], sys.argv[5], Path(sys.argv[6]), sys.argv[7], Path(sys.argv[8])
+certs.init_ca(grpc_pki, cluster, now=now)
+certs.issue(grpc_pki, "coordinator", "a-c0", now=now)
+certs.issue(grpc_pki, "agent", node, node=node, now=now)
+client.mkdir(mode=0o700)
+shutil.copy(grpc_pki / "ca.crt", client / "ca.crt")
+certs.issue(grpc_pki, "admin", "gpucheck", now=now, out=(client / "client.crt", client / "client.key"))
 etcd_pki.init(pki, now=now)
 s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2], tls_dir=pki).start()
 try:
@@ -484,9 +482,7 @@ EOF
     echo "$etcd_info"
     ETCD_PID=$(echo "$etcd_info" | head -1 | awk '{print $1}')
     EP=$(echo "$etcd_info" | head -1 | awk '{print $2}')
-    if [ "$pki_ok" != 1 ]; then
-        result d-cluster FAIL "phalanx certs failed: $(tail -3 "$WORK/logs/certs.log" 2>/dev/null | paste -sd' ' -)"
-    elif [ -z "$EP" ] || [[ $etcd_info == *NOT-READY* ]]; then
+    if [ -z "$EP" ] || [[ $etcd_info == *NOT-READY* ]]; then
         result d-cluster FAIL "etcd did not start: $(echo "$etcd_info" | tail -1); $(tail -3 "$WORK/logs/etcd.log" 2>/dev/null)"
     else
         echo "etcd ready at $EP (pid $ETCD_PID)"
