@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import shutil
 import statistics
@@ -103,6 +104,8 @@ async def offered_load(channel_for, addresses: dict[str, str], store: Store, rat
     sent: dict[str, float] = {}
     reserved: dict[str, float] = {}
     errors = 0
+    codes: collections.Counter[str] = collections.Counter()
+    examples: dict[str, str] = {}  # status -> the first failure's details
     rev = await store.revision()
 
     async def watch() -> None:
@@ -124,8 +127,10 @@ async def offered_load(channel_for, addresses: dict[str, str], store: Store, rat
         try:
             r = await stubs[azs[i % len(azs)]].SubmitGang(gpb.SubmitGangRequest(spec=spec, idempotency_key=f"{tag}-{i}"), timeout=10)
             sent[r.gang.id] = t0
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as exc:
             errors += 1
+            codes[exc.code().name] += 1
+            examples.setdefault(exc.code().name, (exc.details() or "")[:160])
 
     tasks = []
     n = int(rate * seconds)
@@ -151,7 +156,7 @@ async def offered_load(channel_for, addresses: dict[str, str], store: Store, rat
     return {
         "offered": rate, "submitted": len(sent), "errors": errors, "admitted": len(lat),
         "throughput": len(lat) / span if lat else 0.0, "p50": pct(lat, 50), "p99": pct(lat, 99),
-        "offered_s": offered_s,
+        "offered_s": offered_s, "codes": codes, "examples": examples,
     }
 
 
@@ -328,8 +333,13 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
     """Per offered rate, the median of each number over the repeats."""
     out = []
     for same_rate in zip(*runs):
-        out.append({k: statistics.median(r[k] for r in same_rate) if k not in ("offered",) else same_rate[0][k]
-                    for k in same_rate[0]})
+        row = {k: statistics.median(r[k] for r in same_rate) for k in same_rate[0]
+               if k not in ("offered", "codes", "examples")}
+        row["offered"] = same_rate[0]["offered"]
+        if any("codes" in r for r in same_rate):  # failed submissions by status, summed over the repeats
+            row["codes"] = sum((r.get("codes", collections.Counter()) for r in same_rate), collections.Counter())
+            row["examples"] = {c: d for r in same_rate for c, d in r.get("examples", {}).items()}
+        out.append(row)
     return out
 
 
@@ -355,6 +365,13 @@ def print_tables(a: argparse.Namespace, modes: tuple[str, ...], results: dict[st
         for r in rows[m]:
             print(f"  {m:<9} {r['offered']:>9.0f} {r['submitted']:>9.0f} {r['admitted']:>8.0f} {r['errors']:>6.0f} "
                   f"{r['throughput']:>8.1f} {r['p50']:>8.1f} {r['p99']:>8.1f}")
+    failed = [(m, r) for m in modes for r in rows[m] if r.get("codes")]
+    if failed:
+        print("  failed submissions by status (all runs): " + "; ".join(
+            f"{m} {r['offered']:.0f}/s: " + ", ".join(f"{c} {n}" for c, n in r["codes"].most_common()) for m, r in failed))
+        for m, r in failed:
+            for c, d in sorted(r.get("examples", {}).items()):
+                print(f"    e.g. {m} {r['offered']:.0f}/s {c}: {d}")
     if len(modes) == 2:
         print("\nTLS + etcd auth / plaintext (ratio of the medians; 1.00 = no cost):")
         print(f"  {'offered/s':>9} {'gangs/s':>8} {'p50':>8} {'p99':>8}")
