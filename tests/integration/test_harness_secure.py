@@ -18,6 +18,7 @@ from coordinator.store import Put, Store
 from phalanx.client import AsyncClient
 from phalanx.errors import PhalanxError, StoreDenied
 from phalanx.etcd_server import EtcdServer
+from phalanx.programs import require
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
 from tests.conftest import etcdctl
@@ -33,7 +34,7 @@ def test_session_etcd_refuses_plaintext_and_certificateless_clients(etcd_server:
     with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
         urllib.request.urlopen(f"http://{etcd_server.endpoint}/health", timeout=5).read()
     # TLS that verifies the server but presents no client certificate: refused.
-    res = subprocess.run(["etcdctl", "--endpoints", f"https://{etcd_server.endpoint}", "--cacert", str(etcd_root_tls.ca),
+    res = subprocess.run([require("etcdctl"), "--endpoints", f"https://{etcd_server.endpoint}", "--cacert", str(etcd_root_tls.ca),
                           "--dial-timeout", "3s", "--command-timeout", "3s", "get", "/x"],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode != 0, res.stdout
