@@ -77,6 +77,6 @@ fi
 stamp=.venv/.phalanx-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "is ignored" >&2 || true
-  .venv/bin/python -c "import grpc, aetcd, yaml, pytest" # fail here, not later
+  .venv/bin/python -c "import grpc, aetcd, yaml, pytest, prometheus_client, rich" # fail here, not later
   touch "$stamp"
 fi
