@@ -26,6 +26,7 @@ from agent.session import Agent
 from coordinator.config import timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range
 from coordinator.store import Store
+from phalanx import logfmt
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.usage import OneLineParser
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
+                   help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
     return p
 
 
@@ -257,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: --run-as: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agent-{a.node} %(levelname)s %(name)s: %(message)s")
+    logfmt.configure(a.log_level, a.log_format, "agent", static={"id": a.node, "az": a.az, "node": a.node},
+                     name=f"agent-{a.node}")
     return asyncio.run(amain(a))
 
 

@@ -23,6 +23,7 @@ from agent.simulated import SimulatedLauncher
 from coordinator.config import Timings, timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, split_port_range
 from coordinator.store import Store
+from phalanx import logfmt
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.topology import NodeTopology
 from phalanx.usage import OneLineParser
@@ -185,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
+    p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
+                   help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
     a = p.parse_args(argv)
     if not a.insecure and not a.tls_dir:
         print(f"error: {TLS_REQUIRED}", file=sys.stderr)
@@ -192,7 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.insecure and not a.etcd_tls_dir:
         print(f"error: {ETCD_TLS_REQUIRED}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s agents-{a.az} %(levelname)s %(name)s: %(message)s")
+    # Many nodes in one process: each agent binds its node (agent/session.py).
+    logfmt.configure(a.log_level, a.log_format, "agent-sim", static={"id": f"agents-{a.az}", "az": a.az},
+                     name=f"agents-{a.az}")
     if a.launch and not a.state_dir:
         print("error: --launch needs --state-dir (member logs and state files)", file=sys.stderr)
         return 2

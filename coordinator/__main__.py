@@ -8,7 +8,6 @@ leadership so a standby takes over at once, not after a TTL).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
@@ -18,6 +17,7 @@ from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
 from coordinator.tokens import TokenFileError, load_tokens
+from phalanx import logfmt
 from phalanx.errors import StoreDenied
 from phalanx.tls import TlsError, TlsFiles, etcd_files
 from phalanx.usage import OneLineParser
@@ -67,8 +67,10 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--token-listen", default="",
                    help="HOST:PORT of the second TLS port, the one that takes bearer tokens (no client certificate asked)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
+    p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
+                   help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
     a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(), format=f"%(asctime)s {a.id} %(levelname)s %(name)s: %(message)s")
+    logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
     timings = timings_from_arg(a.timings)
     config = CoordinatorConfig(
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
