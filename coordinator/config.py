@@ -76,6 +76,10 @@ class Timings:
     # reads the policy record from etcd again when its copy is older, so an
     # admin's SetPolicy on one coordinator binds every other one within it.
     policy_max_staleness_s: float = 2.0
+    # A /metrics scraper gets this long for its TLS handshake and request
+    # before the connection is closed (each connection has its own thread,
+    # so a silent one only holds that thread).
+    metrics_handshake_timeout_s: float = 5.0
 
     @property
     def leader_validity_s(self) -> float:
