@@ -397,6 +397,13 @@ async def cmd_topology(client: AsyncClient, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def cmd_top(client: AsyncClient, args: argparse.Namespace) -> int:
+    from phalanx.top import run_top  # here: rich is needed by top only
+
+    return await run_top(client, once=args.once, watch=args.watch, interval=args.interval, rows=args.rows,
+                         output=args.output)
+
+
 # --- local commands -----------------------------------------------------------------
 
 
@@ -806,6 +813,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", parents=[common], help="leaders, epochs and capacity per AZ; gangs by state")
     p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
 
+    # `phalanx top` (phalanx/top.py, docs/monitoring.md).
+    p = sub.add_parser("top", parents=[common], help="leaders, capacity, gangs by state and pending gangs, refreshed in place")
+    p.add_argument("--once", action="store_true", help="print the view once and exit (also on a terminal)")
+    p.add_argument("--watch", action="store_true", help="not on a terminal: print the view again every --interval")
+    p.add_argument("--interval", type=_positive_float, default=2.0, help="seconds between refreshes (default 2)")
+    p.add_argument("--rows", type=_non_negative_int, default=10, help="pending gangs listed, oldest first (default 10)")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
     p = sub.add_parser("config", parents=[common],
                        help="where this CLI finds its coordinators and credentials (flags, env, config file); contacts nobody")
 
@@ -924,6 +939,7 @@ REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] =
     "nodes": cmd_nodes,
     "status": cmd_status,
     "topology": cmd_topology,
+    "top": cmd_top,
 }
 
 
