@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from coordinator.core.events import GangEvent
 from coordinator.core.placement import Shortfall
 from coordinator.core.records import GangRecord, NodeRecord
 from phalanx import wire
@@ -27,7 +28,13 @@ def gang_to_pb(g: GangRecord) -> pb.Gang:
         span=wire.level_to_pb(g.span),
         not_before=g.not_before,
         owner=g.owner,
+        events=[event_to_pb(e) for e in g.events],
     )
+
+
+def event_to_pb(e: GangEvent) -> pb.GangEventRecord:
+    return pb.GangEventRecord(kind=e.kind, at=e.at, epoch=e.epoch, message=e.message, incarnation=e.incarnation,
+                              by=e.by, rank=e.rank, exit_code=e.exit_code, dropped=e.dropped, seq=e.seq)
 
 
 def node_to_pb(n: NodeRecord, used_gpus: frozenset[int]) -> pb.NodeStatus:

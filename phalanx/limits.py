@@ -114,6 +114,14 @@ MAX_CANCEL_REASON_BYTES = 1024  # UTF-8 bytes of CancelGangRequest.reason
 # the record is written: at most 6 JSON bytes each.
 MAX_REASON_CHARS = 2048
 MAX_MEMBER_REASON_BYTES = 1024  # an agent's member report, at registration
+# A gang's event history (coordinator/core/events.py), stored in its record:
+# at most this many events and this many JSON bytes together (the oldest are
+# dropped first, behind one "N earlier events dropped" marker), each message
+# clipped to MAX_EVENT_MESSAGE_CHARS (at most 6 JSON bytes each, so even the
+# worst event is a fraction of the list bound).
+MAX_GANG_EVENTS = 64
+MAX_GANG_EVENTS_BYTES = 16 * 1024
+MAX_EVENT_MESSAGE_CHARS = 512
 
 # --- node topology (nodes/<az>/<node>) ----------------------------------------
 
@@ -181,12 +189,14 @@ def _max_member_json(gpus: int, nics: int) -> tuple[int, int]:
 
 def reservation_txn_bound(members: int, gpus: int, nics: int, spec_bytes: int) -> int:
     """An upper bound on the bytes of the reservation txn of a gang of this
-    shape: its gang record (fixed part, spec, clipped reason, placement of
-    every member) plus its reservation record (one node entry per member at
-    worst), with every name at its maximum length."""
+    shape: its gang record (fixed part, spec, clipped reason, a full event
+    list, placement of every member) plus its reservation record (one node
+    entry per member at worst), with every name at its maximum length."""
     per_member, per_node = _max_member_json(gpus, nics)
     reason = 6 * MAX_REASON_CHARS + 2
-    return GANG_RECORD_FIXED_BYTES + spec_bytes + reason + members * (per_member + per_node) + GANG_RECORD_FIXED_BYTES
+    events = MAX_GANG_EVENTS_BYTES + len('"events":,')
+    return (GANG_RECORD_FIXED_BYTES + spec_bytes + reason + events + members * (per_member + per_node)
+            + GANG_RECORD_FIXED_BYTES)
 
 
 def max_members_of_shape(gpus: int, nics: int, spec_bytes: int) -> int:

@@ -90,3 +90,20 @@ class MemberPhase(enum.IntEnum):
     @property
     def live(self) -> bool:
         return self in (MemberPhase.STARTING, MemberPhase.RUNNING)
+
+
+class EventKind(str, enum.Enum):
+    """Kinds of a gang's events (coordinator/core/events.py, docs/events.md).
+    Strings on the wire and in etcd, so a newer kind still reads as text."""
+
+    SUBMITTED = "submitted"
+    PLACED = "placed"
+    RESERVED = "reserved"
+    STARTED = "started"
+    MEMBER_EXITED = "member_exited"
+    RESTARTING = "restarting"
+    FENCED = "fenced"
+    ADOPTED = "adopted"
+    CANCELLED = "cancelled"
+    FINISHED = "finished"
+    DROPPED = "dropped"  # the marker standing for the oldest events, dropped to keep the bound

@@ -9,6 +9,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from coordinator.core import events as gang_events
+from coordinator.core.events import GangEvent
 from coordinator.core.rendezvous import DEFAULT_PORTS
 from phalanx import limits
 from phalanx.model import GangState, Level
@@ -58,6 +60,9 @@ class GangRecord:
     # Who submitted it, "<role>/<name>" from the client certificate
     # (coordinator/core/authz.py); "" when submitted without TLS.
     owner: str = ""
+    # What happened to it, oldest first, bounded (coordinator/core/events.py).
+    # Records written before events existed have none.
+    events: tuple[GangEvent, ...] = ()
     mod_revision: int = 0  # from the read; not stored
 
     @property
@@ -67,6 +72,11 @@ class GangRecord:
 
     def evolve(self, **changes: Any) -> "GangRecord":
         return dataclasses.replace(self, **changes)
+
+    def with_events(self, new: Iterable[GangEvent]) -> "GangRecord":
+        """This record with ``new`` appended to its bounded event list."""
+        new = list(new)
+        return dataclasses.replace(self, events=gang_events.append(self.events, new)) if new else self
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +98,7 @@ class GangRecord:
             **({"master_addr": self.master_addr, "master_port": self.master_port} if self.master_port else {}),
             # Absent without TLS, so a plaintext cluster's records are as before.
             **({"owner": self.owner} if self.owner else {}),
+            **({"events": gang_events.to_json(self.events)} if self.events else {}),
         }
 
     @classmethod
@@ -109,6 +120,7 @@ class GangRecord:
             master_addr=str(d.get("master_addr", "")),
             master_port=int(d.get("master_port", 0)),
             owner=str(d.get("owner", "")),
+            events=gang_events.from_json(d.get("events")),
             mod_revision=mod_revision,
         )
 

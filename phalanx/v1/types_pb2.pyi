@@ -144,7 +144,7 @@ class MemberPlacement(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., az: _Optional[str] = ..., node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Gang(_message.Message):
-    __slots__ = ("id", "spec", "state", "owner_az", "incarnation", "reason", "submitted_at", "updated_at", "placement", "restarts", "mod_revision", "span", "not_before", "owner")
+    __slots__ = ("id", "spec", "state", "owner_az", "incarnation", "reason", "submitted_at", "updated_at", "placement", "restarts", "mod_revision", "span", "not_before", "owner", "events")
     ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +159,7 @@ class Gang(_message.Message):
     SPAN_FIELD_NUMBER: _ClassVar[int]
     NOT_BEFORE_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     spec: GangSpec
     state: GangState
@@ -173,7 +174,32 @@ class Gang(_message.Message):
     span: TopologyLevel
     not_before: float
     owner: str
-    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ..., not_before: _Optional[float] = ..., owner: _Optional[str] = ...) -> None: ...
+    events: _containers.RepeatedCompositeFieldContainer[GangEventRecord]
+    def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ..., not_before: _Optional[float] = ..., owner: _Optional[str] = ..., events: _Optional[_Iterable[_Union[GangEventRecord, _Mapping]]] = ...) -> None: ...
+
+class GangEventRecord(_message.Message):
+    __slots__ = ("kind", "at", "epoch", "message", "incarnation", "by", "rank", "exit_code", "dropped", "seq")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    at: float
+    epoch: int
+    message: str
+    incarnation: int
+    by: str
+    rank: int
+    exit_code: int
+    dropped: int
+    seq: int
+    def __init__(self, kind: _Optional[str] = ..., at: _Optional[float] = ..., epoch: _Optional[int] = ..., message: _Optional[str] = ..., incarnation: _Optional[int] = ..., by: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., dropped: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_mib", "pci_bus_id", "numa_node", "nvlink_island", "nvlink_peers", "pcie_switch")
