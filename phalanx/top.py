@@ -19,7 +19,7 @@ import dataclasses
 import datetime
 import json
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -90,10 +90,28 @@ def _state_order(name: str) -> tuple[int, str]:
         return (len(GangState) + 1, name)
 
 
+def pending_order(pending: Sequence[pb.Gang]) -> list[pb.Gang]:
+    """The PENDING gangs of ``pending``, oldest first (the order the view
+    lists them in and the order admission considers a queue's waiters)."""
+    return sorted((g for g in pending if g.state == pb.GANG_STATE_PENDING), key=lambda g: (g.submitted_at, g.id))
+
+
+def explained_reason(answer: gpb.ExplainGangResponse) -> str:
+    """Why a pending gang waits, from ExplainGang: the owner leader's own
+    reason (queue position and the rule that holds it), else the summary.
+    A pending gang's record carries no reason: the leader keeps the last
+    cycle's in memory and serves it through ExplainGang only."""
+    return answer.leader_reason or answer.summary
+
+
 def build_view(status: gpb.ClusterStatusResponse, nodes: Sequence[pb.NodeStatus], pending: Sequence[pb.Gang], *,
-               now: float, address: str = "", rows: int = DEFAULT_PENDING_ROWS) -> TopView:
+               now: float, address: str = "", rows: int = DEFAULT_PENDING_ROWS,
+               reasons: Mapping[str, str] | None = None) -> TopView:
     """The view of one refresh. ``nodes``: ListNodes (all AZs); ``pending``:
-    ListGangs of PENDING gangs (other states in it are ignored)."""
+    ListGangs of PENDING gangs (other states in it are ignored);
+    ``reasons``: gang id -> ``explained_reason`` for the gangs shown (a gang
+    without one shows its record's reason)."""
+    reasons = reasons or {}
     free_ready: dict[str, int] = {}
     for n in nodes:
         if n.ready:
@@ -114,7 +132,7 @@ def build_view(status: gpb.ClusterStatusResponse, nodes: Sequence[pb.NodeStatus]
         for a in sorted(status.azs, key=lambda a: a.az)
     )
     counts = sorted(((k, v) for k, v in status.gangs_by_state.items() if v), key=lambda kv: _state_order(kv[0]))
-    waiting = sorted((g for g in pending if g.state == pb.GANG_STATE_PENDING), key=lambda g: (g.submitted_at, g.id))
+    waiting = pending_order(pending)
     shown = tuple(
         PendingRow(
             id=g.id,
@@ -124,7 +142,7 @@ def build_view(status: gpb.ClusterStatusResponse, nodes: Sequence[pb.NodeStatus]
             gpus=g.spec.members * g.spec.resources.gpus,
             waited_s=max(0.0, now - g.submitted_at),
             timeout_s=g.spec.policy.admission_timeout_s,
-            reason=" ".join(g.reason.split()),
+            reason=" ".join((reasons.get(g.id) or g.reason).split()),
         )
         for g in waiting[:max(0, rows)]
     )
@@ -223,9 +241,22 @@ def render_rich(view: TopView) -> Any:
 
 async def fetch_view(client: Any, *, now: Callable[[], float], rows: int) -> TopView:
     """One refresh: ClusterStatus, ListNodes and the PENDING gangs (any
-    coordinator answers each; the client fails over)."""
+    coordinator answers each; the client fails over), then ExplainGang for
+    the ``rows`` gangs shown (their reasons; at most ``rows`` calls)."""
+    from phalanx.errors import PhalanxError
+
     status, nodes, pending = await asyncio.gather(client.status(), client.nodes(), client.list(states=[GangState.PENDING]))
-    return build_view(status, nodes, pending, now=now(), address=client.last_address, rows=rows)
+
+    async def reason(gang_id: str) -> str:
+        try:
+            return explained_reason(await client.explain(gang_id))
+        except PhalanxError as exc:  # gone or placed meanwhile: the row says so, the view stands
+            return f"(explain: {' '.join(str(exc).split())})"
+
+    shown = [g.id for g in pending_order(pending)[:max(0, rows)]]
+    found = await asyncio.gather(*(reason(i) for i in shown))
+    return build_view(status, nodes, pending, now=now(), address=client.last_address, rows=rows,
+                      reasons=dict(zip(shown, found)))
 
 
 async def run_top(client: Any, *, once: bool, watch: bool, interval: float, rows: int, output: str,

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from phalanx import cli
-from phalanx.top import AzRow, PendingRow, TopView, build_view, render_rich, render_text, with_error
+from phalanx.top import AzRow, TopView, build_view, explained_reason, render_rich, render_text, with_error
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 
@@ -81,6 +81,21 @@ def test_pending_oldest_first_capped_and_counted() -> None:
     # A submission time ahead of this clock waited 0, not a negative time.
     assert build_view(status(), [], gangs, now=NOW).pending[-1].waited_s == 0.0
     assert build_view(status(), [], gangs, now=NOW, rows=0).pending == ()
+
+
+@pytest.mark.parametrize("answer, want", [
+    (gpb.ExplainGangResponse(leader_reason="queue position 2 of 2 in az-a: held back", summary="long"), "queue position 2 of 2 in az-a: held back"),
+    (gpb.ExplainGangResponse(summary="no leader in az-a answered"), "no leader in az-a answered"),
+    (gpb.ExplainGangResponse(), ""),
+])
+def test_explained_reason_prefers_the_leaders_own(answer: gpb.ExplainGangResponse, want: str) -> None:
+    assert explained_reason(answer) == want
+
+
+def test_reasons_from_explain_win_over_the_records() -> None:
+    gangs = [gang("g1", NOW - 5, reason="restarted: member 1 exited 3"), gang("g2", NOW - 4, reason="on record")]
+    view = build_view(status(), [], gangs, now=NOW, reasons={"g1": "queue position 1 of 2 in az-a:  waiting"})
+    assert [p.reason for p in view.pending] == ["queue position 1 of 2 in az-a: waiting", "on record"]
 
 
 @pytest.mark.parametrize("waited, timeout, overdue", [(59.0, 60.0, False), (60.0, 60.0, False), (60.5, 60.0, True)])
