@@ -36,6 +36,7 @@ from coordinator.config import Timings
 from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.store import Get, Store, StoreUnavailable
 from phalanx import failpoints, wire
+from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.model import MemberPhase
 from phalanx.tls import TlsFiles, coordinator_channel, looks_like_handshake, probe_server, utc_now
 from phalanx.topology import NodeTopology
@@ -102,7 +103,7 @@ class Agent:
         self.keys = store.keys
         self.t = timings
         self.agent_id = agent_id or f"{self.node}-{uuid.uuid4().hex[:8]}"
-        self.launcher = launcher_factory(self._on_exit)
+        self.launcher = launcher_factory(self._on_exit_logged)
         self.guard = EpochGuard()
         self.ledger: DeviceLedger[MemberKey] = DeviceLedger()
         self.fence = FenceTimer(timings.fence_after_s, time.monotonic())
@@ -189,6 +190,9 @@ class Agent:
             self.lease.update(self.fence.last_valid)
 
     async def run(self) -> None:
+        # This task's lines and its tasks' name the node (agent.sim runs
+        # many agents in one process).
+        bind(az=self.az, node=self.node)
         if self.lease is not None:
             self.lease.update(self.fence.last_valid, force=True)
         adopted = await self.launcher.adopt()
@@ -315,6 +319,7 @@ class Agent:
                     self._heard()
                     if kind == "welcome":
                         self.leader_address, self.leader_epoch = address, msg.epoch
+                        bind(epoch=msg.epoch)  # this session's later lines
                         self.connected.set()
                         self._record("connected", epoch=msg.epoch, leader=msg.welcome.coordinator_id)
                 elif kind == "assign":
@@ -465,6 +470,8 @@ class Agent:
         return ""
 
     async def _on_assign(self, epoch: int, a: apb.Assignment) -> None:
+        # Its own task: an assignment is a stimulus of this agent's.
+        bind(epoch=epoch, gang=a.gang, incarnation=a.incarnation, stimulus=new_stimulus(self.node))
         key = MemberKey(a.gang, a.incarnation, a.rank)
         gpus, nics = tuple(a.gpus), tuple(a.nics)
         # The token check runs before the lock, so the members of one gang
@@ -533,9 +540,11 @@ class Agent:
             if rec.phase == MemberPhase.STARTING:
                 rec.phase, rec.pid, rec.at = MemberPhase.RUNNING, handle.pid, handle.started_at
                 self._record("member_started", key=str(key), epoch=epoch, gpus=list(gpus), pid=handle.pid)
+                log.info("agent %s launched %s: pid %s, GPUs %s", self.node, key, handle.pid, list(gpus))
                 self._report(rec)
 
     async def _on_revoke(self, epoch: int, r: apb.Revocation) -> None:
+        bind(epoch=epoch, gang=r.gang, incarnation=r.incarnation, stimulus=new_stimulus(self.node))  # its own task
         targets = [m for k, m in self.members.items() if k.gang == r.gang and k.incarnation == r.incarnation]
         if not any(m.phase.live for m in targets):
             # Nothing to stop: the revocation only lets us forget finished
@@ -582,6 +591,13 @@ class Agent:
         self.members[key] = MemberRecord(key, phase, handle.epoch, handle.gpus, exit_code=code, reason=reason,
                                          pid=handle.pid, at=float(record["ended_wall"]))
 
+    async def _on_exit_logged(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
+        """_on_exit with its lines naming the member's gang: the launcher
+        may call it from a task that watches many members, so the context
+        is scoped to the call, not bound."""
+        with log_context(gang=key.gang, incarnation=key.incarnation, stimulus=new_stimulus(self.node)):
+            await self._on_exit(key, code, ended_mono)
+
     async def _on_exit(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
         rec = self.members.get(key)
         self.ledger.release(key)
@@ -610,4 +626,5 @@ class Agent:
             rec.phase = MemberPhase.SUCCEEDED if code == 0 else MemberPhase.FAILED
         rec.exit_code, rec.at = code, time.time()
         self._record("member_exited", key=str(key), epoch=rec.epoch, code=code, phase=rec.phase.name, **when)
+        log.info("agent %s: %s exited %d (%s)", self.node, key, code, rec.phase.name)
         self._report(rec)

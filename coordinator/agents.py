@@ -18,6 +18,7 @@ from coordinator.core import peer_auth
 from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
 from coordinator.leader import AgentConn, AzLeader
 from phalanx import limits, wire
+from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.certs import Identity, IdentityError
 from phalanx.errors import NotLeader
 from phalanx.tls import peer_identity, utc_now
@@ -41,6 +42,12 @@ def rendezvous_of(reg: apb.Register) -> tuple[str, tuple[int, int]]:
         return address, DEFAULT_PORTS
     r = reg.rendezvous_ports
     return address, validate_port_range(r.first, r.last, "register.rendezvous_ports")
+
+
+def _report_context(leader: AzLeader, m: Any) -> Any:
+    """A member report is a stimulus of its own: what the leader decides on
+    it (a transition, a restart) logs its id, gang and incarnation."""
+    return log_context(stimulus=new_stimulus(leader.az), gang=m.gang or None, incarnation=m.incarnation)
 
 
 def _to_pb(leader: AzLeader, msg: dict[str, Any]) -> apb.CoordinatorMessage:
@@ -94,6 +101,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
         if leader is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
             return
+        bind(epoch=leader.epoch)  # this session's task and its reader task
         # An agent registers at once; one that has not within the time after
         # which a silent node counts as not ready is told why, not dropped
         # with OK.
@@ -127,6 +135,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
             log.warning("refused the registration of node %r: %s", topo.node[:64], "; ".join(errors[:3]))
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "registration refused: " + "; ".join(errors[:10]))
             return
+        bind(node=topo.node)
         if topo.az and topo.az != leader.az:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register.topology.az: agent is in {topo.az}, this leader leads {leader.az}")
             return
@@ -147,6 +156,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
             return
         conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo, address=address, ports=ports,
                          identity=identity)
+        bind(stimulus=new_stimulus(leader.az))  # the registration and its reconciliation
         try:
             if identity is None:
                 await leader.on_register(conn, list(reg.members))
@@ -184,9 +194,11 @@ class AgentServicer(agrpc.AgentServiceServicer):
                         if leader.on_heartbeat(conn):
                             conn.queue.put_nowait({"ack": msg.heartbeat.seq})
                         for m in msg.heartbeat.members:
-                            await leader.on_member(conn, m)
+                            with _report_context(leader, m):
+                                await leader.on_member(conn, m)
                     elif kind == "member":
-                        await leader.on_member(conn, msg.member)
+                        with _report_context(leader, msg.member):
+                            await leader.on_member(conn, msg.member)
             except Exception as exc:  # noqa: BLE001
                 if not isinstance(exc, (asyncio.CancelledError, grpc.aio.AioRpcError)):
                     log.info("session of %s ended: %r", conn.node, exc)

@@ -30,6 +30,7 @@ from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
+from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
 from phalanx.spec import GangSpec
@@ -122,6 +123,7 @@ class AzLeader:
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
         """Lead until the lease is lost or a fenced write fails."""
+        bind(az=self.az, epoch=self.epoch)  # this task's lines, and its spawned tasks'
         try:
             await self._rebuild_while_valid()
             await self.twophase.recover()
@@ -143,7 +145,10 @@ class AzLeader:
                         raise self.failure
                     self.wake.clear()
                     try:
-                        await self.cycle()
+                        # One stimulus per admission cycle: its decisions (and
+                        # the tasks they spawn) log it.
+                        with log_context(stimulus=new_stimulus(self.az)):
+                            await self.cycle()
                     except StoreUnavailable as exc:
                         # A transient etcd error is not a lost leadership: the
                         # lease session decides that (docs/timing.md). Every
@@ -329,6 +334,9 @@ class AzLeader:
             raise Conflict(f"submission of {spec.name!r} raced with another write; retry with the same idempotency key")
         rec = rec.evolve(mod_revision=res.revision)
         self.gangs[gang_id] = rec
+        # The RPC's task: its later lines (and the service's) carry the gang.
+        bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=new_stimulus(self.az))
+        log.info("gang %s submitted to queue %s (%d members)", gang_id, spec.queue, spec.members)
         self.wake.set()
         return rec, True
 
@@ -418,7 +426,7 @@ class AzLeader:
         # Stop (or tell agents to forget) the members of this incarnation.
         for node in {m.node for m in g.placement}:
             self._send(node, revoke=(g.id, inc, reason))
-        log.info("gang %s#%d -> %s: %s", g.id, inc, state.name, reason)
+        log.info("gang %s#%d -> %s: %s", g.id, inc, state.name, reason, extra={"gang": g.id, "incarnation": inc})
         return written
 
     async def _requeue(self, g: GangRecord) -> None:
@@ -437,7 +445,8 @@ class AzLeader:
         await self._write_gang(new, g, ops)
         self._drop_reservation(g.id)
         self.members.pop((g.id, g.incarnation), None)
-        log.info("gang %s restarts as incarnation %d in %.1fs", g.id, new.incarnation, backoff)
+        log.info("gang %s restarts as incarnation %d in %.1fs", g.id, new.incarnation, backoff,
+                 extra={"gang": g.id, "incarnation": new.incarnation})
         self.wake.set()
 
     def _live_member_nodes(self, g: GangRecord) -> set[str]:
@@ -506,17 +515,19 @@ class AzLeader:
                 self.reservations[d.gang.id] = r
                 self.ledger.hold(r)
                 self._inflight.add(d.gang.id)
-                self._spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
+                with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):  # the reserve task's lines
+                    self._spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
             elif isinstance(d, KeepPending):
                 why = self.queue_reason(d)
                 if self.pending_reason.get(d.gang.id) != why:
                     self.pending_reason[d.gang.id] = why
-                    log.debug("gang %s pending: %s", d.gang.id, why)
+                    log.debug("gang %s pending: %s", d.gang.id, why, extra={"gang": d.gang.id})
             elif isinstance(d, FailAdmission):
-                if d.never_fits:
-                    log.info("gang %s fails at once: %s", d.gang.id, d.reason)
-                self._inflight.add(d.gang.id)
-                self._spawn(self._fail_admission(d.gang, d.reason), f"timeout-{d.gang.id}")
+                with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):
+                    if d.never_fits:
+                        log.info("gang %s fails at once: %s", d.gang.id, d.reason)
+                    self._inflight.add(d.gang.id)
+                    self._spawn(self._fail_admission(d.gang, d.reason), f"timeout-{d.gang.id}")
 
     def judges_never_fits(self) -> bool:
         """Whether the registered nodes are complete enough to fail a gang
@@ -587,6 +598,8 @@ class AzLeader:
             self._inflight.discard(g.id)
             self._picking.pop(g.id, None)
         self.pending_reason.pop(g.id, None)
+        log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
+                 len(r.nodes), p.reason)
         self._dispatch(written)
         self._spawn(self._mark_starting(written), f"starting-{g.id}")
 
@@ -944,7 +957,7 @@ class AzLeader:
                 self.check_valid()
                 res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
                 self.nodes[node] = dataclasses.replace(new, mod_revision=res.revision)
-                log.warning("node %s not ready: %s", node, new.reason)
+                log.warning("node %s not ready: %s", node, new.reason, extra={"node": node})
             if silent > self.t.replace_after_s and not live.ready:
                 # Past the node's fence deadline its agent has stopped every
                 # member: fail gangs that had members there and free devices.

@@ -95,6 +95,7 @@ from coordinator.election import observe
 from coordinator.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
 from phalanx import failpoints
 from phalanx.errors import Conflict, NotLeader
+from phalanx.logfmt import bind, bind_event
 from phalanx.model import GangState, MemberPhase
 from phalanx.topology import NodeTopology
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
@@ -248,6 +249,7 @@ class TwoPhaseDriver:
         asyncio.get_running_loop().call_later(delay, fire)
 
     async def _do(self, e: Effect) -> None:
+        bind_event(e)  # this effect's task: its lines name the gang and the stimulus that caused it
         match e:
             case WriteHold():
                 await self._write_hold(e)
@@ -500,6 +502,7 @@ class TwoPhaseDriver:
         return peer_pb2.PeerIdentity(az=self.az, epoch=self.l.epoch, coordinator_id=self.l.info.coordinator_id)
 
     async def _send_prepares(self, prepares: list[SendPrepare]) -> None:
+        bind_event(prepares[0])
         results = await asyncio.gather(*(self._prepare_one(p) for p in prepares), return_exceptions=True)
         await failpoints.hit("owner.after_prepare")
         for p, r in zip(prepares, results):
@@ -580,6 +583,7 @@ class TwoPhaseDriver:
         """Validate a peer's Prepare against etcd (caller is the current
         leader of its AZ; the gang's record names this attempt with this
         slice), then vote. ``PeerRefused`` on bad input: no state change."""
+        bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
         caller = req.caller
         res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
         self._rt(req.gang)
@@ -606,6 +610,7 @@ class TwoPhaseDriver:
         return await self.local_prepare(ev)
 
     async def handle_decision_rpc(self, req: Any, commit: bool) -> tuple[bool, str]:
+        bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
         caller = req.caller
         dkey = self.keys.decision(req.gang, req.incarnation)
         res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
@@ -731,6 +736,7 @@ class TwoPhaseDriver:
         return g
 
     async def _dispatch(self, e: DispatchGang) -> None:
+        bind_event(e)
         g = await self._gang(e.gang)
         self._report_requests(e.gang, e.incarnation, "participant")
         if g is None or g.incarnation != e.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
