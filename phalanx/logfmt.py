@@ -70,6 +70,14 @@ def bind(**fields: Any) -> None:
     _context.set({**_context.get(), **_checked(fields)})
 
 
+def bind_event(ev: Any) -> None:
+    """Bind the gang, incarnation and stimulus_id of a two-phase event or
+    effect (coordinator/core/twophase_events.py) for the rest of the task
+    that performs it."""
+    bind(gang=getattr(ev, "gang", None) or None, incarnation=getattr(ev, "incarnation", None),
+         stimulus=getattr(ev, "stimulus_id", None) or None)
+
+
 def current() -> dict[str, Any]:
     """The fields bound here, now."""
     return dict(_context.get())
