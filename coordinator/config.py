@@ -80,6 +80,9 @@ class Timings:
     # before the connection is closed (each connection has its own thread,
     # so a silent one only holds that thread).
     metrics_handshake_timeout_s: float = 5.0
+    # The leader sets its view's gauges (pending gangs, reservations, nodes,
+    # GPUs) at most this often: they cost a pass over its gangs and nodes.
+    metrics_view_interval_s: float = 1.0
 
     @property
     def leader_validity_s(self) -> float:
@@ -227,6 +230,8 @@ class CoordinatorConfig:
     token_listen: str = ""
     # The --policy file, named in the message when the etcd record wins.
     policy_file: str = ""
+    # HOST:PORT of the /metrics endpoint (docs/metrics.md); "" = off.
+    metrics_listen: str = ""
 
     def validate(self) -> "CoordinatorConfig":
         errors = []
@@ -236,6 +241,13 @@ class CoordinatorConfig:
                 errors.append(f"{name} must be non-empty and contain no '/', got {v!r}")
         if not self.etcd:
             errors.append("etcd must name at least one endpoint")
+        if self.metrics_listen:
+            from phalanx.metrics import parse_listen  # (imports this module)
+
+            try:
+                parse_listen(self.metrics_listen)
+            except ValueError as exc:
+                errors.append(str(exc))
         if bool(self.token_file) != bool(self.token_listen):
             errors.append("token_file and token_listen go together (--token-file FILE --token-listen HOST:PORT)")
         if errors:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from coordinator.config import Timings
 from phalanx.errors import NotLeader
@@ -52,8 +52,11 @@ class LeaderInfo:
 
 
 class LeaseSession:
-    def __init__(self, store: Store, timings: Timings, clock: Clock = time.monotonic):
+    def __init__(self, store: Store, timings: Timings, clock: Clock = time.monotonic, metrics: Any = None):
         self.store = store
+        # ``metrics``: a coordinator.metrics.CoordinatorMetrics (keepalive
+        # round trips and failures); None: not measured.
+        self.metrics = metrics
         self.timings = timings
         self.clock = clock
         self.lease_id = 0
@@ -104,7 +107,13 @@ class LeaseSession:
                 ttl = await self._ka.ping(min(t.etcd_timeout_s, max(0.05, self.remaining())))
             except StoreUnavailable as exc:
                 log.info("keepalive of lease %x failed: %s", self.lease_id, exc)
+                if self.metrics is not None:
+                    self.metrics.keepalive(None)
+                    self.metrics.etcd_request("lease", self.clock() - sent, False)
                 continue
+            if self.metrics is not None:
+                self.metrics.keepalive(self.clock() - sent)
+                self.metrics.etcd_request("lease", self.clock() - sent, True)
             if ttl <= 0:
                 self._mark_lost("etcd says the lease is gone")
                 return

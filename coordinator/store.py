@@ -506,7 +506,12 @@ class Store:
         timeout: float = 2.0,
         suspect_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        metrics: Any = None,
     ):
+        # ``metrics``: where request latencies and failures go (a
+        # coordinator.metrics.CoordinatorMetrics: etcd_request(kind, seconds,
+        # ok) and fenced_write_refused()); None: not measured.
+        self.metrics = metrics
         self._endpoints = parse_endpoints(endpoints)
         # ``tls``: an etcd client directory's files (etcd_pki.files); None
         # reaches etcd in plaintext (only behind --insecure).
@@ -630,8 +635,24 @@ class Store:
         return StoreDenied(f"etcd denied {what}{on} to etcd user {user}: {details}; that user's role does not "
                            f"allow it (roles: phalanx etcd-auth)", key=key, user=self.user)
 
+    def _measured(self, kind: str, started: float, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.etcd_request(kind, time.perf_counter() - started, ok)
+
     async def _call(self, method: Callable[[_Member], Any], req: Any, what: str, timeout: float | None = None,
-                    *, blame_timeout: bool = True, key: str | Callable[[], str] = "") -> Any:
+                    *, blame_timeout: bool = True, key: str | Callable[[], str] = "", kind: str = "get") -> Any:
+        """``_call_once`` measured as one etcd request of ``kind``."""
+        started = time.perf_counter()
+        try:
+            resp = await self._call_once(method, req, what, timeout, blame_timeout=blame_timeout, key=key)
+        except (StoreUnavailable, StoreDenied):
+            self._measured(kind, started, False)
+            raise
+        self._measured(kind, started, True)
+        return resp
+
+    async def _call_once(self, method: Callable[[_Member], Any], req: Any, what: str, timeout: float | None = None,
+                         *, blame_timeout: bool = True, key: str | Callable[[], str] = "") -> Any:
         """One call on the current member. ``blame_timeout=False``: a
         DEADLINE_EXCEEDED is not held against the member (a large range read
         may simply be slow; moving would also break every open watch). A
@@ -680,9 +701,12 @@ class Store:
             req = epb.RangeRequest(key=start, range_end=end, keys_only=keys_only, limit=size, revision=revision)
             member, index, generation = self._pin()
             what = f"range {prefix} (page of {size} from {start[len(prefix.encode()):][:64]!r}, at {member.endpoint})"
+            started = time.perf_counter()
             try:
                 resp = await member.kv.Range(req, timeout=max(self.timeout, 5.0), metadata=_METADATA)
+                self._measured("get", started, True)
             except grpc.aio.AioRpcError as exc:
+                self._measured("get", started, False)
                 if exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and size > 1:
                     size = max(1, size // 2)  # the reply was over our receive limit
                     continue
@@ -730,7 +754,7 @@ class Store:
             success=[o.to_pb() for o in success],
             failure=[o.to_pb() for o in failure],
         )
-        resp = await self._call(lambda m: m.kv.Txn, req, "txn", key=lambda: _txn_keys(compares, success, failure))
+        resp = await self._call(lambda m: m.kv.Txn, req, "txn", key=lambda: _txn_keys(compares, success, failure), kind="txn")
         results: list[tuple[KV, ...] | None] = []
         for r in resp.responses:
             if r.HasField("response_range"):
@@ -753,6 +777,8 @@ class Store:
             return res
         leader = res.results[0]
         if not leader or leader[0].create_revision != fence.epoch:
+            if self.metrics is not None:
+                self.metrics.fenced_write_refused()
             raise NotLeader(f"leader key of {fence.az} no longer has epoch {fence.epoch}")
         return TxnResult(False, res.revision, res.results[1:])
 
@@ -765,14 +791,14 @@ class Store:
 
     # -- leases
     async def grant_lease(self, ttl: int) -> int:
-        resp = await self._call(lambda m: m.lease.LeaseGrant, epb.LeaseGrantRequest(TTL=ttl), "lease grant")
+        resp = await self._call(lambda m: m.lease.LeaseGrant, epb.LeaseGrantRequest(TTL=ttl), "lease grant", kind="lease")
         if resp.error:
             raise StoreUnavailable(f"lease grant refused: {resp.error}")
         return resp.ID
 
     async def revoke_lease(self, lease_id: int) -> None:
         try:
-            await self._call(lambda m: m.lease.LeaseRevoke, epb.LeaseRevokeRequest(ID=lease_id), "lease revoke")
+            await self._call(lambda m: m.lease.LeaseRevoke, epb.LeaseRevokeRequest(ID=lease_id), "lease revoke", kind="lease")
         except StoreUnavailable as exc:
             if "not found" not in str(exc):
                 raise
@@ -816,6 +842,8 @@ class Store:
                     # progress notification: lets the caller advance its resume point
                     yield []
         except grpc.aio.AioRpcError as exc:
+            if self.metrics is not None:
+                self.metrics.etcd_request("watch", 0.0, False)
             if opened.abandoned:
                 raise StoreUnavailable(f"watch on {prefix} left unresponsive etcd member {member.endpoint}") from None
             if exc.code() in _FAILOVER:

@@ -56,6 +56,7 @@ class CoordProc:
     address: str
     log_path: Path
     paused: bool = False
+    metrics: str = ""  # HOST:PORT of /metrics (started with --metrics-listen)
 
     @property
     def usable(self) -> bool:
@@ -160,8 +161,9 @@ class LocalCluster:
         if "PHALANX_COORDINATOR_READY" not in line:
             proc.kill()
             raise RuntimeError(f"coordinator {cid} did not start: {line!r}\n{log_path.read_text()}")
-        address = line.split("address=")[1].strip()
-        c = CoordProc(cid, az, proc, address, log_path)
+        address = line.split("address=")[1].split()[0]
+        metrics = line.split("metrics=")[1].split()[0] if "metrics=" in line else ""
+        c = CoordProc(cid, az, proc, address, log_path, metrics=metrics)
         self.coordinators[cid] = c
         return c
 
