@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                   help="serve /metrics here (127.0.0.1:0 picks a port; default off); with --tls-dir HTTPS, "
+                        "scrapers need a client certificate of the cluster's CA (docs/metrics.md)")
     p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
                    help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
     return p
@@ -208,6 +211,26 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
                                    fence_after_s=timings.fence_after_s, fence_grace_s=timings.stop_grace_s,
                                    log_retention_s=a.log_retention_s, run_as=a.run_as_policy)
 
+    from agent.metrics import AgentMetrics
+    from phalanx.metrics import new_registry, serve
+
+    metrics = AgentMetrics(new_registry())
+    try:
+        # Before etcd: a taken port is a start-up error, not a half-started agent.
+        server, metrics_address = serve(a.metrics_listen, metrics.registry, tls=tls, cluster=a.cluster)
+    except OSError as exc:
+        print(f"error: --metrics-listen: cannot serve on {a.metrics_listen}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    try:
+        return await _run_agent(a, timings, address, ports, topo, tls, agent_id, factory, fence_lease, metrics,
+                                metrics_address)
+    finally:
+        if server is not None:
+            server.close()
+
+
+async def _run_agent(a: argparse.Namespace, timings: Any, address: str, ports: Any, topo: Any, tls: Any,
+                     agent_id: str, factory: Any, fence_lease: Any, metrics: Any, metrics_address: str) -> int:
     store = await Store(a.etcd, a.cluster, tls=etcd_tls_files(a), timeout=timings.etcd_timeout_s).connect()
     history = None
     if a.history:
@@ -216,13 +239,17 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
         history = HistoryFile(Path(a.history))
     agent = Agent(cluster=a.cluster, az=a.az, topology=topo, store=store, launcher_factory=factory, timings=timings,
                   agent_id=agent_id, fence_lease=fence_lease, advertise_address=address, rendezvous_ports=ports,
-                  check_ports=not a.simulate_members, tls=tls, history=(lambda e, d: history.append((e, d))) if history is not None else None)
+                  check_ports=not a.simulate_members, tls=tls, history=(lambda e, d: history.append((e, d))) if history is not None else None,
+                  metrics=metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     run = asyncio.create_task(agent.run())
-    print(f"PHALANX_AGENT_READY node={a.node} az={a.az} gpus={len(topo.gpus)} nics={len(topo.nics)}", flush=True)
+    shown = f" metrics={metrics_address}" if metrics_address else ""
+    print(f"PHALANX_AGENT_READY node={a.node} az={a.az} gpus={len(topo.gpus)} nics={len(topo.nics)}{shown}", flush=True)
+    if metrics_address:
+        log.info("metrics at %s://%s/metrics", "https" if tls is not None else "http", metrics_address)
     await stop.wait()
     # SIGTERM: stop members too (a node drain). A crash or SIGKILL leaves them
     # running, and a restarted agent adopts them.
@@ -244,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rendezvous_args(a)
         tls_files(a)
+        if a.metrics_listen:
+            from phalanx.metrics import parse_listen
+
+            parse_listen(a.metrics_listen)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

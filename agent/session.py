@@ -28,8 +28,10 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
 from agent.core.rendezvous import port_refusal
+from agent import metrics as am
 from agent.launcher import Launcher, MemberKey, MemberLaunch
-from agent.process import EXIT_UNKNOWN
+from agent.metrics import AgentMetrics
+from agent.process import EXIT_UNKNOWN, RunAsRefused
 from agent.rendezvous import bind_error, local_address_towards
 from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from coordinator.config import Timings
@@ -69,6 +71,19 @@ UNCONFIRMED = "cannot confirm the leader's token"
 # cancel that raced its admission): the member will never start here.
 TORN_DOWN = "torn down by its leader"
 
+
+class TokenRefusal(str):
+    """Why a token check said no: the message (a str, as logged and
+    reported) and its bounded class (``agent.metrics.TOKEN_REASONS``), so
+    the metrics never parse messages."""
+
+    reason: str
+
+    def __new__(cls, reason: str, text: str) -> "TokenRefusal":
+        obj = super().__new__(cls, text)
+        obj.reason = reason
+        return obj
+
 # Recorded effects, for tests and the chaos history: (monotonic, wall, event, detail)
 HistoryHook = Callable[[str, dict[str, Any]], None]
 
@@ -91,8 +106,13 @@ class Agent:
         rendezvous_ports: tuple[int, int] = DEFAULT_PORTS,
         check_ports: bool = True,
         tls: TlsFiles | None = None,
+        metrics: AgentMetrics | None = None,
     ):
         self.cluster = cluster
+        # The process's agent metrics (shared by the agents of agent.sim);
+        # None: counters of its own, which nobody serves.
+        self.metrics = metrics if metrics is not None else AgentMetrics()
+        self._connected_before = False
         # This agent's certificate files (--tls-dir): its channels to leaders
         # are TLS with them; None: plaintext.
         self.tls = tls
@@ -147,8 +167,19 @@ class Agent:
         # Assignment handling is serialized so ledger checks and starts never
         # interleave for one node.
         self._lock = asyncio.Lock()
+        self.metrics.add_agent(self.connected_now, self.live_members)
 
     # ------------------------------------------------------------ plumbing
+    def connected_now(self) -> bool:
+        """Whether a session with a leader is up (read by the metrics scrape,
+        from its own thread: only reads)."""
+        return self.connected.is_set()
+
+    def live_members(self) -> int:
+        """Members starting or running (read by the metrics scrape)."""
+        # list(): one C-level copy, safe against the loop changing the dict.
+        return sum(1 for r in list(self.members.values()) if r.phase.live)
+
     def _record(self, event: str, **detail: Any) -> None:
         if self.history is not None:
             self.history(event, {"node": self.node, "az": self.az, "mono": time.monotonic(), "wall": time.time(), **detail})
@@ -208,6 +239,7 @@ class Agent:
                     raise
                 except grpc.aio.AioRpcError as exc:
                     if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        self.metrics.session_error(am.SESSION_REFUSED)
                         # A refusal of what this agent sent: retrying sends the
                         # same again, so say it loudly (once per reason); the
                         # fence loop keeps running meanwhile.
@@ -216,10 +248,13 @@ class Agent:
                         self._refused = exc.details()
                     elif (self.tls is not None and exc.code() == grpc.StatusCode.UNAVAILABLE
                           and looks_like_handshake(exc.details() or "")):
+                        self.metrics.session_error(am.SESSION_TLS)
                         await self._refuse_leader(exc.details() or "")
                     else:
+                        self.metrics.session_error(am.SESSION_OTHER)
                         log.debug("agent %s session ended: %r", self.node, exc)
                 except Exception as exc:  # noqa: BLE001 - reconnect on anything
+                    self.metrics.session_error(am.SESSION_OTHER)
                     log.debug("agent %s session ended: %r", self.node, exc)
                 self.connected.clear()
                 if not self._stopping.is_set():
@@ -310,6 +345,7 @@ class Agent:
                 # failpoint agent.ignore_epoch: a planted bug for the chaos checker
                 if not self.guard.accept(msg.epoch) and not failpoints.on("agent.ignore_epoch"):
                     self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)
+                    self.metrics.fenced(am.FENCE_STALE_EPOCH)
                     log.warning("agent %s ignored a message with stale epoch %d (highest %d)", self.node, msg.epoch, self.guard.highest)
                     continue
                 self._last_heard = time.monotonic()
@@ -321,9 +357,13 @@ class Agent:
                         self.leader_address, self.leader_epoch = address, msg.epoch
                         bind(epoch=msg.epoch)  # this session's later lines
                         self.connected.set()
+                        if self._connected_before:
+                            self.metrics.reconnected()
+                        self._connected_before = True
                         self._record("connected", epoch=msg.epoch, leader=msg.welcome.coordinator_id)
                 elif kind == "assign":
                     self._heard()
+                    self.metrics.assignment()
                     asyncio.create_task(self._on_assign(msg.epoch, msg.assign))
                 elif kind == "revoke":
                     self._heard()
@@ -376,6 +416,7 @@ class Agent:
         if self._fenced_episode == self.fence.last_valid:
             return
         self._fenced_episode = self.fence.last_valid
+        self.metrics.fenced(am.FENCE_SILENCE if by == "agent" else am.FENCE_SHIM)
         self._record("fenced", members=[str(r.key) for r in members],
                      silent_s=time.monotonic() - self.fence.last_valid, by=by)
 
@@ -415,7 +456,7 @@ class Agent:
             return await self._token_read(epoch, gang, incarnation)
         why, mine = await self._token_read(epoch, gang, incarnation)
         if not why and gang is not None and (mine is None or not set(gpus) <= set(mine.get("gpus", ()))):
-            why = f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}"
+            why = TokenRefusal(am.TOKEN_DEVICES, f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}")
         return why
 
     async def _token_read(self, epoch: int, gang: str | None, incarnation: int) -> tuple[str, Any]:
@@ -426,6 +467,7 @@ class Agent:
         # must not silently drop an assignment: retry briefly, three tries
         # at most and never past the reconnect budget, then report the token
         # unconfirmed (the leader re-sends; nothing is started unconfirmed).
+        started = time.monotonic()
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(StoreUnavailable),
@@ -436,20 +478,25 @@ class Agent:
                 with attempt:
                     res = await self.store.txn([], ops)
         except StoreUnavailable as exc:
-            return f"{UNCONFIRMED}: {exc}", None
+            return TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"), None
+        finally:
+            self.metrics.token_check_seconds.observe(time.monotonic() - started)
         leader = res.results[0]
         if not leader or leader[0].create_revision != epoch:
-            return f"epoch {epoch} is no longer the leader of {self.az}", None
+            return TokenRefusal(am.TOKEN_NOT_LEADER, f"epoch {epoch} is no longer the leader of {self.az}"), None
         if gang is None:
             return "", None
         r = res.results[1]
         if not r:
-            return f"no reservation for {gang} in {self.az}", None
+            return TokenRefusal(am.TOKEN_NO_RESERVATION, f"no reservation for {gang} in {self.az}"), None
         rec = r[0].json()
         if rec.get("status") == "RELEASING" and int(rec.get("incarnation", -1)) == incarnation:
-            return f"{TORN_DOWN}: reservation of {gang} is RELEASING for incarnation {incarnation}", None
+            return TokenRefusal(am.TOKEN_TORN_DOWN,
+                                f"{TORN_DOWN}: reservation of {gang} is RELEASING for incarnation {incarnation}"), None
         if rec.get("status") != "COMMITTED" or int(rec.get("incarnation", -1)) != incarnation:
-            return f"reservation of {gang} is {rec.get('status')} for incarnation {rec.get('incarnation')}, not COMMITTED for {incarnation}", None
+            return TokenRefusal(am.TOKEN_NOT_COMMITTED,
+                                f"reservation of {gang} is {rec.get('status')} for incarnation "
+                                f"{rec.get('incarnation')}, not COMMITTED for {incarnation}"), None
         return "", rec.get("nodes", {}).get(self.node)
 
     async def _token_ok_shared(self, epoch: int, gang: str, incarnation: int, gpus: tuple[int, ...]) -> str:
@@ -466,7 +513,7 @@ class Agent:
         if why:
             return why
         if mine is None or not set(gpus) <= set(mine.get("gpus", ())):
-            return f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}"
+            return TokenRefusal(am.TOKEN_DEVICES, f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}")
         return ""
 
     async def _on_assign(self, epoch: int, a: apb.Assignment) -> None:
@@ -483,6 +530,8 @@ class Agent:
                 self._report(existing)  # duplicate assignment: idempotent
                 return
             if why:
+                self.metrics.refused(am.REFUSED_TOKEN)
+                self.metrics.token_refused(getattr(why, "reason", am.TOKEN_UNCONFIRMED))
                 self._record("assign_refused_token", key=str(key), epoch=epoch, reason=why)
                 log.warning("agent %s refused %s: %s", self.node, key, why)
                 if why.startswith((UNCONFIRMED, TORN_DOWN)):
@@ -501,6 +550,7 @@ class Agent:
             if clash:
                 rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason="; ".join(clash), at=time.time())
                 self.members[key] = rec
+                self.metrics.refused(am.REFUSED_OVERLAP)
                 self._record("assign_rejected_overlap", key=str(key), epoch=epoch, reason=rec.reason)
                 log.warning("agent %s rejected %s: %s", self.node, key, rec.reason)
                 self._report(rec)
@@ -514,6 +564,7 @@ class Agent:
                 if why:
                     rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason=why, at=time.time())
                     self.members[key] = rec
+                    self.metrics.refused(am.REFUSED_PORT)
                     self._record("assign_rejected_port", key=str(key), epoch=epoch, reason=why)
                     log.warning("agent %s rejected %s: %s", self.node, key, why)
                     self._report(rec)
@@ -532,11 +583,14 @@ class Agent:
             try:
                 handle = await self.launcher.start(launch)
             except Exception as exc:  # noqa: BLE001
+                self.metrics.refused(am.REFUSED_RUN_AS if isinstance(exc, RunAsRefused) else am.REFUSED_LAUNCH)
                 self.ledger.release(key)
                 self._ports.pop(key, None)
                 rec.phase, rec.exit_code, rec.reason = MemberPhase.FAILED, 127, f"launch failed: {exc}"
                 self._report(rec)
                 return
+            # Started: its one exit is counted in _on_exit, whenever it comes.
+            self.metrics.member_started()
             if rec.phase == MemberPhase.STARTING:
                 rec.phase, rec.pid, rec.at = MemberPhase.RUNNING, handle.pid, handle.started_at
                 self._record("member_started", key=str(key), epoch=epoch, gpus=list(gpus), pid=handle.pid)
@@ -554,6 +608,7 @@ class Agent:
             return
         why = await self._token_ok(epoch)
         if why:
+            self.metrics.token_refused(getattr(why, "reason", am.TOKEN_UNCONFIRMED))
             self._record("revoke_refused_token", gang=r.gang, epoch=epoch, reason=why)
             log.warning("agent %s ignored revoke of %s: %s", self.node, r.gang, why)
             return
@@ -599,6 +654,7 @@ class Agent:
             await self._on_exit(key, code, ended_mono)
 
     async def _on_exit(self, key: MemberKey, code: int, ended_mono: float | None = None) -> None:
+        self.metrics.member_exited(code)
         rec = self.members.get(key)
         self.ledger.release(key)
         self._ports.pop(key, None)

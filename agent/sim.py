@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from agent.launcher import agent_identity, Launcher, MemberKey
+from agent.metrics import AgentMetrics
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
 from coordinator.config import Timings, timings_from_arg
 from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, split_port_range
 from coordinator.store import Store
 from phalanx import logfmt
+from phalanx.metrics import new_registry, parse_listen, serve
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.topology import NodeTopology
 from phalanx.usage import OneLineParser
@@ -92,6 +94,10 @@ def launcher_factory(launch: bool, state_dir: Path | None, agent_id: str,
 LOOPBACK = "127.0.0.1"
 
 
+class MetricsUnavailable(Exception):
+    """The metrics address cannot be served (taken, or does not resolve)."""
+
+
 def node_port_slices(ports: tuple[int, int], nodes: int, *, strict: bool) -> list[tuple[int, int]]:
     """One disjoint slice of ``ports`` per simulated node. With fewer ports
     than nodes, timer members (which bind nothing) may share slices; real
@@ -120,15 +126,41 @@ async def run_agents(
     rendezvous_ports: tuple[int, int] = DEFAULT_PORTS,
     tls_dir: Path | None = None,
     etcd_tls: TlsFiles | None = None,
+    metrics: AgentMetrics | None = None,
+    metrics_listen: str = "",
 ) -> None:
     """``tls_dir``: a directory with ca.crt and agent-<node>.crt/.key for
     every simulated node (each agent connects with its own node's
-    certificate); ``etcd_tls``: the agents' etcd user files. None: plaintext."""
+    certificate); ``etcd_tls``: the agents' etcd user files. None: plaintext.
+    ``metrics``: the one set of metrics all these agents count in (None: a
+    new one); ``metrics_listen``: serve it there (HTTPS with the first
+    node's certificate under ``tls_dir``), shown as ``metrics=`` in the
+    ready line."""
     # Every simulated node lives on this host: members reach each other on
     # loopback, and each node owns its own slice of the ports, so two gangs
     # whose rank 0 sit on different simulated nodes never share a port.
     slices = node_port_slices(rendezvous_ports, len(topologies), strict=launch)
     tls = node_tls(Path(tls_dir) if tls_dir is not None else None, [t.node for t in topologies], cluster)
+    # One registry for the process: its agents add up (no node label).
+    metrics = metrics if metrics is not None else AgentMetrics(new_registry())
+    server_tls = tls.get(topologies[0].node) if tls and topologies else None
+    try:
+        server, metrics_address = serve(metrics_listen, metrics.registry, tls=server_tls, cluster=cluster)
+    except OSError as exc:
+        raise MetricsUnavailable(f"--metrics-listen: cannot serve on {metrics_listen}: {exc.strerror or exc}") from None
+    try:
+        await _run(cluster=cluster, az=az, etcd=etcd, topologies=topologies, timings=timings, launch=launch,
+                   state_dir=state_dir, ready_line=ready_line, stop_event=stop_event, history=history, slices=slices,
+                   tls=tls, etcd_tls=etcd_tls, metrics=metrics, metrics_address=metrics_address)
+    finally:
+        if server is not None:
+            server.close()
+
+
+async def _run(*, cluster: str, az: str, etcd: str, topologies: list[NodeTopology], timings: Timings, launch: bool,
+               state_dir: Path | None, ready_line: bool, stop_event: asyncio.Event | None, history: list | None,
+               slices: list[tuple[int, int]], tls: dict[str, TlsFiles], etcd_tls: TlsFiles | None,
+               metrics: AgentMetrics, metrics_address: str) -> None:
     store = await Store(etcd, cluster, tls=etcd_tls, timeout=timings.etcd_timeout_s).connect()
     # Plaintext agents share one channel per leader; under TLS each agent
     # presents its own node's certificate, so each keeps its own channels.
@@ -141,13 +173,16 @@ async def run_agents(
             tls=tls.get(t.node),
             fence_lease=fence_lease_path(launch, state_dir, ids[t.node]),
             history=(lambda ev, d: history.append((ev, d))) if history is not None else None,
-            advertise_address=LOOPBACK, rendezvous_ports=slices[i], check_ports=launch,
+            advertise_address=LOOPBACK, rendezvous_ports=slices[i], check_ports=launch, metrics=metrics,
         )
         for i, t in enumerate(topologies)
     ]
     tasks = [asyncio.create_task(a.run(), name=f"agent-{a.node}") for a in agents]
     if ready_line:
-        print(f"PHALANX_AGENTS_READY az={az} nodes={len(agents)}", flush=True)
+        shown = f" metrics={metrics_address}" if metrics_address else ""
+        print(f"PHALANX_AGENTS_READY az={az} nodes={len(agents)}{shown}", flush=True)
+    if metrics_address:
+        log.info("metrics at %s://%s/metrics", "https" if tls else "http", metrics_address)
     stop_event = stop_event or asyncio.Event()
     try:
         await stop_event.wait()
@@ -186,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insecure", action="store_true",
                    help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
+    p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
+                   help="serve the metrics of all these agents here (127.0.0.1:0 picks a port; default off); with "
+                        "--tls-dir HTTPS, scrapers need a client certificate of the cluster's CA (docs/metrics.md)")
     p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
                    help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
     a = p.parse_args(argv)
@@ -222,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(ETCD_PLAINTEXT_WARNING)
     try:
         ports = parse_port_range(a.rendezvous_ports, "--rendezvous-ports")
+        if a.metrics_listen:
+            parse_listen(a.metrics_listen)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -242,13 +282,17 @@ def main(argv: list[str] | None = None) -> int:
                 cluster=a.cluster, az=a.az, etcd=a.etcd, topologies=topologies, timings=timings,
                 launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
                 history=sink, rendezvous_ports=ports, tls_dir=Path(a.tls_dir) if a.tls_dir else None,
-                etcd_tls=etcd_tls,
+                etcd_tls=etcd_tls, metrics_listen=a.metrics_listen,
             )
         finally:
             if sink is not None:
                 sink.close()
 
-    asyncio.run(amain())
+    try:
+        asyncio.run(amain())
+    except MetricsUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,0 +1,198 @@
+"""An agent's /metrics (docs/metrics.md, "Agent"): a real ``python -m agent``
+with real members and ``--metrics-listen``, under TLS, against a real
+coordinator and etcd. The scrapes (HTTPS with an admin client certificate of
+the cluster's CA, parsed with prometheus_client's parser) move exactly as the
+test's members do: N started, one exited with code 3, a rank 0 refused for
+its port counted under that reason, one self-fence when the leader goes
+silent, and the session gauge and reconnects as the agent saw them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from phalanx.metrics import ScrapeError, scrape
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import REPO, TERMINAL, LocalCluster
+from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
+
+pytestmark = pytest.mark.integration
+AZ = "az-a"
+NODE = "metrics-n1"
+FIX = REPO / "tests" / "fixtures" / "topology" / "hgx-h100"
+
+
+@pytest.fixture
+def tmp_path(member_tmp: Path) -> Path:
+    """A directory members can reach (they run as nobody when the suite runs
+    as root): the agent's state dir, with their work dirs, lives in it."""
+    return writable(member_tmp / "t")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_agent(c: LocalCluster, port: int, history: Path) -> tuple[subprocess.Popen, str]:
+    """The agent with real members; its one rendezvous port is ``port``.
+    Returns the process and the metrics address from its ready line."""
+    log = c.workdir / f"agent-{NODE}.log"
+    cmd = [
+        sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", NODE,
+        "--timings", c._timings_json(), *c.agent_args(NODE), "--metrics-listen", "127.0.0.1:0",
+        "--nvml-recording", str(FIX / "nvml.json"), "--sysfs-recording", str(FIX / "sysfs.json"),
+        "--advertise-address", "127.0.0.1", "--rendezvous-ports", f"{port}-{port}",
+        "--state-dir", str(c.workdir / "agent-state"), "--history", str(history), "--log-level", "INFO",
+    ]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
+    ready, _, _ = select.select([p.stdout], [], [], 30)
+    line = p.stdout.readline() if ready else ""
+    assert line.startswith("PHALANX_AGENT_READY") and " metrics=" in line, (line, log.read_text())
+    fields = dict(part.split("=", 1) for part in line.split()[1:])
+    return p, fields["metrics"]
+
+
+def stop(p: subprocess.Popen) -> None:
+    p.terminate()
+    try:
+        p.wait(20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+    if p.stdout:
+        p.stdout.close()
+
+
+class Scraper:
+    def __init__(self, c: LocalCluster, address: str):
+        self.address = address
+        self.cluster = c.cluster
+        self.tls = c.pki.client_files("admin", "tester", ())
+
+    async def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """(sample name, sorted labels) -> value."""
+        text = await asyncio.to_thread(scrape, self.address, tls=self.tls, cluster=self.cluster)
+        out = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+        return out
+
+    async def value(self, name: str, **labels: str) -> float:
+        return (await self.samples())[(name, tuple(sorted(labels.items())))]
+
+    async def wait(self, name: str, want: float, timeout: float = 30.0, **labels: str) -> None:
+        deadline = time.monotonic() + timeout
+        got = None
+        while time.monotonic() < deadline:
+            got = await self.value(name, **labels)
+            if got == want:
+                return
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"{name}{labels} is {got}, not {want}, after {timeout}s")
+
+
+def exited(s: dict, cls: str) -> float:
+    return s[("phalanx_agent_members_exited_total", (("class", cls),))]
+
+
+def refused(s: dict, reason: str) -> float:
+    return s[("phalanx_agent_assignments_refused_total", (("reason", reason),))]
+
+
+def fences(s: dict, kind: str) -> float:
+    return s[("phalanx_agent_fence_events_total", (("kind", kind),))]
+
+
+def history(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gang(name: str, members: int, command: list[str], **kw) -> pb.GangSpec:
+    return pb.GangSpec(name=name, members=members, resources=pb.Resources(gpus=1),
+                       run=pb.RunSpec(command=command), **kw)
+
+
+async def test_agent_metrics_follow_its_members(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "c0")
+    await c.wait_leader(AZ)
+    port = free_port()
+    hist = tmp_path / "history.jsonl"
+    agent, address = start_agent(c, port, hist)
+    try:
+        m = Scraper(c, address)
+        # TLS rules: no client certificate, no metrics.
+        with pytest.raises(ScrapeError):
+            await asyncio.to_thread(scrape, address, tls=None, cluster=c.cluster)
+        await m.wait("phalanx_agent_sessions_connected", 1)
+        s = await m.samples()
+        assert s[("phalanx_agent_members_started_total", ())] == 0
+        assert s[("phalanx_agent_members_running", ())] == 0
+
+        # Two members that succeed, then one that exits 3 (no restart).
+        ok = await c.submit(gang("ok", 2, [MEMBER_PYTHON, "-c", "pass"]))
+        assert (await c.wait_state(ok.id, TERMINAL, 60)).state == pb.GANG_STATE_SUCCEEDED
+        bad = await c.submit(gang("bad", 1, [MEMBER_PYTHON, "-c", "import sys; sys.exit(3)"], policy=pb.Policy(max_restarts=0)))
+        assert (await c.wait_state(bad.id, TERMINAL, 60)).state == pb.GANG_STATE_FAILED
+        await m.wait("phalanx_agent_members_exited_total", 1, **{"class": "error"})
+        s = await m.samples()
+        assert s[("phalanx_agent_members_started_total", ())] == 3
+        assert exited(s, "success") == 2 and exited(s, "error") == 1
+        assert sum(exited(s, k) for k in ("fenced", "signal", "spawn_failed", "unknown")) == 0
+        assert s[("phalanx_agent_members_running", ())] == 0
+        assert s[("phalanx_agent_assignments_total", ())] >= 3
+        assert sum(v for (name, _), v in s.items() if name == "phalanx_agent_assignments_refused_total") == 0
+        # At least one check per gang (the members of a gang arriving together share one).
+        assert s[("phalanx_agent_token_check_seconds_count", ())] >= 2
+
+        # Rank 0's MASTER_PORT (the node's only rendezvous port) is taken: refused, with that reason.
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", port))
+            held.listen()
+            blocked = await c.submit(gang("blocked", 1, [MEMBER_PYTHON, "-c", "pass"], policy=pb.Policy(max_restarts=0)))
+            assert (await c.wait_state(blocked.id, TERMINAL, 60)).state == pb.GANG_STATE_FAILED
+        s = await m.samples()
+        refusals = [e for e in history(hist) if e["event"] == "assign_rejected_port"]
+        assert refusals and refused(s, "port") == len(refusals)
+        assert sum(refused(s, r) for r in ("token", "overlap", "run_as", "launch_failed")) == 0
+        assert s[("phalanx_agent_members_started_total", ())] == 3  # nothing started
+
+        # A running member, then a silent leader: one self-fence (by the agent
+        # or by the member's shim, whichever got there first), the member ends.
+        long = await c.submit(gang("long", 1, [MEMBER_PYTHON, "-c", "import time; time.sleep(120)"], policy=pb.Policy(max_restarts=0)))
+        await c.wait_state(long.id, {pb.GANG_STATE_RUNNING}, 60)
+        await m.wait("phalanx_agent_members_running", 1)
+        coord.signal(signal.SIGSTOP)
+        try:
+            await m.wait("phalanx_agent_members_running", 0)
+            await m.wait("phalanx_agent_sessions_connected", 0)
+        finally:
+            coord.signal(signal.SIGCONT)
+        s = await m.samples()
+        assert fences(s, "silence") + fences(s, "shim") == 1
+        assert [e["by"] for e in history(hist) if e["event"] == "fenced"] == \
+            ["agent" if fences(s, "silence") else "shim"]
+        assert s[("phalanx_agent_members_started_total", ())] == 4
+        assert exited(s, "signal") + exited(s, "fenced") == 1
+        # Back with a leader: one more session, counted as a reconnect.
+        await m.wait("phalanx_agent_sessions_connected", 1)
+        connects = [e for e in history(hist) if e["event"] == "connected"]
+        assert len(connects) >= 2
+        assert await m.value("phalanx_agent_reconnects_total") == len(connects) - 1
+        assert (await m.value("phalanx_agent_session_errors_total", kind="refused")) == 0
+        assert (await m.value("phalanx_agent_session_errors_total", kind="tls")) == 0
+    finally:
+        stop(agent)
