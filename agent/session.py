@@ -517,8 +517,9 @@ class Agent:
         return ""
 
     async def _on_assign(self, epoch: int, a: apb.Assignment) -> None:
-        # Its own task: an assignment is a stimulus of this agent's.
-        bind(epoch=epoch, gang=a.gang, incarnation=a.incarnation, stimulus=new_stimulus(self.node))
+        # Its own task. The leader's stimulus id when it sent one: the
+        # decision that placed the member, followed into this agent's lines.
+        bind(epoch=epoch, gang=a.gang, incarnation=a.incarnation, stimulus=a.stimulus_id or new_stimulus(self.node))
         key = MemberKey(a.gang, a.incarnation, a.rank)
         gpus, nics = tuple(a.gpus), tuple(a.nics)
         # The token check runs before the lock, so the members of one gang
@@ -598,7 +599,8 @@ class Agent:
                 self._report(rec)
 
     async def _on_revoke(self, epoch: int, r: apb.Revocation) -> None:
-        bind(epoch=epoch, gang=r.gang, incarnation=r.incarnation, stimulus=new_stimulus(self.node))  # its own task
+        bind(epoch=epoch, gang=r.gang, incarnation=r.incarnation,  # its own task; the stimulus as for assignments
+             stimulus=r.stimulus_id or new_stimulus(self.node))
         targets = [m for k, m in self.members.items() if k.gang == r.gang and k.incarnation == r.incarnation]
         if not any(m.phase.live for m in targets):
             # Nothing to stop: the revocation only lets us forget finished

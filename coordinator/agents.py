@@ -52,11 +52,12 @@ def _report_context(leader: AzLeader, m: Any) -> Any:
 
 def _to_pb(leader: AzLeader, msg: dict[str, Any]) -> apb.CoordinatorMessage:
     out = apb.CoordinatorMessage(epoch=leader.epoch, az=leader.az)
+    stimulus = str(msg.get("stimulus", ""))
     if "assign" in msg:
-        out.assign.CopyFrom(apb.Assignment(**msg["assign"]))
+        out.assign.CopyFrom(apb.Assignment(**msg["assign"], stimulus_id=stimulus))
     elif "revoke" in msg:
         gang, inc, reason = msg["revoke"]
-        out.revoke.CopyFrom(apb.Revocation(gang=gang, incarnation=inc, reason=reason))
+        out.revoke.CopyFrom(apb.Revocation(gang=gang, incarnation=inc, reason=reason, stimulus_id=stimulus))
     elif "ack" in msg:
         out.heartbeat_ack.seq = msg["ack"]
     return out

@@ -30,7 +30,7 @@ from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
-from phalanx.logfmt import bind, log_context, new_stimulus
+from phalanx.logfmt import bind, current, log_context, new_stimulus
 from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
 from phalanx.spec import GangSpec
@@ -700,7 +700,9 @@ class AzLeader:
     def _send(self, node: str, **msg: Any) -> None:
         conn = self.conns.get(node)
         if conn is not None and not conn.closed:
-            conn.queue.put_nowait(msg)
+            # The decision's stimulus id travels with it: the agent's lines
+            # about this assignment or revocation carry it too.
+            conn.queue.put_nowait({**msg, "stimulus": current().get("stimulus", "")})
 
     # -------------------------------------------------------- agent events
     async def on_register(self, conn: AgentConn, members: list[Any]) -> None:

@@ -104,7 +104,7 @@ class Welcome(_message.Message):
     def __init__(self, coordinator_id: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., fence_after_s: _Optional[float] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("gang", "incarnation", "rank", "world_size", "local_rank", "local_world_size", "gpus", "nics", "command", "env", "duration_s", "master_addr", "master_port", "owner")
+    __slots__ = ("gang", "incarnation", "rank", "world_size", "local_rank", "local_world_size", "gpus", "nics", "command", "env", "duration_s", "master_addr", "master_port", "owner", "stimulus_id")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class Assignment(_message.Message):
     MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
     MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     gang: str
     incarnation: int
     rank: int
@@ -140,17 +141,20 @@ class Assignment(_message.Message):
     master_addr: str
     master_port: int
     owner: str
-    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., duration_s: _Optional[float] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_rank: _Optional[int] = ..., local_world_size: _Optional[int] = ..., gpus: _Optional[_Iterable[int]] = ..., nics: _Optional[_Iterable[str]] = ..., command: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., duration_s: _Optional[float] = ..., master_addr: _Optional[str] = ..., master_port: _Optional[int] = ..., owner: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class Revocation(_message.Message):
-    __slots__ = ("gang", "incarnation", "reason")
+    __slots__ = ("gang", "incarnation", "reason", "stimulus_id")
     GANG_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_ID_FIELD_NUMBER: _ClassVar[int]
     gang: str
     incarnation: int
     reason: str
-    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    stimulus_id: str
+    def __init__(self, gang: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., stimulus_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatAck(_message.Message):
     __slots__ = ("seq",)

@@ -2,7 +2,7 @@
 every line either writes to stderr is one JSON object with the fields of
 docs/logging.md, the leader's admission of a gang names the gang and a
 stimulus id, and the agent's launch of a member names gang, incarnation and
-node."""
+node, and the stimulus of the admission that sent it."""
 
 from __future__ import annotations
 
@@ -106,5 +106,10 @@ async def test_json_logs_of_a_gang_from_submission_to_launch(local_cluster: Loca
     assert len(launched) == 2, [x["message"] for x in al]
     for x in launched:
         assert (x["gang"], x["incarnation"], x["node"], x["epoch"]) == (g.id, 1, "n0", leader.epoch)
-        assert x["stimulus"].startswith("n0-")
-    assert len({x["stimulus"] for x in launched}) == 2  # one per assignment
+        # Followed from the decision into the other process: the assignment
+        # carried the admission's stimulus id.
+        assert x["stimulus"] == adm["stimulus"]
+    # A member's exit is the agent's own stimulus: "<node>-N", one per exit.
+    exits = [x for x in al if "exited" in x["message"] and x["logger"] == "agent.session"]
+    assert len(exits) == 2 and all(x["gang"] == g.id and x["stimulus"].startswith("n0-") for x in exits)
+    assert len({x["stimulus"] for x in exits}) == 2
