@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from coordinator.config import CoordinatorConfig
+from coordinator.core import events as ev
 from coordinator.core import peer_auth, progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
@@ -106,6 +107,9 @@ class AzLeader:
         # revoke every running member as "no committed reservation".
         self.rebuilt = asyncio.Event()
         self._inflight: set[str] = set()  # gangs with a write in flight
+        # Events seen outside a write (a takeover's "fenced"): they ride on
+        # the gang's next write instead of costing one of their own.
+        self._unwritten_events: dict[str, list[ev.GangEvent]] = {}
         # Rendezvous ports picked for placements whose write is in flight
         # (gang -> (rank-0 node, port)): taken for concurrent picks too.
         self._picking: dict[str, tuple[str, int]] = {}
@@ -241,6 +245,9 @@ class AzLeader:
             if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
                 # (RESTARTING gangs are not terminal: they are kept too.)
                 self.gangs[g.id] = g
+                before = ev.last_epoch(g.events)
+                if before and before != self.epoch and not g.state.terminal:
+                    self._unwritten_events[g.id] = [ev.fenced(self.wall(), self.epoch, self.az, before, g.incarnation)]
             self.collector.note(g)  # finished gangs we own: collected after gang_retention_s
         for n in nodes:
             self.nodes[n.name] = n
@@ -249,9 +256,14 @@ class AzLeader:
             self.liveness[n.name] = NodeLiveness(last_contact=now, ready=False)
 
     # --------------------------------------------------------------- writes
-    async def _write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = ()) -> GangRecord:
-        """Fenced write of a gang record guarded by its last revision."""
+    async def _write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = (),
+                          events: list = ()) -> GangRecord:
+        """Fenced write of a gang record guarded by its last revision;
+        ``events`` (and any waiting in _unwritten_events) are appended to its
+        history in the same write."""
         self.check_valid()
+        waiting = self._unwritten_events.get(new.id, [])
+        new = new.with_events(waiting + list(events))
         guard = [unchanged_rev(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
         res = await self.store.fenced_txn(
             self.fence, guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
@@ -267,6 +279,7 @@ class AzLeader:
                     self.gangs[cur.id] = cur
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
+        self._unwritten_events.pop(new.id, None)
         self.gangs[new.id] = written
         self.collector.note(written)
         return written
@@ -280,6 +293,7 @@ class AzLeader:
         for key in [k for k in self.members if k[0] == gang_id]:
             del self.members[key]
         self.pending_reason.pop(gang_id, None)
+        self._unwritten_events.pop(gang_id, None)
         self.twophase.forget(gang_id)
 
     # ----------------------------------------------------------- submission
@@ -296,6 +310,7 @@ class AzLeader:
         rec = GangRecord(
             id=gang_id, spec=spec, state=GangState.PENDING, owner_az=self.az, submitted_at=now,
             updated_at=now, idempotency_key=idempotency_key, reason="waiting for placement", owner=owner,
+            events=ev.append((), [ev.submitted(now, self.epoch, owner, spec.queue, spec.priority)]),
         )
         compares = [absent(k.name(spec.name))]
         ops = [Put(k.name(spec.name), {"id": gang_id})]
@@ -377,7 +392,7 @@ class AzLeader:
         return rec
 
     # -------------------------------------------------------------- cancel
-    async def cancel(self, gang_id: str, reason: str) -> GangRecord:
+    async def cancel(self, gang_id: str, reason: str, by: str = "") -> GangRecord:
         self.check_valid()
         # Before rebuild() the reservations are unknown: cancelling then would
         # strand the gang's reservation.
@@ -393,9 +408,11 @@ class AzLeader:
                 raise FailedPrecondition(f"gang {gang_id} is owned by {g.owner_az}, not {self.az}")
         if g.state.terminal:
             raise FailedPrecondition(f"id: gang {gang_id} is already {g.state.name}; nothing to cancel")
-        return await self._finish(g, GangState.CANCELLED, reason or "cancelled by user")
+        reason = reason or "cancelled by user"
+        return await self._finish(g, GangState.CANCELLED, reason,
+                                  [ev.cancelled(self.wall(), self.epoch, g.incarnation, by, reason)])
 
-    async def _finish(self, g: GangRecord, state: GangState, reason: str) -> GangRecord:
+    async def _finish(self, g: GangRecord, state: GangState, reason: str, events: list = ()) -> GangRecord:
         """Tear an incarnation down: to a terminal state, or to RESTARTING.
         Its devices stay held (reservation RELEASING) until every member is
         known to be gone, so they are never handed to another gang (or to the
@@ -414,7 +431,10 @@ class AzLeader:
             else:
                 ops.append(Delete(k.reservation(self.az, g.id)))
         new = g.evolve(state=state, reason=reason, updated_at=self.wall())
-        written = await self._write_gang(new, g, ops)
+        events = list(events)
+        if state.terminal:
+            events.append(ev.finished(self.wall(), self.epoch, g.incarnation, state.name, reason))
+        written = await self._write_gang(new, g, ops, events=events)
         if r is not None:
             if releasing is not None:
                 self.reservations[g.id] = releasing
@@ -437,6 +457,7 @@ class AzLeader:
         if g.id in self.reservations:
             ops.append(Delete(self.keys.reservation(self.az, g.id)))
         backoff = self.t.restart_backoff(g.restarts)
+        # (No event: "restarting" was recorded when the restart was decided.)
         new = g.evolve(
             state=GangState.PENDING, incarnation=g.incarnation + 1, restarts=g.restarts + 1, placement=(), span=None,
             not_before=self.wall() + backoff, updated_at=self.wall(),
@@ -576,9 +597,14 @@ class AzLeader:
                 new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall(),
                                master_addr=addr, master_port=port)
                 key = self.keys.reservation(self.az, g.id)
+                # Placed and reserved are one decision and one write here
+                # (single AZ); two-phase gangs record them apart.
+                events = [ev.placed(self.wall(), self.epoch, g.incarnation, placement, p.reason),
+                          ev.reserved(self.wall(), self.epoch, g.incarnation,
+                                      f"{sum(len(d.gpus) for d in r.nodes.values())} GPUs on {len(r.nodes)} nodes of {self.az} in one write")]
                 await failpoints.hit("leader.before_reserve")
                 try:
-                    written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)])
+                    written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)], events=events)
                 except StoreUnavailable:
                     # Outcome unknown: the txn may have committed although
                     # its reply was lost. Keep the devices held and learn the
@@ -871,14 +897,23 @@ class AzLeader:
     async def _transition(self, g: GangRecord, to: GangState, reason: str) -> None:
         """Apply a run-time transition; a failure restarts the whole gang
         while restarts remain (docs/design.md §10.3)."""
+        failed = to == GangState.FAILED
         if to == GangState.FAILED and g.restarts < g.spec.policy.max_restarts:
             to = GangState.RESTARTING
+        now = self.wall()
+        events: list = []
+        if failed:
+            events += ev.member_exits(now, self.epoch, g.incarnation, self.members.get((g.id, g.incarnation), {}))
+        if to == GangState.RESTARTING:
+            events.append(ev.restarting(now, self.epoch, g.incarnation, g.restarts + 1, g.spec.policy.max_restarts, reason))
+        elif to == GangState.RUNNING:
+            events.append(ev.started(now, self.epoch, g.incarnation, len(g.placement)))
         self._inflight.add(g.id)
         try:
             if to.terminal or to == GangState.RESTARTING:
-                await self._finish(g, to, reason)
+                await self._finish(g, to, reason, events)
             else:
-                await self._write_gang(g.evolve(state=to, reason=reason, updated_at=self.wall()), g)
+                await self._write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
         except Conflict as exc:
             log.info("gang %s: %s", g.id, exc)
         finally:

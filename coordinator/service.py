@@ -132,7 +132,7 @@ class Caller:
     ``identity`` None: a plaintext coordinator (nothing is checked)."""
 
     identity: Identity | None
-    owner: str = ""  # what a submission records
+    owner: str = ""  # what a submission records (and a cancel names in its event)
     forwarded: bool = False
     policy: authz.Policy = authz.Policy()
 
@@ -246,7 +246,8 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def CancelGang(self, request: gpb.CancelGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
         _valid_reason(request.reason)  # before anything is read or forwarded
         rec = await self._load(request.id)
-        await self._authorize(context, authz.CANCEL, gang_owner=rec.owner, gang_id=rec.id, ident=request.id)
+        # Who cancels goes into the gang's "cancelled" event (and along with a forward).
+        by = (await self._authorize(context, authz.CANCEL, gang_owner=rec.owner, gang_id=rec.id, ident=request.id)).owner
         if rec.state.terminal:
             from phalanx.errors import FailedPrecondition
 
@@ -256,11 +257,11 @@ class GangServicer(ggrpc.GangServiceServicer):
             info = await self._leader_of(rec.owner_az)
             if info is None:
                 raise Unavailable(f"{rec.owner_az}, which owns gang {rec.id}, has no leader right now; retry shortly")
-            return await self._forward(context, info, "CancelGang", request)
-        leader, forwarded = await self._leader_or_forward(context, "CancelGang", request)
+            return await self._forward(context, info, "CancelGang", request, by)
+        leader, forwarded = await self._leader_or_forward(context, "CancelGang", request, by)
         if forwarded is not None:
             return forwarded
-        return convert.gang_to_pb(await leader.cancel(rec.id, request.reason))
+        return convert.gang_to_pb(await leader.cancel(rec.id, request.reason, by=by))
 
     def _forwarded(self, context: grpc.aio.ServicerContext) -> bool:
         return any(k == FORWARDED for k, _ in (context.invocation_metadata() or ()))
@@ -322,6 +323,11 @@ class GangServicer(ggrpc.GangServiceServicer):
         if not decision.allowed:
             raise PermissionDenied(decision.reason)
         if identity.role == "coordinator":  # forwarded (decide refuses it otherwise)
+            if action == authz.CANCEL:
+                # Only names the canceller in the gang's events (the first
+                # coordinator decided): one that sent none, or a bad one, is "".
+                by = dict(context.invocation_metadata() or ()).get(OWNER, "")
+                return Caller(identity, by if authz.valid_owner(by) else "", forwarded, policy)
             if action != authz.SUBMIT:
                 return Caller(identity, "", forwarded, policy)
             owner = dict(context.invocation_metadata() or ()).get(OWNER, "")

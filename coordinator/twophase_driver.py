@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
 
+from coordinator.core import events as ev
 from coordinator.core import progress
 from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation, read_records
@@ -443,7 +444,9 @@ class TwoPhaseDriver:
                            reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.l.wall(),
                            master_addr=addr, master_port=port)
             self._rt(e.gang)
-            await self.l._write_gang(new, g)
+            placed = ev.placed(self.l.wall(), self.l.epoch, e.incarnation, placement,
+                               f"two-phase across {', '.join(sorted(p.azs()))}: {p.reason}")
+            await self.l._write_gang(new, g, events=[placed])
         except (Conflict, StoreUnavailable) as exc:
             self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                        reason=str(exc)))
@@ -458,8 +461,10 @@ class TwoPhaseDriver:
             return
         self.l._inflight.add(g.id)
         try:
+            reserved = ev.reserved(self.l.wall(), self.l.epoch, g.incarnation,
+                                   f"committed in every AZ of its plan ({', '.join(sorted({m.az for m in g.placement}))})")
             written = await self.l._write_gang(g.evolve(state=GangState.RESERVED, reason="committed in every AZ of its plan",
-                                                        updated_at=self.l.wall()), g)
+                                                        updated_at=self.l.wall()), g, events=[reserved])
         except Conflict as exc:
             log.info("gang %s: %s", e.gang, exc)
             return
@@ -1158,7 +1163,7 @@ class TwoPhaseDriver:
             new = g.evolve(owner_az=self.az, updated_at=self.l.wall(),
                            reason=f"adopted by {self.az}: {g.owner_az} has had no leader for over {self.l.t.owner_adopt_after_s:g}s")
             try:
-                await self.l._write_gang(new, g)
+                await self.l._write_gang(new, g, events=[ev.adopted(self.l.wall(), self.l.epoch, g.incarnation, new.reason)])
                 log.warning("adopted gang %s from leaderless AZ %s", g.id, g.owner_az)
                 self.l.wake.set()
             except Conflict:

@@ -56,7 +56,7 @@ from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, InvalidSpec, load_spec, read_spec_bytes
 from phalanx.tls import TlsError
 from phalanx.v1 import types_pb2 as pb
-from phalanx.wire import message_to_dict, topology_from_pb
+from phalanx.wire import message_to_dict, spec_from_pb, topology_from_pb
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -313,6 +313,68 @@ async def cmd_explain(client: AsyncClient, args: argparse.Namespace) -> int:
         ]
         table = format_table(["LEVEL", "DOMAIN", "GPUS FREE/TOTAL", "GPUS NEEDED", "MEMBERS FIT/NEEDED", "REASON"], rows)
         _print("\n".join("  " + line for line in table.splitlines()))
+    return EXIT_OK
+
+
+# --- `phalanx describe` and `phalanx events` (docs/events.md) -------------------
+
+
+def event_line(e: pb.GangEventRecord) -> str:
+    """One event, as `phalanx events` and `phalanx describe` print it."""
+    inc = f"inc={e.incarnation}" if e.incarnation else "inc=-"
+    return f"{_clock(e.at)}  epoch={e.epoch}  {inc}  {e.kind:<13}  {e.message}"
+
+
+def describe_full(gang: pb.Gang, now: float | None = None) -> str:
+    """`phalanx describe`: spec, state, placement, events, in reading order."""
+    spec = yaml.safe_dump(spec_from_pb(gang.spec).to_dict(), sort_keys=False).rstrip("\n")
+    out = [f"gang {gang.id}", "spec:"] + ["  " + line for line in spec.splitlines()]
+    state = [
+        ("state", f"{state_name(gang)} (incarnation {gang.incarnation}, restarts {gang.restarts})"),
+        ("owner az", gang.owner_az or "-"),
+        ("submitted", f"{_clock(gang.submitted_at)} ({age_since(gang.submitted_at, now)} ago)" if gang.submitted_at else "-"),
+        ("updated", f"{_clock(gang.updated_at)} ({age_since(gang.updated_at, now)} ago)" if gang.updated_at else "-"),
+    ]
+    if gang.owner:
+        state.insert(2, ("submitted by", gang.owner))
+    if gang.reason:
+        state.append(("reason", gang.reason))
+    if gang.span:
+        state.append(("span", level_label(gang.span)))
+    width = max(len(k) for k, _ in state) + 1
+    out.append("state:")
+    out.extend(f"  {(k + ':').ljust(width)} {v}" for k, v in state)
+    if gang.placement:
+        out.append("placement:")
+        rows = [[m.rank, m.az, m.node, ",".join(str(g) for g in m.gpus) or "-", ",".join(m.nics) or "-"]
+                for m in sorted(gang.placement, key=lambda m: m.rank)]
+        out.extend("  " + line for line in format_table(["RANK", "AZ", "NODE", "GPUS", "NICS"], rows).splitlines())
+    else:
+        out.append("placement: -")
+    if gang.events:
+        out.append("events:")
+        out.extend("  " + event_line(e) for e in gang.events)
+    else:
+        out.append("events: - (none recorded: a coordinator older than events wrote this gang)")
+    return "\n".join(out)
+
+
+async def cmd_describe(client: AsyncClient, args: argparse.Namespace) -> int:
+    gang = await client.get(args.id)
+    _print(dump(gang, args.output) if args.output in ("json", "yaml") else describe_full(gang))
+    return EXIT_OK
+
+
+async def cmd_events(client: AsyncClient, args: argparse.Namespace) -> int:
+    """The gang's events so far, then (unless --no-follow) each new one
+    until the gang is terminal."""
+    if args.no_follow:
+        events: Any = (await client.get(args.id)).events
+        for e in events:
+            _print(json.dumps(message_to_dict(e)) if args.output == "json" else event_line(e))
+        return EXIT_OK
+    async for e in client.watch_events(args.id):
+        _print(json.dumps(message_to_dict(e)) if args.output == "json" else event_line(e))
     return EXIT_OK
 
 
@@ -821,6 +883,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_non_negative_int, default=10, help="pending gangs listed, oldest first (default 10)")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text")
 
+    # `phalanx describe` and `phalanx events` (docs/events.md).
+    p = sub.add_parser("describe", parents=[common], help="one gang in full: spec, state, placement and its events")
+    p.add_argument("id", metavar="ID", help="gang id, or a name (its live gang, else its newest kept one)")
+    p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
+    p = sub.add_parser("events", parents=[common], help="a gang's events, then each new one until it is terminal")
+    p.add_argument("id", metavar="ID", help="gang id, or a name")
+    p.add_argument("--no-follow", action="store_true", help="print the events so far and exit")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: one object per line")
+
     p = sub.add_parser("config", parents=[common],
                        help="where this CLI finds its coordinators and credentials (flags, env, config file); contacts nobody")
 
@@ -940,6 +1011,8 @@ REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] =
     "status": cmd_status,
     "topology": cmd_topology,
     "top": cmd_top,
+    "describe": cmd_describe,
+    "events": cmd_events,
 }
 
 

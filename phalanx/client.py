@@ -911,6 +911,20 @@ class AsyncClient:
             await asyncio.sleep(pause)
             pause = min(pause * 2, _BACKOFF_MAX_S)
 
+    async def watch_events(self, id: str, after_seq: int = 0) -> AsyncIterator[pb.GangEventRecord]:
+        """Yield the gang's events (``Gang.events``, docs/events.md) with a
+        ``seq`` above ``after_seq``, oldest first: those recorded so far, then
+        each new one as the gang's record changes, until the gang is
+        terminal. Built on ``watch``, so it resumes the same way. A
+        ``dropped`` marker is yielded when events were dropped (the bound)
+        before this reader saw them."""
+        last = after_seq
+        async for gang in self.watch(id):
+            for e in gang.events:
+                if e.seq > last:
+                    last = e.seq
+                    yield e
+
     async def _open_watch(self, id: str) -> tuple[Any, gang_pb2.GangEvent]:
         """Open a WatchGang stream and read its first event, with the same
         failover and deadline rules as a unary call."""
@@ -1097,6 +1111,18 @@ class Client:
 
     def watch(self, id: str) -> Iterator[pb.Gang]:
         agen = self._async.watch(id)
+        try:
+            while True:
+                item = self._run(_anext(agen))
+                if item is _END:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            if not self._loop.is_closed():
+                asyncio.run_coroutine_threadsafe(agen.aclose(), self._loop).result()
+
+    def watch_events(self, id: str, after_seq: int = 0) -> Iterator[pb.GangEventRecord]:
+        agen = self._async.watch_events(id, after_seq)
         try:
             while True:
                 item = self._run(_anext(agen))
