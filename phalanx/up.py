@@ -111,6 +111,11 @@ SAMPLE_MEMBER_COMMAND = [
 ]
 
 
+# Every process up starts serves /metrics on a free loopback port (its ready
+# line says which; up prints them all).
+METRICS_LISTEN = "127.0.0.1:0"
+
+
 # The simulator's fabric when --spines / --leaves-per-spine are not given
 # (agent.sim's own defaults).
 SIM_SPINES = 1
@@ -439,6 +444,7 @@ class Child:
     ready: re.Pattern[str]
     proc: subprocess.Popen[bytes] | None = None
     address: str = ""
+    metrics: str = ""  # HOST:PORT of its /metrics, from its ready line
     is_ready: bool = False
     reported_exit: bool = False
     starts: int = 0
@@ -486,7 +492,8 @@ class Child:
         if m:
             self.is_ready = True
             if self.kind == "coordinator":
-                self.address = m.group(1)
+                self.address = m.group("address")
+            self.metrics = m.group("metrics") or ""
             self._log_text = ""
         elif len(self._log_text) > 1 << 20:
             self._log_text = self._log_text[-4096:]  # bound memory on a chatty child
@@ -533,12 +540,13 @@ def build_children(
                     name=cid, kind="coordinator", az=az,
                     argv=[
                         sys.executable, "-m", "coordinator", "--cluster", cluster, "--az", az, "--id", cid,
-                        "--etcd", etcd, *security_args(creds, "coordinator"),
+                        "--etcd", etcd, *security_args(creds, "coordinator"), "--metrics-listen", METRICS_LISTEN,
                         # Last: a retry on another port replaces it.
                         "--listen", f"127.0.0.1:{next(port_iter)}",
                     ],
                     log_path=logs / f"{cid}.log",
-                    ready=re.compile(rf"^PHALANX_COORDINATOR_READY id={re.escape(cid)} az=\S+ address=(\S+)\s*$", re.M),
+                    ready=re.compile(rf"^PHALANX_COORDINATOR_READY id={re.escape(cid)} az=\S+ address=(?P<address>\S+)"
+                                     rf"(?: metrics=(?P<metrics>\S+))?\s*$", re.M),
                 )
             )
     # Every AZ's agents share this host: each AZ process gets its own block of
@@ -553,7 +561,7 @@ def build_children(
             # Always given: the agent certificates were issued for the nodes
             # these flags make (sim_node_names).
             "--spines", str(cfg.sim_spines), "--leaves-per-spine", str(cfg.sim_leaves_per_spine),
-            *security_args(creds, "agents"),
+            *security_args(creds, "agents"), "--metrics-listen", METRICS_LISTEN,
         ]
         if cfg.launch:
             # One dir per AZ process: each keeps its own members.json.
@@ -561,7 +569,8 @@ def build_children(
         children.append(
             Child(
                 name=f"{az}-agents", kind="agents", az=az, argv=argv, log_path=logs / f"{az}-agents.log",
-                ready=re.compile(rf"^PHALANX_AGENTS_READY az={re.escape(az)} nodes=\d+\s*$", re.M),
+                ready=re.compile(rf"^PHALANX_AGENTS_READY az={re.escape(az)} nodes=\d+(?: metrics=(?P<metrics>\S+))?\s*$",
+                                 re.M),
             )
         )
     return children
@@ -845,6 +854,7 @@ class Up:
             f"coordinator(s) and {cfg.nodes_per_az} simulated node(s); waiting for leaders"
         )
         await self._wait_children_ready(env, deadline)
+        self._say_metrics()
         self.addresses = [c.address for c in self.children if c.kind == "coordinator"]
         await self._wait_leaders(self.addresses, deadline)
         # For `phalanx logs`: the agents' state dirs (member logs) are under it.
@@ -859,6 +869,17 @@ class Up:
         self.emit(f"PHALANX_ADDRESS={','.join(self.addresses)}")
         how = "an admin certificate, mutual TLS" if self.creds is not None else "insecure: plaintext"
         self.say(f"for the CLI and the SDK: export PHALANX_CONFIG={self.config_path}  (cluster, addresses, {how})")
+
+    def _say_metrics(self) -> None:
+        """One line per process: where its /metrics is."""
+        scheme = "http" if self.creds is None else "https"
+        for c in self.children:
+            if c.metrics:
+                self.say(f"metrics {c.name} {scheme}://{c.metrics}/metrics")
+        if self.creds is not None:
+            admin = self.creds.admin_dir
+            self.say(f"metrics need a client certificate of the cluster's CA, e.g. curl -sk --cert {admin}/client.crt "
+                     f"--key {admin}/client.key URL (-k: an agent's certificate names no host)")
 
     def client_options(self) -> dict[str, Any]:
         """How ``up``'s own clients (readiness, workload) reach the cluster."""

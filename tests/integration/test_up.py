@@ -30,6 +30,8 @@ from phalanx.client import AsyncClient
 from phalanx.errors import PhalanxError
 from phalanx.etcd_server import EtcdServer
 from phalanx.programs import require
+from phalanx.metrics import ScrapeError, scrape
+from phalanx.tls import TlsFiles
 from phalanx.up import ADMIN_NAME, UpProcess, proc_stat
 from tests.conftest import etcdctl
 from tests.pki import EtcdPki
@@ -99,6 +101,31 @@ def etcdctl_fails(*argv: str) -> str:
     return done.stderr
 
 
+def metrics_lines(up: UpProcess, scheme: str) -> dict[str, str]:
+    """Process name -> HOST:PORT of its /metrics, from up's lines."""
+    found = [re.match(rf"^phalanx up: metrics (\S+) {scheme}://(\S+)/metrics$", line) for line in up.lines]
+    return {m.group(1): m.group(2) for m in found if m}
+
+
+def scrape_families(address: str, tls: TlsFiles | None, cluster: str) -> dict[str, object]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(scrape(address, tls=tls, cluster=cluster))}
+
+
+def wait_agents_connected(address: str, tls: TlsFiles | None, cluster: str, nodes: int, timeout: float = 60.0) -> None:
+    """Until the agent process's session gauge counts ``nodes`` (it sums its agents)."""
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        family = scrape_families(address, tls, cluster)["phalanx_agent_sessions_connected"]
+        value = family.samples[0].value  # type: ignore[attr-defined]
+        if value == nodes:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{address}: phalanx_agent_sessions_connected is {value}, not {nodes}, after {timeout}s")
+
+
 def test_up_no_workload_starts_everything_and_leaves_nothing_behind() -> None:
     cluster = "t" + uuid.uuid4().hex[:10]
     up = UpProcess([
@@ -131,6 +158,21 @@ def test_up_no_workload_starts_everything_and_leaves_nothing_behind() -> None:
         for address in up.addresses:
             refused = asyncio.run(plaintext_status(address))
             assert refused != "answered" and "no coordinator could answer" in refused, (address, refused)
+
+        # One metrics line per process, each served over HTTPS to the
+        # cluster's client certificates only; each agent process's gauge
+        # counts its 2 simulated nodes.
+        metrics = metrics_lines(up, "https")
+        assert sorted(metrics) == ["az-a-agents", "az-a-c0", "az-a-c1", "az-b-agents", "az-b-c0", "az-b-c1"], up.lines
+        assert up.admin_dir is not None
+        admin = TlsFiles(up.admin_dir / "ca.crt", up.admin_dir / "client.crt", up.admin_dir / "client.key")
+        for name, address in metrics.items():
+            if name.endswith("-agents"):
+                wait_agents_connected(address, admin, cluster, 2)
+            else:
+                assert any(n.startswith("phalanx_") for n in scrape_families(address, admin, cluster)), name
+            with pytest.raises(ScrapeError):
+                scrape(address, tls=None, cluster=cluster)
 
         # etcd: TLS with client certificates, and least-privilege users.
         m = up.find_line(r"^phalanx up: etcd at (\S+) \(TLS, client certificates; pid \d+\)")
@@ -421,6 +463,10 @@ def test_up_insecure_runs_plaintext_says_so_and_its_config_says_insecure(tmp_pat
         assert not (up.state_dir / "pki").exists() and not (up.state_dir / "etcd-pki").exists()
         m = up.find_line(r"^phalanx up: etcd at \S+ \(plaintext, no auth; pid \d+\)")
         assert m is not None, "\n".join(up.lines)
+        # Metrics in plaintext too, one line per process.
+        metrics = metrics_lines(up, "http")
+        assert sorted(metrics) == ["az-a-agents", "az-a-c0"], up.lines
+        wait_agents_connected(metrics["az-a-agents"], None, yaml.safe_load(up.config.read_text())["cluster"], 1)
     finally:
         code = up.stop(signal.SIGINT)
     assert code == 0, "\n".join(up.lines[-30:])
