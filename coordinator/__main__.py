@@ -1,7 +1,8 @@
 """`python -m coordinator` — run one coordinator replica.
 
 Prints ``PHALANX_COORDINATOR_READY id=ID az=AZ address=HOST:PORT`` once the
-gRPC server is serving; SIGTERM/SIGINT shut down cleanly (resigning
+gRPC server is serving (`` metrics=HOST:PORT`` appended with
+``--metrics-listen``); SIGTERM/SIGINT shut down cleanly (resigning
 leadership so a standby takes over at once, not after a TTL).
 """
 
@@ -66,6 +67,9 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
                         "[queues=a,b]' lines (docs/security.md), re-read when it changes; needs --tls-dir and --token-listen")
     p.add_argument("--token-listen", default="",
                    help="HOST:PORT of the second TLS port, the one that takes bearer tokens (no client certificate asked)")
+    p.add_argument("--metrics-listen", default="",
+                   help="serve /metrics at HOST:PORT (127.0.0.1:0 picks a port; default off); with --tls-dir only "
+                        "HTTPS with a client certificate of the cluster's CA (docs/metrics.md)")
     p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
     p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
                    help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
@@ -75,7 +79,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     config = CoordinatorConfig(
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,
-        token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy,
+        token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy, metrics_listen=a.metrics_listen,
     ).validate()
     if not a.insecure and not a.tls_dir:
         raise ConfigError(TLS_REQUIRED)
@@ -127,7 +131,9 @@ async def amain(config: CoordinatorConfig, tls: TlsFiles | None = None, policy: 
         await coord.close()
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"PHALANX_COORDINATOR_READY id={config.coordinator_id} az={config.az} address={address}", flush=True)
+    # metrics= after address=: readers that split on "address=" take the first word after it.
+    metrics = f" metrics={coord.metrics_address}" if coord.metrics_address else ""
+    print(f"PHALANX_COORDINATOR_READY id={config.coordinator_id} az={config.az} address={address}{metrics}", flush=True)
     try:
         await coord.run()
     except StoreDenied as exc:  # e.g. an agent's etcd user: it cannot campaign, retrying changes nothing

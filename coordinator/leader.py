@@ -27,6 +27,7 @@ from coordinator.core.placement import FabricIndex, NodeView, Placement, Placeme
 from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, holds_for_unreadable, read_records
 from coordinator.core.twophase_owner import OwnerPhase
+from coordinator.metrics import CoordinatorMetrics, pending_class
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
@@ -74,8 +75,14 @@ class AzLeader:
         wall: Callable[[], float] = time.time,
         mono: Callable[[], float] = time.monotonic,
         peer_channel: Callable[[str], Any] | None = None,
+        metrics: CoordinatorMetrics | None = None,
     ):
         self.store = store
+        # The coordinator's metrics (coordinator/metrics.py); a leader made
+        # without them (unit tests) counts into a registry of its own.
+        self.metrics = metrics if metrics is not None else CoordinatorMetrics(az=config.az)
+        self.pending_classes: dict[str, str] = {}  # the last cycle's reason class per pending gang
+        self._last_view = float("-inf")
         self.keys = store.keys
         self.config = config
         self.t = config.timings
@@ -152,12 +159,17 @@ class AzLeader:
                         # One stimulus per admission cycle: its decisions (and
                         # the tasks they spawn) log it.
                         with log_context(stimulus=new_stimulus(self.az)):
+                            started = time.perf_counter()
                             await self.cycle()
+                            self.metrics.admission_cycle.observe(time.perf_counter() - started)
                     except StoreUnavailable as exc:
                         # A transient etcd error is not a lost leadership: the
                         # lease session decides that (docs/timing.md). Every
                         # write was fenced, so retrying next cycle is safe.
                         log.info("cycle in %s: %s", self.az, exc)
+                    if self.mono() - self._last_view >= self.t.metrics_view_interval_s:
+                        self._last_view = self.mono()
+                        self.publish_view()
             finally:
                 lost.cancel()
         finally:
@@ -352,6 +364,7 @@ class AzLeader:
         # The RPC's task: its later lines (and the service's) carry the gang.
         bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=new_stimulus(self.az))
         log.info("gang %s submitted to queue %s (%d members)", gang_id, spec.queue, spec.members)
+        self.metrics.submitted(spec.queue)
         self.wake.set()
         return rec, True
 
@@ -435,6 +448,10 @@ class AzLeader:
         if state.terminal:
             events.append(ev.finished(self.wall(), self.epoch, g.incarnation, state.name, reason))
         written = await self._write_gang(new, g, ops, events=events)
+        if state.terminal:
+            self.metrics.finished(g.spec.queue, state.name)
+        elif state == GangState.RESTARTING:
+            self.metrics.restarted(g.spec.queue)
         if r is not None:
             if releasing is not None:
                 self.reservations[g.id] = releasing
@@ -526,7 +543,10 @@ class AzLeader:
                    and not is_two_phase(g)]
         if not pending:
             return
+        started = time.perf_counter()
         decisions = self._plan(pending)
+        self.metrics.placement_decision.observe(time.perf_counter() - started)
+        now = self.wall()
         sem = asyncio.Semaphore(self.config.reserve_parallelism)
         for d in decisions:
             if isinstance(d, Reserve):
@@ -539,6 +559,7 @@ class AzLeader:
                 with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):  # the reserve task's lines
                     self._spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
             elif isinstance(d, KeepPending):
+                self.pending_classes[d.gang.id] = pending_class(d, now)
                 why = self.queue_reason(d)
                 if self.pending_reason.get(d.gang.id) != why:
                     self.pending_reason[d.gang.id] = why
@@ -549,6 +570,29 @@ class AzLeader:
                         log.info("gang %s fails at once: %s", d.gang.id, d.reason)
                     self._inflight.add(d.gang.id)
                     self._spawn(self._fail_admission(d.gang, d.reason), f"timeout-{d.gang.id}")
+
+    def publish_view(self) -> None:
+        """Set the metrics' gauges of this leader's view (pending gangs by
+        reason class, reservations, holds, agents, nodes, GPUs); called from
+        the run loop at most every metrics_view_interval_s."""
+        pending: list[str] = []
+        classes: dict[str, str] = {}
+        for g in self.gangs.values():
+            if g.state != GangState.PENDING:
+                continue
+            c = "two_phase" if is_two_phase(g) else self.pending_classes.get(g.id, "no_room")
+            classes[g.id] = c
+            pending.append(c)
+        self.pending_classes = classes  # forget gangs no longer pending
+        views = self.placeable_nodes()
+        free = sum(len(v.free_gpus) for v in views)
+        total = sum(len(v.topology.gpu_indices) for v in views)
+        self.metrics.view(
+            pending=pending, reservations=[r.status for r in self.reservations.values()],
+            holds=[h.state.name for h in self.twophase.participant.holds.values()],
+            agents=sum(1 for c in self.conns.values() if not c.closed), nodes_ready=len(views),
+            gpus_free=free, gpus_used=total - free,
+        )
 
     def judges_never_fits(self) -> bool:
         """Whether the registered nodes are complete enough to fail a gang
@@ -624,6 +668,7 @@ class AzLeader:
             self._inflight.discard(g.id)
             self._picking.pop(g.id, None)
         self.pending_reason.pop(g.id, None)
+        self.metrics.admitted(g.spec.queue, first=written.restarts == 0, since_submit=self.wall() - written.submitted_at)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
         self._dispatch(written)
@@ -914,6 +959,8 @@ class AzLeader:
                 await self._finish(g, to, reason, events)
             else:
                 await self._write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
+                if to == GangState.RUNNING:
+                    self.metrics.running(g.spec.queue, first=g.restarts == 0, since_submit=self.wall() - g.submitted_at)
         except Conflict as exc:
             log.info("gang %s: %s", g.id, exc)
         finally:

@@ -24,6 +24,7 @@ from coordinator.core import peer_auth
 from coordinator.core.authz import Policy
 from coordinator.election import Election, LeaderInfo, LeaseLost, LeaseSession
 from coordinator.leader import AzLeader
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
 from coordinator.store import Store, StoreUnavailable, jitter
@@ -31,6 +32,7 @@ from coordinator.tokens import TokenSource
 from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
+from phalanx import metrics as metrics_http
 from phalanx.tls import ServerCredentialsSource, TlsFiles, coordinator_channel
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
@@ -146,7 +148,13 @@ class Coordinator:
         self.etcd_tls = etcd_tls
         self.policy = policy or Policy()
         self.tls_source: ServerCredentialsSource | None = None
-        self.store = Store(list(config.etcd), config.cluster, tls=etcd_tls, timeout=config.timings.etcd_timeout_s)
+        # This process's own metrics (coordinator/metrics.py), served at
+        # config.metrics_listen once started (metrics_address).
+        self.metrics = CoordinatorMetrics(metrics_http.new_registry(), az=config.az)
+        self.metrics_server: metrics_http.MetricsServer | None = None
+        self.metrics_address = ""
+        self.store = Store(list(config.etcd), config.cluster, tls=etcd_tls, timeout=config.timings.etcd_timeout_s,
+                           metrics=self.metrics)
         self.policies = PolicyCache(self.store, config.timings.policy_max_staleness_s, initial=policy,
                                     initial_source=f"--policy {config.policy_file}" if policy is not None else "")
         self.tokens: TokenSource | None = None
@@ -225,6 +233,13 @@ class Coordinator:
         self.address = self.config.advertise or f"{host}:{port}"
         await server.start()
         self.server = server
+        # Same TLS rules as the gRPC ports: with --tls-dir only HTTPS with a
+        # client certificate of the cluster's CA (phalanx/metrics.py).
+        self.metrics_server, self.metrics_address = metrics_http.serve(
+            self.config.metrics_listen, self.metrics.registry, tls=self.tls, cluster=self.config.cluster,
+            handshake_timeout_s=self.config.timings.metrics_handshake_timeout_s)
+        if self.metrics_server is not None:
+            log.info("metrics at %s", self.metrics_server.url)
         await self._set_health(serving=True)
         return self.address
 
@@ -240,7 +255,7 @@ class Coordinator:
         t = self.config.timings
         election = Election(self.store, self.config.az, self.config.coordinator_id, self.address, t)
         while not self._stopping.is_set():
-            session = LeaseSession(self.store, t)
+            session = LeaseSession(self.store, t, metrics=self.metrics)
             try:
                 await session.start()
             except StoreUnavailable as exc:
@@ -259,8 +274,10 @@ class Coordinator:
                     break
                 leader_info = campaign.result()
                 self.leader_changes += 1
+                self.metrics.leading(leader_info.epoch)
                 log.info("%s leads %s with epoch %d", self.config.coordinator_id, self.config.az, leader_info.epoch)
-                leader = AzLeader(self.store, self.config, leader_info, session, peer_channel=self.peer_channel)
+                leader = AzLeader(self.store, self.config, leader_info, session, peer_channel=self.peer_channel,
+                                  metrics=self.metrics)
                 self.leader = leader
                 lead = asyncio.create_task(leader.run())
                 stop = asyncio.create_task(self._stopping.wait())
@@ -276,6 +293,7 @@ class Coordinator:
                 log.warning("%s lost leadership of %s: %s", self.config.coordinator_id, self.config.az, exc)
             finally:
                 self.leader = None
+                self.metrics.not_leading()
                 if leader_info is not None and self._stopping.is_set() and session.is_valid():
                     await election.resign(leader_info)
                 await session.close(revoke=True)
@@ -297,4 +315,7 @@ class Coordinator:
             await self.server.stop(grace=1.0)
         for ch in self._channels.values():
             await ch.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
         await self.store.close()

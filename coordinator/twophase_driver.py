@@ -415,6 +415,7 @@ class TwoPhaseDriver:
         outcome = Outcome(kv.json()["outcome"])
         if won:
             log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
+            self.l.metrics.twophase_decided(outcome.value, e.reason)
             if e.gang in self.owners:
                 await failpoints.hit("owner.after_decide")
         self._to_both(e.gang, DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
@@ -471,6 +472,7 @@ class TwoPhaseDriver:
         finally:
             self.l._inflight.discard(g.id)
         self._rt(e.gang)
+        self.l.metrics.admitted(g.spec.queue, first=written.restarts == 0, since_submit=self.l.wall() - written.submitted_at)
         self._report_requests(e.gang, e.incarnation, "owner")
         self.l.pending_reason.pop(e.gang, None)
         self._spawn(self.l._mark_starting(written), f"starting-{e.gang}")
