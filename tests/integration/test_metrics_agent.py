@@ -23,7 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import types_pb2 as pb
-from tests.integration.harness import REPO, TERMINAL, LocalCluster
+from agent.metrics import AgentMetrics
+from agent.sim import run_agents
+from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, tiny
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -196,3 +198,39 @@ async def test_agent_metrics_follow_its_members(local_cluster: LocalCluster, tmp
         assert (await m.value("phalanx_agent_session_errors_total", kind="tls")) == 0
     finally:
         stop(agent)
+
+
+async def test_simulated_agents_of_one_process_add_up_in_one_registry(local_cluster: LocalCluster) -> None:
+    """agent.sim's agents share one endpoint: no node label, sums."""
+    c = local_cluster
+    c.start_coordinator(AZ, "c0")
+    await c.wait_leader(AZ)
+    nodes = [dgx_node(f"msim-{i}", AZ) for i in range(3)]
+    stop_agents = asyncio.Event()
+    metrics = AgentMetrics()
+    listen = f"127.0.0.1:{free_port()}"
+    task = asyncio.create_task(run_agents(cluster=c.cluster, az=AZ, etcd=c.etcd, topologies=nodes, timings=c.timings,
+                                          ready_line=False, stop_event=stop_agents, metrics=metrics,
+                                          metrics_listen=listen, **c.agents_tls([n.node for n in nodes])))
+    try:
+        m = Scraper(c, listen)
+        deadline = time.monotonic() + 30
+        while True:  # the endpoint is up once run_agents has started it
+            try:
+                await m.samples()
+                break
+            except ScrapeError:
+                assert time.monotonic() < deadline and not task.done(), "agent.sim's metrics never served"
+                await asyncio.sleep(0.1)
+        await m.wait("phalanx_agent_sessions_connected", 3)
+        # One member per node (8 GPUs each): three agents, one set of counters.
+        g = await c.submit(tiny("spread", members=3, gpus=8, duration=0.5))
+        assert (await c.wait_state(g.id, TERMINAL, 60)).state == pb.GANG_STATE_SUCCEEDED
+        await m.wait("phalanx_agent_members_exited_total", 3, **{"class": "success"})
+        s = await m.samples()
+        assert s[("phalanx_agent_members_started_total", ())] == 3
+        assert s[("phalanx_agent_members_running", ())] == 0
+        assert not any(k == "node" for (_, labels) in s for k, _ in labels)
+    finally:
+        stop_agents.set()
+        await asyncio.gather(task, return_exceptions=True)
