@@ -96,7 +96,7 @@ from coordinator.election import observe
 from coordinator.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
 from phalanx import failpoints
 from phalanx.errors import Conflict, NotLeader
-from phalanx.logfmt import bind, bind_event
+from phalanx.logfmt import bind, bind_event, log_context
 from phalanx.model import GangState, MemberPhase
 from phalanx.topology import NodeTopology
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
@@ -1061,7 +1061,10 @@ class TwoPhaseDriver:
                     for ev in batch:
                         rev = max(rev, ev.revision + 1)
                         try:
-                            self._on_watch(ev)
+                            # A watch event is a stimulus (its etcd revision
+                            # names it): what this leader does on it logs it.
+                            with log_context(stimulus=f"watch:{ev.revision}"):
+                                self._on_watch(ev)
                         except (NotLeader, asyncio.CancelledError):
                             raise
                         except Exception:  # noqa: BLE001 - one bad record must not stop the watch

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.v1 import types_pb2 as pb
-from tests.integration.harness import REPO, TERMINAL, LocalCluster
+from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, tiny
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -113,3 +113,40 @@ async def test_json_logs_of_a_gang_from_submission_to_launch(local_cluster: Loca
     exits = [x for x in al if "exited" in x["message"] and x["logger"] == "agent.session"]
     assert len(exits) == 2 and all(x["gang"] == g.id and x["stimulus"].startswith("n0-") for x in exits)
     assert len({x["stimulus"] for x in exits}) == 2
+
+
+async def test_json_logs_of_a_cross_az_gang_carry_the_two_phase_stimulus_ids(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    coords = [c.start_coordinator(az, f"{az[-1]}0", extra_args=["--log-format", "json"]) for az in ("az-a", "az-b")]
+    epochs = {}
+    for az in ("az-a", "az-b"):
+        epochs[az] = (await c.wait_leader(az)).epoch
+        c.start_agents(az, [dgx_node(f"{az[-1]}n0", az)])
+    for az in ("az-a", "az-b"):
+        await c.wait_nodes_ready(az, 1)
+    try:
+        g = await c.submit(tiny("spread", members=2, gpus=8, duration=0.5,
+                                topology=pb.TopologyConstraint(allow_cross_az=True)), address=coords[0].address)
+        done = await c.wait_state(g.id, TERMINAL, timeout=60)
+        assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+        assert sorted(m.az for m in done.placement) == ["az-a", "az-b"]
+    finally:
+        for co in coords:
+            co.signal(signal.SIGTERM)
+            co.proc.wait(20)
+
+    owner, participant = (json_lines(co.log_path) for co in coords)
+    # The owner decides; the participant dispatches its slice: each line of
+    # the protocol names the gang and the stimulus of the event behind it.
+    decided = [x for x in owner if x.get("gang") == g.id and "decided" in x["message"]]
+    dispatched = [x for x in participant if x.get("gang") == g.id and "dispatching" in x["message"]]
+    assert len(decided) == 1 and len(dispatched) == 1, ([x["message"] for x in owner], [x["message"] for x in participant])
+    for x in decided + dispatched:
+        assert x["incarnation"] == 1 and isinstance(x["stimulus"], str) and x["stimulus"]
+    # The owner learns the end from the members' summaries in etcd: the
+    # decision names the watch event (its revision) it acted on, or the
+    # admission cycle whose periodic re-evaluation saw it first.
+    ended = [x for x in owner if x.get("gang") == g.id and "-> SUCCEEDED" in x["message"]]
+    assert len(ended) == 1 and ended[0]["stimulus"].startswith(("watch:", "az-a-")), ended
+    assert (decided[0]["az"], decided[0]["epoch"]) == ("az-a", epochs["az-a"])
+    assert (dispatched[0]["az"], dispatched[0]["epoch"]) == ("az-b", epochs["az-b"])
