@@ -406,6 +406,7 @@ class AzLeader:
 
     # -------------------------------------------------------------- cancel
     async def cancel(self, gang_id: str, reason: str, by: str = "") -> GangRecord:
+        bind(az=self.az, epoch=self.epoch, gang=gang_id, stimulus=new_stimulus(self.az))  # the RPC's task
         self.check_valid()
         # Before rebuild() the reservations are unknown: cancelling then would
         # strand the gang's reservation.
