@@ -4,7 +4,9 @@ coordinator and etcd. The scrapes (HTTPS with an admin client certificate of
 the cluster's CA, parsed with prometheus_client's parser) move exactly as the
 test's members do: N started, one exited with code 3, a rank 0 refused for
 its port counted under that reason, one self-fence when the leader goes
-silent, and the session gauge and reconnects as the agent saw them."""
+silent, and the session gauge and reconnects as the agent saw them. Also:
+agent.sim's agents add up in one registry, and the refusals of a deposed
+leader (test_agent_enforcement's scripted peer) land under their reasons."""
 
 from __future__ import annotations
 
@@ -25,7 +27,13 @@ from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import types_pb2 as pb
 from agent.metrics import AgentMetrics
 from agent.sim import run_agents
+from coordinator.election import Election, LeaseSession
+from coordinator.store import Delete
+from phalanx.metrics import serve
+from phalanx.tls import TlsFiles
+from phalanx.v1 import agent_pb2 as apb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, tiny
+from tests.integration.test_agent_enforcement import T, Rig, assignment, commit, rig, wait_for  # noqa: F401 (rig: a fixture)
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -78,10 +86,14 @@ def stop(p: subprocess.Popen) -> None:
 
 
 class Scraper:
-    def __init__(self, c: LocalCluster, address: str):
-        self.address = address
-        self.cluster = c.cluster
-        self.tls = c.pki.client_files("admin", "tester", ())
+    """Scrapes one endpoint as the cluster's admin (a client certificate of its CA)."""
+
+    def __init__(self, address: str, tls: TlsFiles, cluster: str):
+        self.address, self.tls, self.cluster = address, tls, cluster
+
+    @classmethod
+    def of(cls, c: LocalCluster, address: str) -> "Scraper":
+        return cls(address, c.pki.client_files("admin", "tester", ()), c.cluster)
 
     async def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """(sample name, sorted labels) -> value."""
@@ -135,7 +147,7 @@ async def test_agent_metrics_follow_its_members(local_cluster: LocalCluster, tmp
     hist = tmp_path / "history.jsonl"
     agent, address = start_agent(c, port, hist)
     try:
-        m = Scraper(c, address)
+        m = Scraper.of(c, address)
         # TLS rules: no client certificate, no metrics.
         with pytest.raises(ScrapeError):
             await asyncio.to_thread(scrape, address, tls=None, cluster=c.cluster)
@@ -213,7 +225,7 @@ async def test_simulated_agents_of_one_process_add_up_in_one_registry(local_clus
                                           ready_line=False, stop_event=stop_agents, metrics=metrics,
                                           metrics_listen=listen, **c.agents_tls([n.node for n in nodes])))
     try:
-        m = Scraper(c, listen)
+        m = Scraper.of(c, listen)
         deadline = time.monotonic() + 30
         while True:  # the endpoint is up once run_agents has started it
             try:
@@ -234,3 +246,53 @@ async def test_simulated_agents_of_one_process_add_up_in_one_registry(local_clus
     finally:
         stop_agents.set()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_refusals_by_a_deposed_leader_are_counted_by_reason(rig: Rig, cluster_pki, cluster_name: str) -> None:
+    """The scripted deposed leader of test_agent_enforcement against the real
+    agent code: each refusal lands under its reason, served over TLS."""
+    store, peer, lead, agent, history = rig.store, rig.peer, rig.lead, rig.agent, rig.history
+    server, address = serve("127.0.0.1:0", agent.metrics.registry, tls=cluster_pki.agent("n0"), cluster=cluster_name)
+    try:
+        m = Scraper(address, cluster_pki.client_files("admin", "tester", ()), cluster_name)
+        await asyncio.wait_for(peer.registered.wait(), 10)
+        peer.send(lead.epoch, welcome=apb.Welcome(coordinator_id="scripted"))
+        await m.wait("phalanx_agent_sessions_connected", 1)
+        await commit(store, "ok", 1, [0, 1], lead.epoch)
+        peer.send(lead.epoch, assign=assignment("ok", [0, 1]))
+        await wait_for(lambda: any(e == "member_started" for e, _ in history))
+        await commit(store, "overlap", 1, [1, 2], lead.epoch)
+        peer.send(lead.epoch, assign=assignment("overlap", [1, 2]))
+        await wait_for(lambda: any(e == "assign_rejected_overlap" for e, _ in history))
+        peer.send(lead.epoch, assign=assignment("ghost", [5]))  # no reservation
+        await wait_for(lambda: any(e == "assign_refused_token" and "ghost" in d["key"] for e, d in history))
+        # Deposed: a successor holds the leader key.
+        await store.txn([], [Delete(store.keys.leader(AZ))])
+        session = await LeaseSession(store, T).start()
+        try:
+            successor = await Election(store, AZ, "successor", "127.0.0.1:1", T).campaign(session)
+            await commit(store, "late", 1, [6], lead.epoch)
+            peer.send(lead.epoch, assign=assignment("late", [6]))
+            await wait_for(lambda: any(e == "assign_refused_token" and "late" in d["key"] for e, d in history))
+            peer.send(lead.epoch, revoke=apb.Revocation(gang="ok", incarnation=1, reason="stale"))
+            await wait_for(lambda: any(e == "revoke_refused_token" for e, _ in history))
+            peer.send(successor.epoch, heartbeat_ack=apb.HeartbeatAck(seq=1))
+            peer.send(lead.epoch, revoke=apb.Revocation(gang="ok", incarnation=1, reason="stale"))
+            await wait_for(lambda: any(e == "stale_message_ignored" for e, _ in history))
+        finally:
+            await session.close()
+        s = await m.samples()
+        assert s[("phalanx_agent_assignments_total", ())] == 4
+        assert s[("phalanx_agent_members_started_total", ())] == 1
+        assert s[("phalanx_agent_members_running", ())] == 1
+        assert {r: refused(s, r) for r in ("token", "overlap", "port", "run_as", "launch_failed")} == \
+            {"token": 2, "overlap": 1, "port": 0, "run_as": 0, "launch_failed": 0}
+        failures = {dict(labels)["reason"]: v for (name, labels), v in s.items()
+                    if name == "phalanx_agent_token_check_failures_total"}
+        # ghost: no reservation; late and the revoke: a deposed epoch.
+        assert failures == {"not_leader": 2, "no_reservation": 1, "not_committed": 0, "torn_down": 0, "devices": 0,
+                            "unconfirmed": 0}
+        assert fences(s, "token_refused") == 3 and fences(s, "stale_epoch") == 1
+        assert fences(s, "silence") == 0 and fences(s, "shim") == 0
+    finally:
+        server.close()
