@@ -84,6 +84,7 @@ class TokenRefusal(str):
         obj.reason = reason
         return obj
 
+
 # Recorded effects, for tests and the chaos history: (monotonic, wall, event, detail)
 HistoryHook = Callable[[str, dict[str, Any]], None]
 
