@@ -257,3 +257,27 @@ def test_kustomization_names_existing_files() -> None:
     for path in k["resources"]:
         for doc in yaml.safe_load_all((MON / path).read_text()):
             assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], path
+
+
+def test_service_monitors_find_the_metrics_ports_of_the_manifests() -> None:
+    base = REPO / "deploy" / "k8s" / "base"
+    objects = {(d["kind"], d["metadata"]["name"]): d for f in ("coordinator.yaml", "agent.yaml")
+               for d in yaml.safe_load_all((base / f).read_text()) if d}
+    agent_service = yaml.safe_load((MON / "k8s" / "agent-metrics-service.yaml").read_text())
+    services = {"coordinator": objects[("Service", "phalanx-coordinator")], "agent": agent_service}
+    pods = {"coordinator": objects[("StatefulSet", "phalanx-coordinator")]["spec"]["template"],
+            "agent": objects[("DaemonSet", "phalanx-agent")]["spec"]["template"]}
+    monitors = {m["metadata"]["name"]: m for m in yaml.safe_load_all(MONITORS.read_text())}
+    for component, monitor in (("coordinator", "phalanx-coordinators"), ("agent", "phalanx-agents")):
+        service, pod = services[component], pods[component]
+        assert monitors[monitor]["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+        (port,) = [p for p in service["spec"]["ports"] if p["name"] == "metrics"]
+        (container,) = [c for c in pod["spec"]["containers"] if c["name"] == component]
+        named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+        assert port["targetPort"] == "metrics" and "metrics" in named, component
+        # The container listens where its port says (--metrics-listen HOST:PORT).
+        (listen,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--metrics-listen=")]
+        assert listen.rsplit(":", 1)[1] == str(named["metrics"]), component
+    # The coordinator ServiceMonitor must not also pick up the agents' Service.
+    assert not monitors["phalanx-coordinators"]["spec"]["selector"]["matchLabels"].items() <= agent_service["metadata"]["labels"].items()

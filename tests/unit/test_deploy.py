@@ -48,6 +48,7 @@ K8S = DEPLOY / "k8s"
 BASE = K8S / "base"
 OVERLAYS = sorted(p for p in (K8S / "overlays").iterdir() if p.is_dir())
 GRPC_PORT = 7070
+METRICS_PORTS = {"coordinator": 9090, "agent": 9101}  # --metrics-listen, scraped by deploy/monitoring
 PLACEHOLDER = "SET-BY-OVERLAY"
 
 # What the API server / kubelet would fill in through the downward API.
@@ -305,6 +306,8 @@ def test_coordinator_args_parse(
     # Listens on the served port; publishes the pod IP (downward API) in etcd.
     assert config.listen.rsplit(":", 1)[1] == str(GRPC_PORT)
     assert config.advertise == f"{FIELD_VALUES['status.podIP']}:{GRPC_PORT}"
+    # /metrics on the port the container and the Service name "metrics".
+    assert config.metrics_listen == f"0.0.0.0:{METRICS_PORTS['coordinator']}"
     assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
 
 
@@ -313,15 +316,18 @@ def test_coordinator_probes_and_service_use_the_served_port() -> None:
     deploy = objects[("StatefulSet", "phalanx-coordinator")]
     container = only(pod_spec(deploy)["containers"], "coordinator")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"grpc": GRPC_PORT}
+    assert ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORTS["coordinator"]}
     for probe in ("readinessProbe", "livenessProbe"):
         # A TCP probe: the kubelet's gRPC probe dials plaintext without a
         # client certificate, which the TLS-only server refuses.
         assert set(container[probe]) & {"grpc", "httpGet", "tcpSocket", "exec"} == {"tcpSocket"}, probe
         assert container[probe]["tcpSocket"]["port"] in (GRPC_PORT, "grpc"), probe
     service = objects[("Service", "phalanx-coordinator")]
-    (port,) = service["spec"]["ports"]
+    by_name = {p["name"]: p for p in service["spec"]["ports"]}
+    assert set(by_name) == {"grpc", "metrics"}
+    port = by_name["grpc"]
     assert port["port"] == GRPC_PORT and port["targetPort"] in ("grpc", GRPC_PORT)
+    assert by_name["metrics"]["targetPort"] == "metrics"
     pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert deploy["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
@@ -371,6 +377,10 @@ def test_agent_args_parse(name: str, objects: dict, secrets: dict[str, dict[str,
     assert a.etcd == cms["phalanx-etcd"]["endpoints"]
     timings_from_mapping(json.loads(a.timings))
     assert not a.simulate_members and not a.nvml_recording and not a.sysfs_recording
+    # /metrics on the node's address (host network: the pod IP), the
+    # container port the headless metrics Service of deploy/monitoring names.
+    assert a.metrics_listen == f"{FIELD_VALUES['status.podIP']}:{METRICS_PORTS['agent']}"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": METRICS_PORTS["agent"]}
 
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in spec["volumes"]}
