@@ -114,6 +114,7 @@ SAMPLE_MEMBER_COMMAND = [
 # Every process up starts serves /metrics on a free loopback port (its ready
 # line says which; up prints them all).
 METRICS_LISTEN = "127.0.0.1:0"
+METRICS_LINE = re.compile(r"^phalanx up: metrics (\S+) (https?://\S+/metrics)$")
 
 
 # The simulator's fabric when --spines / --leaves-per-spine are not given
@@ -1475,6 +1476,12 @@ class UpProcess:
     @property
     def addresses(self) -> list[str]:
         return self.address.split(",") if self.address else []
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Process name (``az-a-c0``, ``az-a-agents``, ...) -> its /metrics
+        URL, from the lines ``up`` printed."""
+        found = (METRICS_LINE.match(line) for line in self.lines)
+        return {m.group(1): m.group(2) for m in found if m}
 
     def start(self, timeout: float = 240.0) -> "UpProcess":
         # SIGTERM when the caller dies (a killed test run): `up` then cleans up.

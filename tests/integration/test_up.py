@@ -102,9 +102,10 @@ def etcdctl_fails(*argv: str) -> str:
 
 
 def metrics_lines(up: UpProcess, scheme: str) -> dict[str, str]:
-    """Process name -> HOST:PORT of its /metrics, from up's lines."""
-    found = [re.match(rf"^phalanx up: metrics (\S+) {scheme}://(\S+)/metrics$", line) for line in up.lines]
-    return {m.group(1): m.group(2) for m in found if m}
+    """Process name -> HOST:PORT of its /metrics, from up's lines (all of them ``scheme``)."""
+    urls = up.metrics_urls()
+    assert all(u.startswith(f"{scheme}://") for u in urls.values()), urls
+    return {name: u.removeprefix(f"{scheme}://").removesuffix("/metrics") for name, u in urls.items()}
 
 
 def scrape_families(address: str, tls: TlsFiles | None, cluster: str) -> dict[str, object]:
