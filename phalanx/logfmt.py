@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import sys
+import threading
 import time
 from contextvars import ContextVar
 from typing import Any, Iterator, Mapping
@@ -178,10 +179,25 @@ def configure(level: str, fmt: str, component: str, *, static: Mapping[str, Any]
         raise ValueError(f"--log-level: {level!r} is not a logging level (DEBUG, INFO, WARNING, ERROR)") from None
     logging.captureWarnings(True)
     if fmt == "json":
-        # A crash's traceback would otherwise be the one non-JSON text on
-        # stderr: it becomes a CRITICAL line with the traceback in "exc".
+        # Python writes these tracebacks to stderr itself, bypassing logging:
+        # a crash, an exception in a thread (e.g. a metrics server's), one in
+        # a __del__ ("Exception ignored in"). Each becomes one JSON line with
+        # the traceback in "exc".
+        log = logging.getLogger(component)
+
         def log_uncaught(kind: Any, value: Any, tb: Any) -> None:
-            logging.getLogger(component).critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, tb))
+            log.critical("uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, tb))
+
+        def log_thread(args: Any) -> None:
+            if args.exc_type is not SystemExit:
+                log.error("exception in thread %s: %s", getattr(args.thread, "name", "?"), args.exc_value,
+                          exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+
+        def log_unraisable(u: Any) -> None:
+            log.warning("exception ignored in %r: %s", u.object, u.exc_value,
+                        exc_info=(u.exc_type, u.exc_value, u.exc_traceback) if u.exc_type else None)
 
         sys.excepthook = log_uncaught
+        threading.excepthook = log_thread
+        sys.unraisablehook = log_unraisable
     return handler

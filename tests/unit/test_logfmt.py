@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import sys
+import threading
 import warnings
 
 import pytest
@@ -35,11 +36,12 @@ def clean_logging():
     """configure() changes the root logger, warnings capture and the
     excepthook: put them back."""
     root = logging.getLogger()
-    handlers, level, hook = root.handlers[:], root.level, sys.excepthook
+    handlers, level = root.handlers[:], root.level
+    hooks = sys.excepthook, threading.excepthook, sys.unraisablehook
     yield
     root.handlers[:] = handlers
     root.setLevel(level)
-    sys.excepthook = hook
+    sys.excepthook, threading.excepthook, sys.unraisablehook = hooks
     logging.captureWarnings(False)
 
 
@@ -222,6 +224,28 @@ def test_configure_json_logs_an_uncaught_exception_as_json(clean_logging):
         sys.excepthook(*sys.exc_info())
     line = json.loads(out.getvalue())
     assert line["level"] == "CRITICAL" and "disk gone" in line["message"] and "OSError" in line["exc"]
+
+
+def test_configure_json_logs_thread_and_unraisable_exceptions_as_json(clean_logging):
+    out = io.StringIO()
+    logfmt.configure("info", "json", "agent", stream=out)
+
+    def fail() -> None:
+        raise RuntimeError("in a thread")
+
+    t = threading.Thread(target=fail, name="scraper")
+    t.start()
+    t.join()
+
+    class Bad:
+        def __del__(self) -> None:
+            raise ValueError("in __del__")
+
+    Bad()  # collected at once (CPython refcounting): "Exception ignored in ..."
+    lines = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert [x["level"] for x in lines] == ["ERROR", "WARNING"]
+    assert "scraper" in lines[0]["message"] and "RuntimeError: in a thread" in lines[0]["exc"]
+    assert "in __del__" in lines[1]["message"] and "ValueError" in lines[1]["exc"]
 
 
 def test_configure_text_keeps_the_classic_line(clean_logging):
