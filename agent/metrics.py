@@ -11,10 +11,11 @@ or 1).
 
 Counting rules, so that the counters add up:
 - a member is *started* once its launcher returned a handle (the process
-  exists, or its failed spawn will be reported as an exit); every started
-  member is later *exited* exactly once, classified by ``exit_class``. Members
-  adopted after an agent restart were started by the previous agent; their
-  exits are counted by the one that sees them end;
+  exists, or its failed spawn will be reported as an exit), or *adopted* when
+  a restarted agent re-attaches to it; every started or adopted member is
+  later *exited* exactly once, classified by ``exit_class`` (a member that
+  ended while no agent ran is counted exited by the next agent, which
+  neither started nor adopted it);
 - every assignment received is counted once; an assignment the agent does
   not start is counted once more in ``assignments_refused`` under its reason.
 """
@@ -110,6 +111,12 @@ class AgentMetrics:
         self.members_started = Counter(
             "phalanx_agent_members_started", "Members this process's agents started (launcher returned a handle).",
             registry=r)
+        self.members_adopted = Counter(
+            "phalanx_agent_members_adopted", "Live members of a previous agent process re-attached at start.",
+            registry=r)
+        self.orphans_killed = Counter(
+            "phalanx_agent_orphans_killed",
+            "Processes with this agent's marker but no state record, killed at start.", registry=r)
         self.members_exited = Counter(
             "phalanx_agent_members_exited", "Members that ended, by exit code class.", ["class"], registry=r)
         self.assignments = Counter(
@@ -173,6 +180,11 @@ class AgentMetrics:
     # ---------------------------------------------------------------- events
     def member_started(self) -> None:
         self.members_started.inc()
+
+    def adopted(self, members: int, orphans: int) -> None:
+        """At start: ``members`` re-attached, ``orphans`` killed."""
+        self.members_adopted.inc(members)
+        self.orphans_killed.inc(orphans)
 
     def member_exited(self, code: int) -> None:
         self.members_exited.labels(exit_class(code)).inc()

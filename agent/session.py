@@ -228,6 +228,7 @@ class Agent:
         if self.lease is not None:
             self.lease.update(self.fence.last_valid, force=True)
         adopted = await self.launcher.adopt()
+        self.metrics.adopted(len(adopted), len(getattr(self.launcher, "orphans_killed", ())))
         for h in adopted:
             self.members[h.key] = MemberRecord(h.key, MemberPhase.RUNNING, h.epoch, h.gpus, pid=h.pid, at=h.started_at)
             self.ledger.hold(h.key, h.gpus, h.nics)

@@ -11,6 +11,7 @@ leader (test_agent_enforcement's scripted peer) land under their reasons."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import select
 import signal
@@ -27,11 +28,13 @@ from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import types_pb2 as pb
 from agent.metrics import AgentMetrics
 from agent.sim import run_agents
+from coordinator.config import Timings
 from coordinator.election import Election, LeaseSession
 from coordinator.store import Delete
 from phalanx.metrics import serve
 from phalanx.tls import TlsFiles
 from phalanx.v1 import agent_pb2 as apb
+from phalanx.v1 import gang_pb2 as gpb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, tiny
 from tests.integration.test_agent_enforcement import T, Rig, assignment, commit, rig, wait_for  # noqa: F401 (rig: a fixture)
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
@@ -66,7 +69,7 @@ def start_agent(c: LocalCluster, port: int, history: Path) -> tuple[subprocess.P
         "--advertise-address", "127.0.0.1", "--rendezvous-ports", f"{port}-{port}",
         "--state-dir", str(c.workdir / "agent-state"), "--history", str(history), "--log-level", "INFO",
     ]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "a"), text=True, cwd=REPO)
     ready, _, _ = select.select([p.stdout], [], [], 30)
     line = p.stdout.readline() if ready else ""
     assert line.startswith("PHALANX_AGENT_READY") and " metrics=" in line, (line, log.read_text())
@@ -296,3 +299,44 @@ async def test_refusals_by_a_deposed_leader_are_counted_by_reason(rig: Rig, clus
         assert fences(s, "silence") == 0 and fences(s, "shim") == 0
     finally:
         server.close()
+
+
+async def test_a_restarted_agent_counts_the_members_it_adopts(etcd_endpoint: str, cluster_name: str,
+                                                              tmp_path: Path) -> None:
+    """started + adopted - exited = running across an agent restart: the new
+    process started nothing and adopted both live members, whose ends it
+    counts."""
+    # A fence deadline the members outlive the agent's restart by, however
+    # loaded the machine (their shims would fence them otherwise).
+    timings = dataclasses.replace(Timings.fast(), fence_after_s=30.0).validate()
+    c = await LocalCluster(etcd_endpoint, cluster_name, tmp_path, timings).start()
+    try:
+        c.start_coordinator(AZ, "c0")
+        await c.wait_leader(AZ)
+        port, hist = free_port(), tmp_path / "history.jsonl"
+        agent, address = start_agent(c, port, hist)
+        try:
+            g = await c.submit(gang("survivor", 2, [MEMBER_PYTHON, "-c", "import time; time.sleep(300)"]))
+            await c.wait_state(g.id, {pb.GANG_STATE_RUNNING}, 60)
+            await Scraper.of(c, address).wait("phalanx_agent_members_running", 2)
+            agent.kill()  # members keep running; the next agent adopts them
+            agent.wait(10)
+            agent.stdout.close()
+            agent, address = start_agent(c, port, hist)
+            m = Scraper.of(c, address)
+            await m.wait("phalanx_agent_members_adopted_total", 2)
+            s = await m.samples()
+            assert s[("phalanx_agent_members_started_total", ())] == 0
+            assert s[("phalanx_agent_orphans_killed_total", ())] == 0
+            assert s[("phalanx_agent_members_running", ())] == 2
+            assert sum(exited(s, k) for k in ("success", "fenced", "signal", "spawn_failed", "unknown", "error")) == 0
+            # Cancelled: the leader revokes, the agent stops both (a signal each).
+            await c.stub().CancelGang(gpb.CancelGangRequest(id=g.id, reason="test"), timeout=10)
+            await m.wait("phalanx_agent_members_running", 0)
+            await m.wait("phalanx_agent_members_exited_total", 2, **{"class": "signal"})
+            s = await m.samples()
+            assert s[("phalanx_agent_members_started_total", ())] == 0
+        finally:
+            stop(agent)
+    finally:
+        await c.close()
