@@ -193,6 +193,7 @@ _TIME_FIELDS = frozenset({
     ("phalanx.v1.Gang", "updated_at"),
     ("phalanx.v1.Gang", "not_before"),
     ("phalanx.v1.NodeStatus", "last_heartbeat"),
+    ("phalanx.v1.GangEventRecord", "at"),
 })
 
 

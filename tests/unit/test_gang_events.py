@@ -69,8 +69,9 @@ def test_an_event_round_trips_through_json() -> None:
 
 
 def record(**over) -> GangRecord:
-    return GangRecord(id="g-1", spec=SPEC, state=GangState.PENDING, owner_az="az-a", submitted_at=1.0,
-                      updated_at=1.0, **over)
+    fields = {"id": "g-1", "spec": SPEC, "state": GangState.PENDING, "owner_az": "az-a", "submitted_at": 1.0,
+              "updated_at": 1.0, **over}
+    return GangRecord(**fields)
 
 
 def test_a_record_written_before_events_reads_and_keeps_its_shape() -> None:
@@ -135,3 +136,22 @@ def test_messages_say_where_why_and_who() -> None:
     assert "unauthenticated" in ev.submitted(1, 2, "", "q", 0).message
     assert ev.cancelled(1, 2, 1, "submitter/bob", "no longer needed").message == "cancelled by submitter/bob: no longer needed"
     assert ev.fenced(1, 9, "az-a", 4, 1).message.startswith("leader epoch 9 of az-a took over from epoch 4")
+
+
+def test_on_the_wire_and_in_describe_events_read_in_order() -> None:
+    from coordinator.convert import gang_to_pb
+    from phalanx.cli import describe_full, event_line
+    from phalanx.wire import message_to_dict
+
+    placement = (MemberAssignment(0, "az-a", "n0", (0,), ()),)
+    g = record(state=GangState.RUNNING, placement=placement).with_events(
+        [ev.submitted(1.7e9, 5, "admin/t", "default", 0), ev.placed(1.7e9 + 1, 5, 1, placement, "leaf l0"),
+         ev.started(1.7e9 + 2, 5, 1, 1)])
+    msg = gang_to_pb(g)
+    assert [e.seq for e in msg.events] == [1, 2, 3] and msg.events[0].by == "admin/t"
+    assert message_to_dict(msg.events[0])["at"] == "2023-11-14T22:13:20.000Z", "times as RFC 3339, as every time field"
+    text = describe_full(msg)
+    heads = [text.index(h) for h in ("\nspec:\n", "\nstate:\n", "\nplacement:\n", "\nevents:\n")]
+    assert heads == sorted(heads)
+    assert text[heads[-1]:].splitlines()[2:] == ["  " + event_line(e) for e in msg.events]
+    assert "events: - (none recorded" in describe_full(gang_to_pb(record())), "an old record says why it has none"
