@@ -114,3 +114,16 @@ def test_a_token_refusal_is_its_message_with_a_bounded_reason() -> None:
     assert why == "no reservation for g in az-a" and why.startswith("no reservation")
     assert f"refused: {why}" == "refused: no reservation for g in az-a"
     assert why.reason in am.TOKEN_REASONS
+
+
+def test_docs_list_every_agent_metric_with_its_labels() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[3].strip(" `") for line in doc.splitlines()
+            if line.startswith("| `phalanx_agent_")}
+    for family in AgentMetrics().registry.collect():
+        name = family.name + ("_total" if family.type == "counter" else "")
+        assert name in rows, f"docs/metrics.md does not list {name}"
+        labels = {k for s in family.samples for k in s.labels if k != "le"}
+        assert rows[name] == ",".join(sorted(labels)), name
