@@ -220,3 +220,26 @@ async def test_events_go_with_the_gang_at_retention(short_retention: LocalCluste
         await c.stub().GetGang(gpb.GetGangRequest(id=g.id), timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
     assert g.id not in await c.etcd_gangs(), "nothing of the gang, its events included, is left in etcd"
+
+
+async def test_a_cross_az_gang_records_placed_and_reserved_apart(local_cluster: LocalCluster) -> None:
+    """Two-phase: placed with the RESERVING write, reserved once every AZ of
+    the plan has committed; all by the owner AZ's leader."""
+    c = local_cluster
+    azs = ("az-a", "az-b")
+    for az in azs:
+        c.start_coordinator(az, f"{az[-1]}0")
+    leaders = {az: await c.wait_leader(az) for az in azs}
+    for az in azs:
+        c.start_agents(az, [dgx_node(f"{az[-1]}n0", az)])
+    for az in azs:
+        await c.wait_nodes_ready(az, 1)
+    g = await c.submit(tiny("wide", members=2, gpus=8, duration=1.0, topology=pb.TopologyConstraint(allow_cross_az=True)),
+                       address=c.coordinators["a0"].address)
+    done = await c.wait_state(g.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert kinds(done) == ["submitted", "placed", "reserved", "started", "finished"], [e.message for e in done.events]
+    placed, reserved = done.events[1], done.events[2]
+    assert "two-phase across az-a, az-b" in placed.message and "an0" in placed.message and "bn0" in placed.message
+    assert "committed in every AZ" in reserved.message
+    assert {e.epoch for e in done.events} == {leaders[done.owner_az].epoch}
