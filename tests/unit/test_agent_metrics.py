@@ -127,3 +127,28 @@ def test_docs_list_every_agent_metric_with_its_labels() -> None:
         assert name in rows, f"docs/metrics.md does not list {name}"
         labels = {k for s in family.samples for k in s.labels if k != "le"}
         assert rows[name] == ",".join(sorted(labels)), name
+
+
+@pytest.mark.parametrize("program", [["agent", "--simulate-members"], ["agent.sim", "--nodes", "1"]])
+def test_a_bad_or_taken_metrics_address_is_one_error_line_and_exit_2(program: list[str]) -> None:
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = f"127.0.0.1:{held.getsockname()[1]}"
+        for listen, error in (
+            ("nohost", "error: --metrics-listen: expected HOST:PORT (127.0.0.1:0 picks a free port), got 'nohost'"),
+            ("127.0.0.1:99999", "error: --metrics-listen: the port must be 0..65535, got 99999 in '127.0.0.1:99999'"),
+            (taken, f"error: --metrics-listen: cannot serve on {taken}: Address already in use"),
+        ):
+            # Nothing listens at the etcd address: the check comes first.
+            p = subprocess.run([sys.executable, "-m", *program, "--az", "az-a", "--etcd", "127.0.0.1:1", "--insecure",
+                                "--metrics-listen", listen], capture_output=True, text=True, cwd=repo, timeout=60)
+            assert p.returncode == 2, p.stderr
+            assert p.stderr.strip().splitlines()[-1] == error
+            assert "Traceback" not in p.stderr
