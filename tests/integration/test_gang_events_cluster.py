@@ -26,7 +26,8 @@ from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (mem
 pytestmark = pytest.mark.integration
 AZ = "az-a"
 
-# Rank 1 exits with code 3 after argv[1] seconds while its incarnation is at
+# Rank 1 exits with code 3 after argv[1] seconds (long enough for every member
+# to have started, so the incarnation reaches RUNNING) while its incarnation is at
 # most argv[2]; every other member (and later incarnations) sleeps argv[3] s.
 FLAKY = ("import os, sys, time; time.sleep(float(sys.argv[1])); "
          "bad = os.environ['RANK'] == '1' and int(os.environ['PHALANX_INCARNATION']) <= int(sys.argv[2]); "
@@ -91,7 +92,7 @@ async def test_a_restart_after_a_member_failure_is_explained_in_order(local_clus
     try:
         await c.wait_nodes_ready(AZ, 2)
         spec = pb.GangSpec(name="flaky", members=2, resources=pb.Resources(gpus=8),
-                           run=pb.RunSpec(command=flaky(3.0, 1, 300)), policy=pb.Policy(max_restarts=2))
+                           run=pb.RunSpec(command=flaky(5.0, 1, 300)), policy=pb.Policy(max_restarts=2))
         g = await c.submit(spec)
         stream = cli(c, "events", g.id)  # `phalanx events` follows the new gang from here on
         try:
