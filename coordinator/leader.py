@@ -27,7 +27,7 @@ from coordinator.core.placement import FabricIndex, NodeView, Placement, Placeme
 from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, holds_for_unreadable, read_records
 from coordinator.core.twophase_owner import OwnerPhase
-from coordinator.metrics import CoordinatorMetrics, pending_class
+from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
@@ -83,6 +83,8 @@ class AzLeader:
         self.metrics = metrics if metrics is not None else CoordinatorMetrics(az=config.az)
         self.pending_classes: dict[str, str] = {}  # the last cycle's reason class per pending gang
         self._last_view = float("-inf")
+        # Per gang, the record state its counters last counted (_count).
+        self._counted: dict[str, Step] = {}
         self.keys = store.keys
         self.config = config
         self.t = config.timings
@@ -285,6 +287,8 @@ class AzLeader:
             if kvs:
                 cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
                 self.collector.note(cur)
+                if cur.owner_az == self.az:
+                    self._count(old, cur)  # e.g. our own earlier write whose reply was lost
                 if cur.owner_az != self.az:
                     self.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
                 elif not cur.state.terminal or cur.id in self.reservations:
@@ -292,13 +296,26 @@ class AzLeader:
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
         self._unwritten_events.pop(new.id, None)
+        self._count(old, written)
         self.gangs[new.id] = written
         self.collector.note(written)
         return written
 
+    def _count(self, old: GangRecord | None, after: GangRecord) -> None:
+        """Count in the metrics what ``after`` (written, or found in etcd)
+        changed since the state last counted for the gang (else since
+        ``old``, the record the write was based on): exactly once per change
+        even when two writes race or one's reply was lost."""
+        before = self._counted.get(after.id)
+        if before is None and old is not None:
+            before = step_of(old)
+        self._counted[after.id] = step_of(after)
+        self.metrics.gang_changed(before, after, self.wall())
+
     def forget_gang(self, gang_id: str) -> None:
         """The gang was collected (deleted from etcd after its retention):
         drop whatever this leader still remembers of it."""
+        self._counted.pop(gang_id, None)
         g = self.gangs.get(gang_id)
         if g is not None and g.state.terminal and gang_id not in self.reservations:
             del self.gangs[gang_id]
@@ -353,6 +370,7 @@ class AzLeader:
                     # leader never learnt of the gang and would never admit it.
                     if existing.owner_az == self.az and not existing.state.terminal and existing.id not in self.gangs:
                         self.gangs[existing.id] = existing
+                        self.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
                         self.wake.set()
                     return existing, False
             name_kvs = res.results[0]
@@ -390,6 +408,7 @@ class AzLeader:
         if rec.owner_az == self.az and not rec.state.terminal and gang_id not in self.gangs:
             log.info("submission %s applied although its reply was lost; admitting it", gang_id)
             self.gangs[gang_id] = rec
+            self.metrics.submitted(rec.spec.queue)
             self.wake.set()
 
     async def _by_idempotency(self, key: str, spec: GangSpec) -> GangRecord | None:
@@ -449,10 +468,6 @@ class AzLeader:
         if state.terminal:
             events.append(ev.finished(self.wall(), self.epoch, g.incarnation, state.name, reason))
         written = await self._write_gang(new, g, ops, events=events)
-        if state.terminal:
-            self.metrics.finished(g.spec.queue, state.name)
-        elif state == GangState.RESTARTING:
-            self.metrics.restarted(g.spec.queue)
         if r is not None:
             if releasing is not None:
                 self.reservations[g.id] = releasing
@@ -669,7 +684,6 @@ class AzLeader:
             self._inflight.discard(g.id)
             self._picking.pop(g.id, None)
         self.pending_reason.pop(g.id, None)
-        self.metrics.admitted(g.spec.queue, first=written.restarts == 0, since_submit=self.wall() - written.submitted_at)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
         self._dispatch(written)
@@ -693,6 +707,7 @@ class AzLeader:
         gkvs, rkvs = res.results
         if gkvs:
             cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
+            self._count(g, cur)
             self.gangs[g.id] = cur
         if rkvs and int(rkvs[0].json().get("incarnation", -1)) == r.incarnation and gkvs and cur.state != GangState.PENDING:
             log.info("reservation of %s applied although its reply was lost", g.id)
@@ -960,8 +975,6 @@ class AzLeader:
                 await self._finish(g, to, reason, events)
             else:
                 await self._write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
-                if to == GangState.RUNNING:
-                    self.metrics.running(g.spec.queue, first=g.restarts == 0, since_submit=self.wall() - g.submitted_at)
         except Conflict as exc:
             log.info("gang %s: %s", g.id, exc)
         finally:

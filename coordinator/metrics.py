@@ -66,6 +66,39 @@ def twophase_outcome(outcome: str, reason: str) -> str:
     return "in_doubt_abort" if reason.startswith("in doubt") else "abort"
 
 
+Step = tuple[int, str, int]  # (incarnation, state name, restarts) of a gang record
+LIVE_RESERVED = ("RESERVED", "STARTING", "RUNNING")
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
+
+
+def step_of(rec: Any) -> Step:
+    return (rec.incarnation, rec.state.name, rec.restarts)
+
+
+def lifecycle_steps(before: Step | None, after: Step) -> list[str]:
+    """What a gang record going from ``before`` to ``after`` (as this leader
+    saw them: the record it had, the one it wrote or found in etcd) counts
+    (pure): "admitted" (its incarnation got its devices), "running",
+    "restarted" (once per restart decided), "finished". Judged from the two
+    records, not from which write succeeded, so a write whose reply was lost
+    (it applied, the leader learnt so from a later read) counts once too."""
+    if before == after:
+        return []
+    b_inc, b_state, b_restarts = before if before is not None else (after[0], "PENDING", after[2])
+    a_inc, a_state, a_restarts = after
+    out: list[str] = []
+    fresh = a_inc > b_inc  # a new incarnation: it starts from PENDING again
+    if a_state in LIVE_RESERVED and (fresh or b_state in ("PENDING", "RESERVING")):
+        out.append("admitted")
+    if a_state == "RUNNING" and (fresh or b_state != "RUNNING"):
+        out.append("running")
+    decided = (a_restarts + (a_state == "RESTARTING")) - (b_restarts + (b_state == "RESTARTING"))
+    out += ["restarted"] * max(0, decided)
+    if a_state in TERMINAL and b_state not in TERMINAL:
+        out.append("finished")
+    return out
+
+
 class CoordinatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, az: str = "") -> None:
         r = self.registry = registry if registry is not None else new_registry()
@@ -181,6 +214,22 @@ class CoordinatorMetrics:
 
     def restarted(self, queue: str) -> None:
         self.gang_restarts.labels(queue).inc()
+
+    def gang_changed(self, before: Step | None, after: Any, now: float) -> None:
+        """Count what a gang record going from ``before`` (``step_of`` the
+        record the leader knew; None: none) to ``after`` (a GangRecord)
+        means (``lifecycle_steps``)."""
+        q = after.spec.queue
+        first = after.restarts == 0
+        for step in lifecycle_steps(before, step_of(after)):
+            if step == "admitted":
+                self.admitted(q, first=first, since_submit=now - after.submitted_at)
+            elif step == "running":
+                self.running(q, first=first, since_submit=now - after.submitted_at)
+            elif step == "restarted":
+                self.restarted(q)
+            else:
+                self.finished(q, after.state.name)
 
     def twophase_decided(self, outcome: str, reason: str) -> None:
         self.twophase_outcomes.labels(twophase_outcome(outcome, reason)).inc()

@@ -472,7 +472,6 @@ class TwoPhaseDriver:
         finally:
             self.l._inflight.discard(g.id)
         self._rt(e.gang)
-        self.l.metrics.admitted(g.spec.queue, first=written.restarts == 0, since_submit=self.l.wall() - written.submitted_at)
         self._report_requests(e.gang, e.incarnation, "owner")
         self.l.pending_reason.pop(e.gang, None)
         self._spawn(self.l._mark_starting(written), f"starting-{e.gang}")
