@@ -13,11 +13,16 @@ details (SVG ``<title>``).
 
 Times are seconds since the cluster was ready (``+12.3s``), on the machine's
 monotonic clock, the same in every source.
+
+Both also carry the run's metrics (``chaos.metrics``: leadership changes and
+time to full gang from the history, fenced writes refused from the
+coordinators' /metrics) when the run collected them.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.checker import Verdict
+from chaos.metrics import RunMetrics, render as render_metrics
 from chaos.history import (
     INF,
     GangObservation,
@@ -57,8 +63,9 @@ def fault_windows(h: History) -> list[tuple[str, float, float, str]]:
     return sorted(out, key=lambda w: w[1])
 
 
-def summary(h: History, v: Verdict, wall_s: float | None = None) -> str:
-    """The text report of one run."""
+def summary(h: History, v: Verdict, wall_s: float | None = None, metrics: RunMetrics | None = None) -> str:
+    """The text report of one run (with ``metrics``: its per-run metrics
+    before the invariants)."""
     p = h.params
     lines = [f"Phalanx chaos run: {p.scenario} seed {p.seed}" + (f"   (wall {wall_s:.1f}s)" if wall_s else "")]
     t = p.timings
@@ -111,6 +118,9 @@ def summary(h: History, v: Verdict, wall_s: float | None = None) -> str:
                  f"{_fmt_az(m.get('leader_after_heal_s', {}))}; admission {_fmt_az(m.get('admission_after_heal_s', {}))}")
     for a in m.get("anomalies", []):
         lines.append(f"observation: {a}")
+    if metrics is not None:
+        lines.append("")
+        lines.extend(render_metrics(metrics))
     lines.append("")
     lines.append("Invariants")
     for r in v.results:
@@ -147,8 +157,9 @@ _STATE_COLOURS = {
 _LEADER_COLOURS = ("#1f77b4", "#9467bd", "#17becf", "#8c564b", "#bcbd22", "#e377c2")
 
 
-def timeline(h: History, v: Verdict) -> str:
-    """A self-contained HTML page with the run's timeline as inline SVG."""
+def timeline(h: History, v: Verdict, metrics: RunMetrics | None = None) -> str:
+    """A self-contained HTML page with the run's timeline as inline SVG
+    (and, with ``metrics``, the per-run metrics beneath it)."""
     p = h.params
     t0 = p.started_at
     t_end = max([p.settle_at] + [e.mono for e in h.agents] + [e.mono for e in h.etcd if e.mono > 0])
@@ -215,6 +226,8 @@ def timeline(h: History, v: Verdict) -> str:
                   f'{r.number}. {esc(r.name)} (checked {r.checked}, {len(r.violations)} violation(s))</li>'
                   for r in v.results)
     viols = "".join(f"<pre>{esc(x.render(t0))}</pre>" for x in v.violations)
+    run_metrics = ("" if metrics is None else
+                   f"<h3>Per-run metrics</h3><pre class=\"metrics\">{esc(chr(10).join(render_metrics(metrics)[1:]))}</pre>")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>chaos {esc(p.scenario)} seed {p.seed}</title>
 <style>
@@ -226,7 +239,7 @@ svg text {{ font: 10px monospace; }} .tick {{ fill: #555; text-anchor: middle; }
 .member {{ fill: #1565c0; }} .viol {{ fill: #d50000; }}
 li.pass {{ color: #2e7d32; }} li.fail {{ color: #c62828; font-weight: bold; }}
 .legend span {{ padding: 1px 6px; margin-right: 4px; color: #000; }}
-pre {{ background: #fff3f3; padding: 6px; white-space: pre-wrap; }}
+pre {{ background: #fff3f3; padding: 6px; white-space: pre-wrap; }} pre.metrics {{ background: #f4f6fa; }}
 </style></head><body>
 <h2>Phalanx chaos: {esc(p.scenario)} seed {p.seed}</h2>
 <p>{"no violation" if v.ok else f"<b>{len(v.violations)} violation(s)</b>"}; times in seconds since the cluster was ready.
@@ -234,6 +247,7 @@ Red bands: faults. Per AZ: leadership (colour per coordinator, label = epoch), t
 (state as etcd recorded it; thin blue bars: member processes, from the agents). Red triangles: violations. Hover for detail.</p>
 <p class="legend">{legend}<span style="background:#1565c0;color:#fff">member</span></p>
 <svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 20}" height="{height}">{svg}</svg>
+{run_metrics}
 <h3>Invariants</h3><ul>{res}</ul>
 {viols}
 </body></html>
@@ -262,10 +276,14 @@ def _gang_row(parts: list[str], h: History, gid: str, obs: Sequence[GangObservat
 _TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
-def write(run_dir: Path, h: History, v: Verdict, wall_s: float | None = None) -> None:
-    """``report.txt`` and ``timeline.html`` into ``run_dir``."""
-    Path(run_dir, "report.txt").write_text(summary(h, v, wall_s))
-    Path(run_dir, "timeline.html").write_text(timeline(h, v))
+def write(run_dir: Path, h: History, v: Verdict, wall_s: float | None = None,
+          metrics: RunMetrics | None = None) -> None:
+    """``report.txt`` and ``timeline.html`` into ``run_dir`` (and, with
+    ``metrics``, ``metrics.json``)."""
+    Path(run_dir, "report.txt").write_text(summary(h, v, wall_s, metrics))
+    Path(run_dir, "timeline.html").write_text(timeline(h, v, metrics))
+    if metrics is not None:
+        Path(run_dir, "metrics.json").write_text(json.dumps(metrics.to_dict(), indent=2))
 
 
 def matrix(results: Sequence[Any], wall_s: float) -> str:
