@@ -162,21 +162,36 @@ def formatter(fmt: str, component: str, static: Mapping[str, Any] | None = None,
     raise ValueError(f"--log-format: {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
+_installed: logging.Handler | None = None  # the root handler configure() added
+
+
 def configure(level: str, fmt: str, component: str, *, static: Mapping[str, Any] | None = None,
-              name: str = "", stream: Any = None) -> logging.Handler:
+              name: str = "", stream: Any = None) -> logging.Handler | None:
     """Send every log record of this process to STREAM (stderr) in FMT.
     COMPONENT is the kind of process ("coordinator", "agent", "agent-sim");
     STATIC holds fields true of the whole process (its id, AZ, an agent's
     node); NAME is what text lines show instead of COMPONENT (e.g. the
     coordinator's id). Python warnings are logged too, so that in json every
     line of stderr is JSON. ValueError names the flag for a bad format or
-    level."""
+    level.
+
+    Without STREAM, logging that someone else set up (a test runner, a
+    program that runs ours in-process) is left alone, as
+    `logging.basicConfig` does: returns None then."""
+    global _installed
+    chosen = formatter(fmt, component, static, name)
+    if not isinstance(logging.getLevelName(level.upper()), int):
+        raise ValueError(f"--log-level: {level!r} is not a logging level (DEBUG, INFO, WARNING, ERROR)")
+    root = logging.getLogger()
+    if stream is None and any(h is not _installed for h in root.handlers):
+        return None
+    if _installed is not None:
+        root.removeHandler(_installed)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(formatter(fmt, component, static, name))
-    try:
-        logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
-    except ValueError:
-        raise ValueError(f"--log-level: {level!r} is not a logging level (DEBUG, INFO, WARNING, ERROR)") from None
+    handler.setFormatter(chosen)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    _installed = handler
     logging.captureWarnings(True)
     if fmt == "json":
         # Python writes these tracebacks to stderr itself, bypassing logging:

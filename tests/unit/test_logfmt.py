@@ -255,6 +255,13 @@ def test_configure_text_keeps_the_classic_line(clean_logging):
     assert out.getvalue().rstrip().endswith(" c1 WARNING coordinator.leader: hello")
 
 
+def test_configure_leaves_logging_someone_else_set_up_alone(clean_logging):
+    theirs = logging.StreamHandler(io.StringIO())
+    logging.getLogger().handlers[:] = [theirs]
+    assert logfmt.configure("info", "json", "coordinator") is None
+    assert logging.getLogger().handlers == [theirs]
+
+
 @pytest.mark.parametrize("fmt,level,match", [
     ("xml", "info", "--log-format: 'xml' is not one of text, json"),
     ("json", "loud", "--log-level: 'loud' is not a logging level"),
