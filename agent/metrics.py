@@ -93,6 +93,8 @@ SESSION_ERRORS = (SESSION_REFUSED, SESSION_TLS, SESSION_OTHER)
 # Token checks are one linearizable etcd read (retried on a transient
 # error): milliseconds when healthy, up to the reconnect budget when not.
 TOKEN_CHECK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A start adds the spawn (fork/exec of the shim and the member, or a timer).
+START_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class AgentMetrics:
@@ -111,6 +113,10 @@ class AgentMetrics:
         self.members_started = Counter(
             "phalanx_agent_members_started", "Members this process's agents started (launcher returned a handle).",
             registry=r)
+        self.start_seconds = Histogram(
+            "phalanx_agent_member_start_seconds",
+            "From an assignment's arrival to its member started (token check, ledger, spawn).",
+            buckets=START_BUCKETS, registry=r)
         self.members_adopted = Counter(
             "phalanx_agent_members_adopted", "Live members of a previous agent process re-attached at start.",
             registry=r)
@@ -178,8 +184,10 @@ class AgentMetrics:
             self._running.append(running)
 
     # ---------------------------------------------------------------- events
-    def member_started(self) -> None:
+    def member_started(self, seconds: float) -> None:
+        """A member started ``seconds`` after its assignment arrived."""
         self.members_started.inc()
+        self.start_seconds.observe(seconds)
 
     def adopted(self, members: int, orphans: int) -> None:
         """At start: ``members`` re-attached, ``orphans`` killed."""

@@ -522,6 +522,7 @@ class Agent:
         # Its own task. The leader's stimulus id when it sent one: the
         # decision that placed the member, followed into this agent's lines.
         bind(epoch=epoch, gang=a.gang, incarnation=a.incarnation, stimulus=a.stimulus_id or new_stimulus(self.node))
+        received = time.monotonic()
         key = MemberKey(a.gang, a.incarnation, a.rank)
         gpus, nics = tuple(a.gpus), tuple(a.nics)
         # The token check runs before the lock, so the members of one gang
@@ -593,7 +594,7 @@ class Agent:
                 self._report(rec)
                 return
             # Started: its one exit is counted in _on_exit, whenever it comes.
-            self.metrics.member_started()
+            self.metrics.member_started(time.monotonic() - received)
             if rec.phase == MemberPhase.STARTING:
                 rec.phase, rec.pid, rec.at = MemberPhase.RUNNING, handle.pid, handle.started_at
                 self._record("member_started", key=str(key), epoch=epoch, gpus=list(gpus), pid=handle.pid)

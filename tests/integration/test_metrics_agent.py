@@ -167,6 +167,7 @@ async def test_agent_metrics_follow_its_members(local_cluster: LocalCluster, tmp
         await m.wait("phalanx_agent_members_exited_total", 1, **{"class": "error"})
         s = await m.samples()
         assert s[("phalanx_agent_members_started_total", ())] == 3
+        assert s[("phalanx_agent_member_start_seconds_count", ())] == 3
         assert exited(s, "success") == 2 and exited(s, "error") == 1
         assert sum(exited(s, k) for k in ("fenced", "signal", "spawn_failed", "unknown")) == 0
         assert s[("phalanx_agent_members_running", ())] == 0

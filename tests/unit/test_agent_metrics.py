@@ -76,7 +76,7 @@ def test_an_unknown_label_value_never_makes_a_new_series() -> None:
 def test_counters_move_by_their_events() -> None:
     m = AgentMetrics()
     for code in (0, 0, 3, -15):
-        m.member_started()
+        m.member_started(0.01)
         m.member_exited(code)
     m.token_refused(am.TOKEN_NOT_LEADER)
     s = samples(m)
@@ -104,7 +104,7 @@ def test_gauges_add_up_the_agents_of_a_process() -> None:
 
 def test_two_metrics_objects_do_not_share_counters() -> None:
     a, b = AgentMetrics(), AgentMetrics()
-    a.member_started()
+    a.member_started(0.01)
     assert samples(a)[("phalanx_agent_members_started_total", ())] == 1
     assert samples(b)[("phalanx_agent_members_started_total", ())] == 0
 
