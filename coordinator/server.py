@@ -235,9 +235,13 @@ class Coordinator:
         self.server = server
         # Same TLS rules as the gRPC ports: with --tls-dir only HTTPS with a
         # client certificate of the cluster's CA (phalanx/metrics.py).
-        self.metrics_server, self.metrics_address = metrics_http.serve(
-            self.config.metrics_listen, self.metrics.registry, tls=self.tls, cluster=self.config.cluster,
-            handshake_timeout_s=self.config.timings.metrics_handshake_timeout_s)
+        try:
+            self.metrics_server, self.metrics_address = metrics_http.serve(
+                self.config.metrics_listen, self.metrics.registry, tls=self.tls, cluster=self.config.cluster,
+                handshake_timeout_s=self.config.timings.metrics_handshake_timeout_s)
+        except OSError as exc:  # taken, or a host that does not resolve
+            await server.stop(grace=None)
+            raise OSError(f"--metrics-listen {self.config.metrics_listen}: cannot serve: {exc.strerror or exc}") from None
         if self.metrics_server is not None:
             log.info("metrics at %s", self.metrics_server.url)
         await self._set_health(serving=True)
