@@ -18,7 +18,9 @@ PKI given by ``--etcd-pki``) whose etcd serves TLS and requires client
 certificates, and provisions the cluster's least-privilege etcd users
 (``phalanx.etcd_auth``). Coordinators and agents get ``--tls-dir`` and
 ``--etcd-tls-dir``; ``--insecure`` runs everything in plaintext instead
-(with a warning).
+(with a warning). Every coordinator and agent process also serves /metrics
+on a free loopback port (``--metrics-listen 127.0.0.1:0``); once all are
+ready, ``up`` prints one ``metrics NAME URL`` line per process.
 
 Then it prints ``PHALANX_CLUSTER=name``, ``PHALANX_CONFIG=<state-dir>/config.yaml``
 (the kubeconfig-style client config: cluster, addresses, the admin
