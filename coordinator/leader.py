@@ -711,6 +711,7 @@ class AzLeader:
             self.gangs[g.id] = cur
         if rkvs and int(rkvs[0].json().get("incarnation", -1)) == r.incarnation and gkvs and cur.state != GangState.PENDING:
             log.info("reservation of %s applied although its reply was lost", g.id)
+            self._unwritten_events.pop(g.id, None)  # they went with it: the record read back has them
             return cur
         log.info("reservation of %s did not apply (reply lost); devices released", g.id)
         return None
