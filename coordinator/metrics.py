@@ -109,6 +109,8 @@ class CoordinatorMetrics:
                                       "leader: one per incarnation, so a restart is admitted again", ["queue"], registry=r)
         self.gangs_finished = Counter("phalanx_gangs_finished_total", "Gangs this leader moved to a terminal state",
                                       ["queue", "outcome"], registry=r)
+        self.gangs_collected = Counter("phalanx_gangs_collected_total", "Finished gangs this leader deleted from etcd "
+                                       "after gang_retention_s (with their keys)", registry=r)
         self.gang_restarts = Counter("phalanx_gang_restarts_total", "Whole-gang restarts decided by this leader "
                                      "(a failed incarnation torn down to run again)", ["queue"], registry=r)
         self.time_to_reserved = Histogram("phalanx_gang_time_to_reserved_seconds", "Submission to RESERVED of a "

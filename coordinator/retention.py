@@ -154,6 +154,7 @@ class GangCollector:
             collected += await self._collect(batch, azs)
         if collected:
             self.collected += collected
+            self.l.metrics.gangs_collected.inc(collected)
             log.info("collected %d finished gang(s) in %s (older than gang_retention_s=%gs; %d this leadership)",
                      collected, self.az, self.l.t.gang_retention_s, self.collected)
         return collected

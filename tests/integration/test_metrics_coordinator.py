@@ -5,6 +5,7 @@ own parser; the counters and histograms move exactly as the test's gangs do."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import ssl
 import time
@@ -12,6 +13,7 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.config import Timings
 from coordinator.store import Delete
 from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import gang_pb2 as gpb
@@ -217,3 +219,25 @@ async def test_scrapes_without_a_cluster_certificate_are_refused(local_cluster: 
     assert got == b"", got
     # The admin's certificate is answered.
     assert "phalanx_leader_epoch" in await asyncio.to_thread(scrape, p.metrics, tls=c.pki.client_files(), cluster=c.cluster)
+
+
+async def test_collected_gangs_are_counted(etcd_endpoint, cluster_name, tmp_path) -> None:
+    """With the shortest retention the fast timings allow, two finished
+    gangs are deleted from etcd and counted once each."""
+    timings = dataclasses.replace(Timings.fast(), gang_retention_s=12.0).validate()
+    c = await LocalCluster(etcd_endpoint, cluster_name, tmp_path, timings=timings).start()
+    try:
+        c.start_coordinator(AZ, "g0", extra_args=METRICS)
+        await c.wait_leader(AZ)
+        c.start_agents(AZ, [dgx_node("n0", AZ)])
+        await c.wait_nodes_ready(AZ, 1)
+        gangs = [await c.submit(tiny(f"old{i}", members=1, gpus=1, duration=0.1)) for i in range(2)]
+        for g in gangs:
+            await c.wait_state(g.id, TERMINAL, timeout=60)
+        for g in gangs:
+            assert await c.wait_deleted(c.store.keys.gang(g.id), timeout=60), g.id
+        s = await Scraper(c).until("g0", lambda s: value(s, "phalanx_gangs_collected_total") == 2)
+        assert value(s, "phalanx_gangs_collected_total") == 2
+        assert value(s, "phalanx_gangs_finished_total", queue="default", outcome="SUCCEEDED") == 2
+    finally:
+        await c.close()
