@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import re
+import select
 import signal
 import sys
 from typing import Any
@@ -49,6 +52,37 @@ def table_rows(text: str, header_start: str) -> list[list[str]]:
             break
         rows.append(re.split(r"\s{2,}", line))
     return rows
+
+
+async def live_frames(c: LocalCluster, address: str) -> int:
+    """Run ``phalanx top`` with a pseudo-terminal as stdout until it has
+    redrawn its view in place at least twice; returns how many views it
+    drew (each is headed by the cluster's name), after Ctrl-C (exit 130)."""
+    leader, tty = pty.openpty()
+    env = dict(c.client_env(), COLUMNS="200", LINES="50", TERM="xterm")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "phalanx", "top", "--interval", "0.2", "--address", address,
+        cwd=REPO, env=env, stdout=tty, stderr=asyncio.subprocess.PIPE)
+    os.close(tty)
+    seen = b""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    try:
+        # A redraw moves the cursor up over the previous view (ESC [ n A).
+        while len(re.findall(rb"\x1b\[\d*A", seen)) < 2:
+            assert loop.time() < deadline, seen[-2000:]
+            ready, _, _ = await asyncio.to_thread(select.select, [leader], [], [], 1.0)
+            if ready:
+                try:
+                    seen += os.read(leader, 65536)
+                except OSError:  # the terminal closed: the process ended
+                    break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.wait(), 30)
+        os.close(leader)
+    assert proc.returncode == 130, (await proc.stderr.read()).decode()
+    return seen.count(f"cluster {c.cluster} (answered by ".encode())
 
 
 async def test_top_shows_leaders_capacity_states_and_why_a_gang_waits(local_cluster: LocalCluster) -> None:
@@ -114,6 +148,10 @@ async def test_top_shows_leaders_capacity_states_and_why_a_gang_waits(local_clus
         proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(proc.wait(), 30)
     assert proc.returncode == 130  # Ctrl-C, as for every command
+
+    # On a terminal: rich's live display, redrawn in place (cursor moves)
+    # every interval, until Ctrl-C.
+    assert await live_frames(c, a0.address) >= 2
 
     # az-b's only coordinator dies: once its lease is gone, az-b has no leader.
     b0.signal(signal.SIGKILL)
