@@ -36,7 +36,7 @@ from agent.rendezvous import bind_error, local_address_towards
 from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from coordinator.config import Timings
 from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
-from coordinator.store import Get, Store, StoreUnavailable
+from coordinator.store import Get, Store, StoreDenied, StoreUnavailable
 from phalanx import failpoints, wire
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.model import MemberPhase
@@ -255,6 +255,15 @@ class Agent:
                     else:
                         self.metrics.session_error(am.SESSION_OTHER)
                         log.debug("agent %s session ended: %r", self.node, exc)
+                except StoreDenied as exc:
+                    # Misconfigured etcd credentials do not heal by retrying:
+                    # say so loudly, once per reason (retrying keeps going in
+                    # case the roles are provisioned meanwhile).
+                    self.metrics.session_error(am.SESSION_OTHER)
+                    if str(exc) != self._refused:
+                        log.error("agent %s: etcd denied this agent's read (check --etcd-tls-dir and the "
+                                  "cluster's etcd roles, `phalanx etcd-auth`): %s", self.node, exc)
+                    self._refused = str(exc)
                 except Exception as exc:  # noqa: BLE001 - reconnect on anything
                     self.metrics.session_error(am.SESSION_OTHER)
                     log.debug("agent %s session ended: %r", self.node, exc)
@@ -480,6 +489,13 @@ class Agent:
                 with attempt:
                     res = await self.store.txn([], ops)
         except StoreUnavailable as exc:
+            return TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"), None
+        except StoreDenied as exc:
+            # etcd refused this agent's user the read (wrong --etcd-tls-dir, or
+            # roles not provisioned): the token cannot be confirmed, so it is
+            # refused like an unreachable etcd, and the fence loop fences.
+            log.error("agent %s: etcd denied the token check (check --etcd-tls-dir and the cluster's etcd roles): %s",
+                      self.node, exc)
             return TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"), None
         finally:
             self.metrics.token_check_seconds.observe(time.monotonic() - started)
