@@ -153,9 +153,35 @@ async def test_top_shows_leaders_capacity_states_and_why_a_gang_waits(local_clus
     # every interval, until Ctrl-C.
     assert await live_frames(c, a0.address) >= 2
 
-    # az-b's only coordinator dies: once its lease is gone, az-b has no leader.
-    b0.signal(signal.SIGKILL)
-    b0.proc.wait(10)
+    # az-b's only coordinator dies: a --watch asking only it keeps its last
+    # view, headed by why the refresh failed; once b0's lease is gone, az-b
+    # has no leader.
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "phalanx", "top", "--watch", "--interval", "0.3", "--rpc-timeout", "1",
+        "--address", b0.address, cwd=REPO, env=c.client_env(), stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    try:
+        first = (await asyncio.wait_for(watch.stdout.readline(), 30)).decode()
+        assert first.startswith(f"cluster {c.cluster} (answered by b0"), first
+        b0.signal(signal.SIGKILL)
+        b0.proc.wait(10)
+        # A copy is its header line, then "refresh failed: ..." when the
+        # newest refresh failed: that copy is the last good one again.
+        last_good, header = first, first
+        while True:
+            line = (await asyncio.wait_for(watch.stdout.readline(), 30)).decode()
+            assert line, (await watch.stderr.read()).decode()
+            if line.startswith("refresh failed: "):
+                break
+            if header is not None:  # the line after a header: that copy was good
+                last_good, header = header, None
+            if line.startswith("cluster "):
+                header = line
+        assert header == last_good, "a failed refresh shows the last good view, with its time"
+        assert "could answer" in line and b0.address in line, line
+    finally:
+        watch.send_signal(signal.SIGINT)
+        await asyncio.wait_for(watch.wait(), 30)
     deadline = asyncio.get_running_loop().time() + 30
     while await c.leader("az-b") is not None:
         assert asyncio.get_running_loop().time() < deadline, "az-b's lease outlived its coordinator"
