@@ -147,6 +147,6 @@ def test_records_round_trip_and_read_older_records() -> None:
 
 def test_agent_refuses_a_bad_range_with_one_error_line() -> None:
     p = subprocess.run([sys.executable, "-m", "agent", "--az", "az-a", "--etcd", "127.0.0.1:1",
-                        "--rendezvous-ports", "80-90"], capture_output=True, text=True, cwd=REPO, timeout=60)
+                        "--rendezvous-ports", "80-90", "--insecure"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["error: --rendezvous-ports: ports must lie in 1024-65535 (below 1024 needs root), got 80-90"]
