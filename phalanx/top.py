@@ -6,7 +6,8 @@ long each has waited against its admission timeout and the reason its owner
 leader gave. docs/monitoring.md describes the view.
 
 The view is built by a pure function (``build_view``: the answers of
-ClusterStatus, ListNodes and ListGangs, and ``now``, in; a ``TopView`` out)
+ClusterStatus, ListNodes, ListGangs and ExplainGang for the gangs shown, and
+``now``, in; a ``TopView`` out)
 and drawn by two more (``render_text``: plain text; ``render_rich``: rich
 tables); ``run_top`` is the thin driver that asks the coordinators and
 prints, with ``rich.live.Live`` on a terminal.
