@@ -1,7 +1,7 @@
 """Admission benchmark: gangs/s and submit-to-RESERVED latency, with TLS and without.
 
     .venv/bin/python bench/admission.py [--azs 3] [--nodes-per-az 32] [--rates 20,50,100,150,200] [--seconds 5]
-                                        [--tls on|off|both] [--repeat 1]
+                                        [--tls on|off|both] [--metrics on|off|both] [--repeat 1]
 
 Starts a private etcd, one coordinator process per AZ and simulated agents
 (one process per AZ), then offers 8x1-GPU gangs open-loop at each rate, spread
@@ -16,6 +16,10 @@ on every gRPC hop and etcd serving TLS with client-certificate auth and the
 cluster's least-privilege users (a fresh gRPC CA and etcd CA per run); then
 prints both modes' rows and the TLS/plaintext ratios. ``--repeat N`` runs the
 modes N times, alternating, and reports medians (the machines here are noisy).
+``--metrics on`` starts every coordinator and agent process with
+``--metrics-listen`` and scrapes each coordinator's /metrics once a second
+while the load runs (far more often than a Prometheus would); ``--metrics
+both`` runs every mode with metrics off and on and prints the on/off ratios.
 Prints tables; asserts nothing.
 """
 
@@ -50,6 +54,7 @@ from phalanx import etcd_auth, etcd_pki  # noqa: E402
 from phalanx.client import client_tls  # noqa: E402
 from phalanx.etcd_server import EtcdServer  # noqa: E402
 from phalanx.tls import TlsFiles, coordinator_channel, utc_now  # noqa: E402
+from phalanx.metrics import ScrapeError, scrape  # noqa: E402
 from agent.topology.simulated import simulated_fabric  # noqa: E402
 from chaos.pki import RunPki  # noqa: E402
 from phalanx.procs import TERM, spawn  # noqa: E402
@@ -224,7 +229,11 @@ async def wait_ready(channel_for, address: str, azs: list[str], nodes: int, time
     raise TimeoutError("cluster not ready")
 
 
+WITH_METRICS = "+metrics"  # a mode's name with /metrics on
+# Far more often than a Prometheus scrapes (15 s and more): an upper bound.
+SCRAPE_INTERVAL_S = 1.0
 MODES = {"off": ("plaintext",), "on": ("tls",), "both": ("plaintext", "tls")}
+METRICS = {"off": ("",), "on": (WITH_METRICS,), "both": ("", WITH_METRICS)}
 CLUSTER = "bench"
 RAW_CLUSTER = "rawbench"
 CROSS_CLUSTER = "benchx"
@@ -263,13 +272,34 @@ class Mode:
         return ["--tls-dir", str(self.pki.agents(nodes)), "--etcd-tls-dir", str(self.pki.etcd_user_dir("agent"))]
 
 
+async def scrape_every(addresses: list[str], client: tuple[TlsFiles, str] | None, interval: float,
+                       counts: collections.Counter) -> None:
+    """Scrape every address's /metrics each ``interval`` until cancelled
+    (the cost of being scraped is part of what --metrics on measures);
+    ``counts``: "ok" and "failed" scrapes."""
+    files, cluster = client if client is not None else (None, CLUSTER)
+    while True:
+        for address in addresses:
+            try:
+                await asyncio.to_thread(scrape, address, tls=files, cluster=cluster)
+                counts["ok"] += 1
+            except ScrapeError as exc:
+                counts["failed"] += 1
+                print(f"scrape failed: {exc}", file=sys.stderr)
+        await asyncio.sleep(interval)
+
+
 async def run_mode(a: argparse.Namespace, name: str, tmp: Path, cross_az: bool) -> dict:
     """One mode's etcd, coordinators and agents, its raw-txn and offered-load
-    rows; everything it started is stopped before it returns."""
+    rows; everything it started is stopped before it returns. ``name``: a
+    MODES entry, with WITH_METRICS appended for a run with /metrics on."""
     d = tmp / name
     d.mkdir(parents=True)
-    mode = Mode(name)
-    if name == "tls":
+    base = name.removesuffix(WITH_METRICS)
+    metrics_args = ["--metrics-listen", "127.0.0.1:0"] if name.endswith(WITH_METRICS) else []
+    metrics_at: list[str] = []
+    mode = Mode(base)
+    if base == "tls":
         mode.pki = RunPki.create(d / "pki", CLUSTER, now=utc_now())
         mode.client = client_tls(mode.pki.client("bench"))
         etcd_pki.issue_client(mode.pki.etcd_dir, etcd_pki.user_for(RAW_CLUSTER, "coordinator"), now=utc_now())
@@ -295,29 +325,39 @@ async def run_mode(a: argparse.Namespace, name: str, tmp: Path, cross_az: bool) 
             # spawn(): every process of the bench dies with it, even when the
             # bench itself is killed before its finally can run.
             p = spawn([sys.executable, "-m", "coordinator", "--cluster", CLUSTER, "--az", az, "--id", cid,
-                       "--etcd", etcd.endpoint, "--log-level", "WARNING", *mode.coordinator_args(cid)],
+                       "--etcd", etcd.endpoint, "--log-level", "WARNING", *mode.coordinator_args(cid), *metrics_args],
                       stdout=subprocess.PIPE, stderr=open(d / f"{az}.log", "w"), text=True, cwd=REPO, env=env)
             procs.append(p)
             line = p.stdout.readline()
             if "address=" not in line:
                 p.wait(10)
                 raise RuntimeError(f"coordinator {cid} ({name}) did not start: {(d / f'{az}.log').read_text()[-2000:]}")
-            addresses[az] = line.split("address=")[1].strip()
+            addresses[az] = line.split("address=")[1].split()[0]
+            if "metrics=" in line:
+                metrics_at.append(line.split("metrics=")[1].split()[0])
         for az in azs:
             nodes = [t.node for t in simulated_fabric(az, a.nodes_per_az, SPINES, LEAVES_PER_SPINE)]
             procs.append(spawn([sys.executable, "-m", "agent.sim", "--cluster", CLUSTER, "--az", az, "--etcd", etcd.endpoint,
                                 "--nodes", str(a.nodes_per_az), "--spines", str(SPINES),
-                                "--leaves-per-spine", str(LEAVES_PER_SPINE), *mode.agent_args(nodes)],
+                                "--leaves-per-spine", str(LEAVES_PER_SPINE), *mode.agent_args(nodes), *metrics_args],
                                die_with_parent=TERM,
                                stdout=subprocess.DEVNULL, stderr=open(d / f"agents-{az}.log", "w"), cwd=REPO, env=env))
         await wait_ready(mode.channel, addresses[azs[0]], azs, a.nodes_per_az)
         store = await Store(etcd.endpoint, CLUSTER, tls=mode.etcd_tls(CLUSTER)).connect()
         rows = []
-        for i, rate in enumerate(float(r) for r in a.rates.split(",")):
-            rows.append(await offered_load(mode.channel, addresses, store, rate, a.seconds, a.duration, f"r{i}"))
-            await asyncio.sleep(a.duration + 1.0)  # let running gangs finish between steps
+        scrapes: collections.Counter = collections.Counter()
+        scraper = (asyncio.create_task(scrape_every(metrics_at, mode.client, SCRAPE_INTERVAL_S, scrapes))
+                   if metrics_at else None)
+        try:
+            for i, rate in enumerate(float(r) for r in a.rates.split(",")):
+                rows.append(await offered_load(mode.channel, addresses, store, rate, a.seconds, a.duration, f"r{i}"))
+                await asyncio.sleep(a.duration + 1.0)  # let running gangs finish between steps
+        finally:
+            if scraper is not None:
+                scraper.cancel()
+                await asyncio.gather(scraper, return_exceptions=True)
         await store.close()
-        return {"raw": {1: raw1, 32: raw32}, "rows": rows, "cross": cross}
+        return {"raw": {1: raw1, 32: raw32}, "rows": rows, "cross": cross, "scrapes": scrapes}
     finally:
         for p in procs:
             p.terminate()
@@ -356,10 +396,11 @@ def print_tables(a: argparse.Namespace, modes: tuple[str, ...], results: dict[st
     rows = {m: median_rows([r["rows"] for r in results[m]]) for m in modes}
     print("\nraw fenced reservation txn (same shape as a reservation), same etcd:")
     head = "".join(f" {m + ' txn/s':>14}" for m in modes)
-    print(f"  {'writers':>8}{head}" + (f" {'tls/plaintext':>14}" if len(modes) == 2 else ""))
+    both = "tls" in modes and "plaintext" in modes
+    print(f"  {'writers':>8}{head}" + (f" {'tls/plaintext':>14}" if both else ""))
     for w in (1, 32):
         cells = "".join(f" {raw[m][w]:>14.0f}" for m in modes)
-        print(f"  {w:>8}{cells}" + (f" {ratio(raw['tls'][w], raw['plaintext'][w]):>14}" if len(modes) == 2 else ""))
+        print(f"  {w:>8}{cells}" + (f" {ratio(raw['tls'][w], raw['plaintext'][w]):>14}" if both else ""))
     print(f"\n  {'mode':<9} {'offered/s':>9} {'submitted':>9} {'admitted':>8} {'errors':>6} {'gangs/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
     for m in modes:
         for r in rows[m]:
@@ -372,7 +413,18 @@ def print_tables(a: argparse.Namespace, modes: tuple[str, ...], results: dict[st
         for m, r in failed:
             for c, d in sorted(r.get("examples", {}).items()):
                 print(f"    e.g. {m} {r['offered']:.0f}/s {c}: {d}")
-    if len(modes) == 2:
+    for m in modes:
+        if m.endswith(WITH_METRICS) and m.removesuffix(WITH_METRICS) in modes:
+            off = m.removesuffix(WITH_METRICS)
+            done = sum((r["scrapes"] for r in results[m]), collections.Counter())
+            print(f"\n{off}: metrics on / off (ratio of the medians; 1.00 = no cost; on: every process serves "
+                  f"/metrics, each coordinator scraped every {SCRAPE_INTERVAL_S:g}s: {done['ok']} scrapes, "
+                  f"{done['failed']} failed):")
+            print(f"  {'offered/s':>9} {'gangs/s':>8} {'p50':>8} {'p99':>8}")
+            for t, p in zip(rows[m], rows[off]):
+                print(f"  {t['offered']:>9.0f} {ratio(t['throughput'], p['throughput']):>8} {ratio(t['p50'], p['p50']):>8} "
+                      f"{ratio(t['p99'], p['p99']):>8}")
+    if both:
         print("\nTLS + etcd auth / plaintext (ratio of the medians; 1.00 = no cost):")
         print(f"  {'offered/s':>9} {'gangs/s':>8} {'p50':>8} {'p99':>8}")
         for t, p in zip(rows["tls"], rows["plaintext"]):
@@ -390,6 +442,8 @@ def print_tables(a: argparse.Namespace, modes: tuple[str, ...], results: dict[st
 
 
 MODE_WORDS = {"plaintext": "plaintext (--insecure)", "tls": "tls (gRPC TLS + etcd client-cert auth and roles)"}
+for _m in list(MODE_WORDS):
+    MODE_WORDS[_m + WITH_METRICS] = MODE_WORDS[_m] + " with /metrics on"
 # The cross-AZ row counts etcd requests, not the cost of TLS: it runs once,
 # in the TLS mode (the integration harness it uses runs nothing else).
 CROSS_AZ_MODE = "tls"
@@ -418,15 +472,20 @@ async def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tls", choices=sorted(MODES), default="both",
                     help="on: TLS on every gRPC hop and etcd client-cert auth with roles; off: plaintext "
                          "(--insecure); both (default): both, same run, with the ratio")
+    ap.add_argument("--metrics", choices=sorted(METRICS), default="off",
+                    help="on: every process serves /metrics (coordinators scraped every second); off (default); "
+                         "both: every mode with and without, with the on/off ratio")
     ap.add_argument("--repeat", type=positive(int), default=1, help="runs of each mode, alternating (medians)")
     a = ap.parse_args(argv)
-    modes = MODES[a.tls]
+    modes = tuple(m + x for m in MODES[a.tls] for x in METRICS[a.metrics])
     tmp = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
     results: dict[str, list[dict]] = {m: [] for m in modes}
     try:
         for i in range(a.repeat):
             for m in modes:
-                cross = bool(a.cross_az_gangs) and i == 0 and m == CROSS_AZ_MODE
+                # Once: in the first mode that is CROSS_AZ_MODE (with or without metrics).
+                first = next((x for x in modes if x.removesuffix(WITH_METRICS) == CROSS_AZ_MODE), None)
+                cross = bool(a.cross_az_gangs) and i == 0 and m == first
                 results[m].append(await run_mode(a, m, tmp / f"run{i}", cross))
         print_tables(a, modes, results)
     finally:

@@ -50,3 +50,19 @@ def test_admission_bench_prints_both_modes_and_their_ratio_below_the_machine(tmp
     ratio = lines.index(next(ln for ln in lines if ln.startswith("TLS + etcd auth / plaintext")))
     assert re.match(r"^\s+5\s+(\d+\.\d\d|-)\s+(\d+\.\d\d|-)\s+(\d+\.\d\d|-)$", lines[ratio + 2]), lines[ratio:]
 
+
+
+def test_admission_bench_with_metrics_on_and_off_prints_their_ratio(tmp_path: Path) -> None:
+    """--metrics both: each mode once without and once with /metrics on
+    every process (its coordinators scraped while the load runs)."""
+    lines = run_bench(tmp_path, "--tls", "off", "--metrics", "both")
+    assert lines[2].startswith("modes: plaintext (--insecure), plaintext (--insecure) with /metrics on"), lines[:3]
+    text = "\n".join(lines)
+    for mode in ("plaintext", r"plaintext\+metrics"):
+        row = re.search(rf"^\s+{mode}\s+5\s+(\d+)\s+(\d+)\s+(\d+)\s", text, re.M)
+        assert row, text
+        assert (row.group(1), row.group(3)) == ("5", "0"), row.group(0)
+    ratio = lines.index(next(ln for ln in lines if ln.startswith("plaintext: metrics on / off")))
+    scrapes = re.search(r": (\d+) scrapes, (\d+) failed\):$", lines[ratio])
+    assert scrapes and int(scrapes.group(1)) > 0 and scrapes.group(2) == "0", lines[ratio]
+    assert re.match(r"^\s+5\s+(\d+\.\d\d|-)\s+(\d+\.\d\d|-)\s+(\d+\.\d\d|-)$", lines[ratio + 2]), lines[ratio:]
