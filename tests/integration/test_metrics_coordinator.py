@@ -241,3 +241,38 @@ async def test_collected_gangs_are_counted(etcd_endpoint, cluster_name, tmp_path
         assert value(s, "phalanx_gangs_finished_total", queue="default", outcome="SUCCEEDED") == 2
     finally:
         await c.close()
+
+
+async def test_a_cross_az_gang_is_counted_by_its_owner(local_cluster: LocalCluster) -> None:
+    """A 3-AZ gang: the owner AZ's leader counts the submission, the
+    admission (committed in every AZ) and one two-phase commit; the other
+    leaders count none of those, and every AZ's holds go back to 0."""
+    c = local_cluster
+    azs = ("az-a", "az-b", "az-c")
+    for az in azs:
+        c.start_coordinator(az, f"x{az[-1]}", extra_args=METRICS)
+    for az in azs:
+        await c.wait_leader(az)
+        c.start_agents(az, [dgx_node(f"{az[-1]}n0", az)])
+    for az in azs:
+        await c.wait_nodes_ready(az, 1)
+    m = Scraper(c)
+    g = await c.submit(tiny("span", members=3, gpus=8, duration=0.5, topology=pb.TopologyConstraint(allow_cross_az=True)),
+                       address=c.coordinators["xa"].address)
+    done = await c.wait_state(g.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert sorted(p.az for p in done.placement) == list(azs)
+    owner = "x" + done.owner_az[-1]
+    s = await m.until(owner, lambda s: value(s, "phalanx_gangs_finished_total", queue="default", outcome="SUCCEEDED") == 1)
+    assert value(s, "phalanx_gangs_submitted_total", queue="default") == 1
+    assert value(s, "phalanx_gangs_admitted_total", queue="default") == 1
+    assert value(s, "phalanx_gangs_finished_total", queue="default", outcome="SUCCEEDED") == 1
+    assert value(s, "phalanx_twophase_outcomes_total", outcome="commit") == 1
+    assert value(s, "phalanx_twophase_outcomes_total", outcome="abort") == 0
+    for cid in ("xa", "xb", "xc"):
+        s = await m.until(cid, lambda s: value(s, "phalanx_twophase_holds", state="COMMITTED") == 0)
+        assert value(s, "phalanx_twophase_holds", state="COMMITTED") == 0
+        assert value(s, "phalanx_twophase_holds", state="PREPARED") == 0
+        if cid != owner:
+            assert value(s, "phalanx_gangs_admitted_total", queue="default") == 0
+            assert value(s, "phalanx_twophase_outcomes_total", outcome="commit") == 0
