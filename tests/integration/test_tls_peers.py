@@ -82,12 +82,19 @@ def _channel(c: LocalCluster, address: str, files: TlsFiles, cluster: str | None
 async def _register(address: str, c: LocalCluster, files: TlsFiles, node: str) -> tuple[Any, Any]:
     """Open a Session as ``node``; (channel, call) once welcomed, or raise
     AioRpcError. A coordinator whose leader key is in etcd may not have
-    started leading yet (FAILED_PRECONDITION, "not the leader"): asked again."""
+    started leading yet (FAILED_PRECONDITION, "not the leader"): asked again;
+    so is a status the client lost to its own write (below)."""
     for _ in range(100):
         try:
             return await _register_once(address, c, files, node)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "not the leader" not in (exc.details() or ""):
+            not_leading = exc.code() == grpc.StatusCode.FAILED_PRECONDITION and "not the leader" in (exc.details() or "")
+            # A refusal sent before the server reads anything can reach the
+            # client while gRPC is still writing the registration: the client
+            # then reports its failed write (INTERNAL, "execute_batch") instead
+            # of the server's status. Asked again, as a reconnecting agent does.
+            lost_status = exc.code() == grpc.StatusCode.INTERNAL and "execute_batch" in (exc.debug_error_string() or "")
+            if not (not_leading or lost_status):
                 raise
         await asyncio.sleep(0.1)
     return await _register_once(address, c, files, node)
