@@ -259,6 +259,13 @@ class PhalanxCluster:
         h = self.coord_host(cid)
         return f"{h.ip}:{PROXY_PORT if self.use_proxies else COORD_PORT}"
 
+    def metrics_address(self, cid: str) -> str:
+        """Where coordinator ``cid`` serves /metrics (its host's address, not
+        through a proxy: faults are healed when it is scraped)."""
+        from chaos.metrics import METRICS_PORT
+
+        return f"{self.coord_host(cid).ip}:{METRICS_PORT}"
+
     def targets(self) -> dict[str, list[str]]:
         """AZ -> coordinator addresses a client should use (through the proxies if any)."""
         return {az: [self.advertised(c) for c in self.coordinator_ids(az)] for az in self.azs}
@@ -380,7 +387,9 @@ class PhalanxCluster:
                "--etcd", self.coordinator_etcd(cid, az), "--listen", f"{h.ip}:{COORD_PORT}",
                "--tls-dir", str(self.pki.coordinator(cid)),
                "--etcd-tls-dir", str(self.pki.etcd_user_dir(COORDINATOR)),
-               "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO"]
+               "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO",
+               # Scraped at the end of a run for its fenced writes refused (chaos/metrics.py).
+               "--metrics-listen", self.metrics_address(cid)]
         if self.use_proxies:
             cmd += ["--advertise", self.advertised(cid)]
         return ManagedProcess(cid, "coordinator", az, h, cmd, "PHALANX_COORDINATOR_READY", dict(self.coordinator_env))

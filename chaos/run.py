@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checker, history, report
+from chaos import metrics as run_metrics
 from chaos.cluster import REPO, PhalanxCluster
 from chaos.faults import HealthCheckFailed, heal_all, run_schedule
 from chaos.netns import ChaosEnvironmentError, NetnsCluster
@@ -62,6 +63,7 @@ class RunResult:
     error: str = ""
     prefix: str = ""  # namespace prefix of the run (leftover checks)
     pids: dict[str, list[int]] = field(default_factory=dict)  # pids seen just before teardown
+    metrics: run_metrics.RunMetrics | None = None
 
     @property
     def as_expected(self) -> bool:
@@ -75,6 +77,12 @@ class RunResult:
         else:
             n = len(self.verdict.violations)
             status = ("ok" if self.as_expected else "UNEXPECTED") + f", {n} violation(s)"
+        if self.metrics is not None:
+            m = self.metrics
+            fenced = "?" if m.fenced_refused is None else f"{m.fenced_refused:g}"
+            p50 = m.full_gang_stats.get("p50")
+            status += (f"; leader changes {sum(m.leadership_changes.values())}, fenced refused {fenced}, "
+                       f"full gang p50 {'-' if p50 is None else f'{p50:.2f}s'}")
         return f"{self.scenario:22} seed {self.seed:<3} {self.wall_s:6.1f}s  {status}"
 
 
@@ -105,6 +113,7 @@ def run_scenario(
     workdir = Path(tempfile.mkdtemp(prefix="phxc-"))
     failpoints = sc.agent_failpoints if agent_failpoints is None else agent_failpoints
     result = RunResult(sc.name, seed, run_dir, None, 0.0, sc.expect_violations)
+    scraped: tuple[run_metrics.Scraped, ...] = ()
     notes: list[str] = []
     meta: dict[str, Any] = {"scenario": sc.name, "seed": seed, "description": sc.description,
                             "agent_failpoints": failpoints, "duration": duration, "rate": rate}
@@ -170,6 +179,9 @@ def run_scenario(
                 settled = False
                 notes.append(str(exc))
             final = pc.dump(run_dir / "final.json")
+            # Before teardown, while the coordinators still run: only they
+            # know how many of their writes etcd refused (chaos/metrics.py).
+            scraped = _scrape_coordinators(pc, run_dir)
             result.pids = pc.pids()
             pc.stop_recorder()
             meta.update(
@@ -190,10 +202,36 @@ def run_scenario(
     if not result.error:
         h = history.load(run_dir)
         result.verdict = checker.check(h)
-        report.write(run_dir, h, result.verdict, wall_s=result.wall_s)
+        result.metrics = run_metrics.derive(h, scraped)
+        report.write(run_dir, h, result.verdict, wall_s=result.wall_s, metrics=result.metrics)
     (run_dir / "verdict.json").write_text(json.dumps(_verdict_json(result), indent=2))
     log(result.line())
     return result
+
+
+def _scrape_coordinators(pc: PhalanxCluster, run_dir: Path) -> tuple[run_metrics.Scraped, ...]:
+    """Every coordinator's /metrics, scraped from the client host (which
+    reaches them) with the workload's admin certificate; the expositions go
+    to ``metrics/<id>.prom``. A coordinator that does not answer is named in
+    the report, never fatal."""
+    assert pc.client is not None and pc.client_dir is not None
+    targets = {cid: pc.metrics_address(cid) for cid in pc.coordinator_ids()}
+    starts = {cid: pc.procs[cid].starts for cid in targets if cid in pc.procs}
+    try:
+        done = pc.client.run(_py("chaos.metrics", "--targets", json.dumps(targets), "--tls-dir", str(pc.client_dir)),
+                             timeout=60.0, cwd=str(REPO), env=pc._env({}))
+        answers = json.loads(done.stdout) if done.returncode == 0 else {}
+        why = "" if done.returncode == 0 else f"the scraper exited with {done.returncode}: {done.stderr.strip()[-300:]}"
+    except (subprocess.TimeoutExpired, ValueError) as exc:
+        answers, why = {}, f"the scraper failed: {exc}"
+    for cid, address in targets.items():
+        answers.setdefault(cid, {"address": address, "text": None, "error": why or "no answer"})
+    out = run_dir / "metrics"
+    out.mkdir(exist_ok=True)
+    for cid, a in answers.items():
+        if a.get("text") is not None:
+            (out / f"{cid}.prom").write_text(a["text"])
+    return run_metrics.scraped_from(answers, starts)
 
 
 def _keep_logs(workdir: Path, run_dir: Path) -> None:
@@ -213,6 +251,8 @@ def _verdict_json(r: RunResult) -> dict[str, Any]:
                            for x in r.verdict.results}
         d["violations"] = [v.render() for v in r.verdict.violations]
         d["measurements"] = r.verdict.measurements
+    if r.metrics is not None:
+        d["metrics"] = r.metrics.to_dict()
     return d
 
 
