@@ -73,8 +73,9 @@ TOKEN_NOT_COMMITTED = "not_committed"    # the reservation is not COMMITTED for 
 TOKEN_TORN_DOWN = "torn_down"            # the reservation is RELEASING for this incarnation
 TOKEN_DEVICES = "devices"                # the reservation does not give these devices on this node
 TOKEN_UNCONFIRMED = "unconfirmed"        # etcd did not answer (the leader re-sends)
+TOKEN_DENIED = "denied"                  # etcd refused this agent's user the read (its credentials or roles)
 TOKEN_REASONS = (TOKEN_NOT_LEADER, TOKEN_NO_RESERVATION, TOKEN_NOT_COMMITTED, TOKEN_TORN_DOWN, TOKEN_DEVICES,
-                 TOKEN_UNCONFIRMED)
+                 TOKEN_UNCONFIRMED, TOKEN_DENIED)
 
 # Why an assignment was not started (label ``reason`` of phalanx_agent_assignments_refused_total).
 REFUSED_TOKEN = "token"            # the token check said no (its reason: the token failures counter)

@@ -496,7 +496,7 @@ class Agent:
             # refused like an unreachable etcd, and the fence loop fences.
             log.error("agent %s: etcd denied the token check (check --etcd-tls-dir and the cluster's etcd roles): %s",
                       self.node, exc)
-            return TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"), None
+            return TokenRefusal(am.TOKEN_DENIED, f"{UNCONFIRMED}: {exc}"), None
         finally:
             self.metrics.token_check_seconds.observe(time.monotonic() - started)
         leader = res.results[0]

@@ -295,7 +295,7 @@ async def test_refusals_by_a_deposed_leader_are_counted_by_reason(rig: Rig, clus
                     if name == "phalanx_agent_token_check_failures_total"}
         # ghost: no reservation; late and the revoke: a deposed epoch.
         assert failures == {"not_leader": 2, "no_reservation": 1, "not_committed": 0, "torn_down": 0, "devices": 0,
-                            "unconfirmed": 0}
+                            "unconfirmed": 0, "denied": 0}
         assert fences(s, "token_refused") == 3 and fences(s, "stale_epoch") == 1
         assert fences(s, "silence") == 0 and fences(s, "shim") == 0
     finally:
