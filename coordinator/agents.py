@@ -79,6 +79,27 @@ async def caller_identity(c: "Coordinator", context: grpc.aio.ServicerContext, s
         raise  # unreachable: abort raises
 
 
+
+async def _uncancelled(work: Any, node: str) -> None:
+    """Run a report's handling to its end even if the session ends meanwhile.
+    A session that closes cancels its reader; cancelling the leader in the
+    middle of a fenced write leaves the write applied in etcd but unknown to
+    the leader (its view is behind until its next write fails the compare),
+    and a RESTARTING write lost that way held the gang's surviving members
+    until they ended by themselves. The handling is shielded instead: the
+    reader stops waiting for it, the write and the leader's update finish."""
+    task = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        # No one awaits it any more: its failure is logged here, not lost.
+        def done(t: "asyncio.Future[Any]") -> None:
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("handling a member report of %s failed after its session ended: %r", node, t.exception())
+
+        task.add_done_callback(done)
+        raise
+
 class AgentServicer(agrpc.AgentServiceServicer):
     def __init__(self, coordinator: "Coordinator"):
         self.c = coordinator
@@ -196,10 +217,10 @@ class AgentServicer(agrpc.AgentServiceServicer):
                             conn.queue.put_nowait({"ack": msg.heartbeat.seq})
                         for m in msg.heartbeat.members:
                             with _report_context(leader, m):
-                                await leader.on_member(conn, m)
+                                await _uncancelled(leader.on_member(conn, m), conn.node)
                     elif kind == "member":
                         with _report_context(leader, msg.member):
-                            await leader.on_member(conn, msg.member)
+                            await _uncancelled(leader.on_member(conn, msg.member), conn.node)
             except Exception as exc:  # noqa: BLE001
                 if not isinstance(exc, (asyncio.CancelledError, grpc.aio.AioRpcError)):
                     log.info("session of %s ended: %r", conn.node, exc)

@@ -181,7 +181,7 @@ def parse_identity_uri(uri: str) -> Identity:
     return identity
 
 
-def _aware(t: datetime.datetime) -> datetime.datetime:
+def as_utc(t: datetime.datetime) -> datetime.datetime:
     return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
 
 
@@ -201,9 +201,9 @@ def identity_of(
     and the dates too; this repeats them so the answer does not depend on
     how the caller got the certificate."""
     cas = [ca] if isinstance(ca, x509.Certificate) else list(ca)
-    if not any(_issued_by(cert, c) for c in cas):
+    if not any(issued_by(cert, c) for c in cas):
         raise IdentityError(CHECK_UNKNOWN_CA, f"issuer {cert.issuer.rfc4514_string()!r} is not this cluster's CA (or the signature does not verify)")
-    now = _aware(now)
+    now = as_utc(now)
     if now < cert.not_valid_before_utc:
         raise IdentityError(CHECK_NOT_YET_VALID, f"valid from {cert.not_valid_before_utc.isoformat()}, now is {now.isoformat()}")
     if now > cert.not_valid_after_utc:
@@ -265,7 +265,7 @@ def dns_names(cert: x509.Certificate) -> list[str]:
     return list(san.get_values_for_type(x509.DNSName))
 
 
-def _issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
+def issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(ca)
     except (ValueError, TypeError, InvalidSignature):
@@ -292,18 +292,14 @@ def ca_cluster(ca: x509.Certificate) -> str:
     raise CertError("the CA certificate names no cluster (no phalanx://<cluster> subjectAltName): not made by phalanx certs init")
 
 
-def build_ca(key: ec.EllipticCurvePrivateKey, cluster: str, *, not_before: datetime.datetime, days: int = CA_DAYS) -> x509.Certificate:
-    e = name_error(cluster, DNS_LABEL, MAX_CLUSTER_LEN, DNS_LABEL_WHAT)
-    if e:
-        raise CertError(f"--cluster {e}")
-    _check_days(days)
-    name = x509.Name([
-        x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"phalanx {cluster}"),
-        x509.NameAttribute(NameOID.COMMON_NAME, f"phalanx {cluster} CA"),
-    ])
-    not_before = _aware(not_before)
+def self_signed_ca(key: ec.EllipticCurvePrivateKey, name: x509.Name, *, not_before: datetime.datetime, days: int,
+                   sans: Sequence[x509.GeneralName] = ()) -> x509.Certificate:
+    """A CA certificate for ``key`` that signs leaf certificates only (the
+    gRPC CA here, the etcd CA in phalanx.etcd_pki)."""
+    check_days(days)
+    not_before = as_utc(not_before)
     public = key.public_key()
-    return (
+    builder = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
@@ -317,9 +313,22 @@ def build_ca(key: ec.EllipticCurvePrivateKey, cluster: str, *, not_before: datet
                                      data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
                                      encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(f"{SCHEME}://{cluster}")]), critical=False)
-        .sign(key, hashes.SHA256())
     )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)), critical=False)
+    return builder.sign(key, hashes.SHA256())
+
+
+def build_ca(key: ec.EllipticCurvePrivateKey, cluster: str, *, not_before: datetime.datetime, days: int = CA_DAYS) -> x509.Certificate:
+    e = name_error(cluster, DNS_LABEL, MAX_CLUSTER_LEN, DNS_LABEL_WHAT)
+    if e:
+        raise CertError(f"--cluster {e}")
+    name = x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"phalanx {cluster}"),
+        x509.NameAttribute(NameOID.COMMON_NAME, f"phalanx {cluster} CA"),
+    ])
+    return self_signed_ca(key, name, not_before=not_before, days=days,
+                          sans=[x509.UniformResourceIdentifier(f"{SCHEME}://{cluster}")])
 
 
 def parse_hosts(text: str) -> tuple[str, ...]:
@@ -336,14 +345,14 @@ def parse_hosts(text: str) -> tuple[str, ...]:
     return hosts
 
 
-def _san_for_host(host: str) -> x509.GeneralName:
+def san_for_host(host: str) -> x509.GeneralName:
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
 
 
-def _check_days(days: int) -> None:
+def check_days(days: int) -> None:
     if not isinstance(days, int) or isinstance(days, bool) or not 1 <= days <= 100 * 366:
         raise CertError(f"--days must be between 1 and {100 * 366}, got {days!r}")
 
@@ -366,7 +375,7 @@ def build_leaf(
         errors.append(f"--hosts is only for a coordinator (the one role that serves), not {identity.role!r}")
     if identity.cluster != ca_cluster(ca):
         errors.append(f"--cluster {identity.cluster!r} is not the CA's cluster {ca_cluster(ca)!r}")
-    not_before, not_after = _aware(not_before), _aware(not_after)
+    not_before, not_after = as_utc(not_before), as_utc(not_after)
     if not not_before < not_after:
         errors.append("--days: the certificate must end after it starts")
     elif not_after > ca.not_valid_after_utc:
@@ -377,7 +386,7 @@ def build_leaf(
     sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(identity.uri())]
     if server:
         sans.append(x509.DNSName(coordinator_server_name(identity.cluster)))
-    sans += [_san_for_host(h) for h in hosts if h != coordinator_server_name(identity.cluster)]
+    sans += [san_for_host(h) for h in hosts if h != coordinator_server_name(identity.cluster)]
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
     subject = x509.Name([
         x509.NameAttribute(NameOID.ORGANIZATION_NAME, f"phalanx {identity.cluster}"),
@@ -436,7 +445,7 @@ def describe(cert: x509.Certificate) -> str:
     return f"{text}, serial {cert.serial_number:x}, valid until {cert.not_valid_after_utc.isoformat()}"
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
+def write_file(path: Path, data: bytes, mode: int) -> None:
     """Write ``path`` whole or not at all: a temporary file in the same
     directory, created with ``mode`` (a key is never readable by others, not
     even for a moment), then renamed over the old one. A reader sees the old
@@ -474,8 +483,8 @@ def init_ca(directory: Path, cluster: str = DEFAULT_CLUSTER, *, now: datetime.da
         raise CertError(f"--dir {directory} is not a directory")
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write(key_path, key_pem(key), 0o600)
-        _write(crt_path, cert_pem(cert), 0o644)
+        write_file(key_path, key_pem(key), 0o600)
+        write_file(crt_path, cert_pem(cert), 0o644)
     except OSError as exc:
         raise CertError(f"--dir {directory}: cannot write: {exc.strerror or exc}") from None
     return crt_path, key_path
@@ -519,12 +528,12 @@ def issue(
     key refuses the pair (phalanx.tls). ``hosts`` defaults to DEFAULT_HOSTS
     for a coordinator. ``not_before`` (default ``now``) exists for tests that
     need a certificate already expired."""
-    _check_days(days)
+    check_days(days)
     ca, ca_key = load_ca(directory)
     identity = Identity(ca_cluster(ca), role, name, tuple(queues), node)
     if hosts is None:
         hosts = DEFAULT_HOSTS if role == "coordinator" else ()
-    start = _aware(not_before or now)
+    start = as_utc(not_before or now)
     key = new_key()
     cert = build_leaf(identity, key.public_key(), ca=ca, ca_key=ca_key, not_before=start,
                       not_after=start + datetime.timedelta(days=days), hosts=hosts)
@@ -532,8 +541,8 @@ def issue(
     try:
         # The key first: a reader that sees the new certificate early checks
         # that the pair matches and keeps what it had.
-        _write(key_path, key_pem(key), 0o600)
-        _write(crt_path, cert_pem(cert), 0o644)
+        write_file(key_path, key_pem(key), 0o600)
+        write_file(crt_path, cert_pem(cert), 0o644)
     except OSError as exc:
         raise CertError(f"{crt_path.parent}: cannot write: {exc.strerror or exc}") from None
     return crt_path, key_path, cert

@@ -1110,25 +1110,20 @@ class Client:
         return self._run(self._async.list(states, queue, owner_az, name_prefix, limit))
 
     def watch(self, id: str) -> Iterator[pb.Gang]:
-        agen = self._async.watch(id)
-        try:
-            while True:
-                item = self._run(_anext(agen))
-                if item is _END:
-                    return
-                yield item  # type: ignore[misc]
-        finally:
-            if not self._loop.is_closed():
-                asyncio.run_coroutine_threadsafe(agen.aclose(), self._loop).result()
+        return self._iterate(self._async.watch(id))
 
     def watch_events(self, id: str, after_seq: int = 0) -> Iterator[pb.GangEventRecord]:
-        agen = self._async.watch_events(id, after_seq)
+        return self._iterate(self._async.watch_events(id, after_seq))
+
+    def _iterate(self, agen: Any) -> Iterator[Any]:
+        """An async generator of the client's loop, as a blocking iterator
+        (closed on the loop when the caller stops early)."""
         try:
             while True:
                 item = self._run(_anext(agen))
                 if item is _END:
                     return
-                yield item  # type: ignore[misc]
+                yield item
         finally:
             if not self._loop.is_closed():
                 asyncio.run_coroutine_threadsafe(agen.aclose(), self._loop).result()

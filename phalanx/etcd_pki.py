@@ -45,15 +45,16 @@ from phalanx.certs import (
     DEFAULT_DAYS,
     MAX_CLUSTER_LEN,
     CertError,
-    _aware,
-    _check_days,
-    _issued_by,
-    _san_for_host,
-    _write,
+    as_utc,
+    check_days,
+    issued_by,
+    san_for_host,
+    write_file,
     cert_pem,
     key_pem,
     new_key,
     parse_hosts,
+    self_signed_ca,
 )
 from phalanx.limits import DNS_LABEL, DNS_LABEL_WHAT, name_error
 from phalanx.tls import TlsError, TlsFiles
@@ -116,28 +117,11 @@ def server_files(directory: Path | str) -> TlsFiles:
 # --- building certificates (pure) -------------------------------------------------------
 
 def build_ca(key: ec.EllipticCurvePrivateKey, *, not_before: datetime.datetime, days: int = CA_DAYS) -> x509.Certificate:
-    _check_days(days)
     name = x509.Name([
         x509.NameAttribute(NameOID.ORGANIZATION_NAME, "phalanx etcd"),
         x509.NameAttribute(NameOID.COMMON_NAME, "phalanx etcd CA"),
     ])
-    not_before = _aware(not_before).replace(microsecond=0)
-    public = key.public_key()
-    return (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_before + datetime.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    return self_signed_ca(key, name, not_before=as_utc(not_before).replace(microsecond=0), days=days)
 
 
 def build_leaf(
@@ -154,10 +138,10 @@ def build_leaf(
     """A client certificate (CN = the etcd user), or with ``server`` the
     members' certificate: DNS ETCD_SERVER_NAME plus ``hosts``, marked for
     server and client use because etcd also presents it to its peers."""
-    _check_days(days)
+    check_days(days)
     # Whole seconds, as X.509 stores them: a server certificate made with the
     # CA's own start and days ends exactly with the CA, not a fraction after.
-    not_before = _aware(not_before).replace(microsecond=0)
+    not_before = as_utc(not_before).replace(microsecond=0)
     not_after = not_before + datetime.timedelta(days=days)
     if not_after > ca.not_valid_after_utc:
         raise CertError(f"--days: the certificate would outlive its CA (the CA expires {ca.not_valid_after_utc.isoformat()})")
@@ -186,7 +170,7 @@ def build_leaf(
         for h in (ETCD_SERVER_NAME, *DEFAULT_SERVER_HOSTS, *hosts):
             if h not in names:
                 names.append(h)
-        builder = builder.add_extension(x509.SubjectAlternativeName([_san_for_host(h) for h in names]), critical=False)
+        builder = builder.add_extension(x509.SubjectAlternativeName([san_for_host(h) for h in names]), critical=False)
     return builder.sign(ca_key, hashes.SHA256())
 
 
@@ -221,10 +205,10 @@ def check_client(tls: TlsFiles, *, now: datetime.datetime) -> tuple[bytes, bytes
         raise TlsError(tls.key, "not an unencrypted PEM key", str(exc)) from None
     if key.public_key() != cert.public_key():
         raise TlsError(tls.key, CHECK_KEY_MISMATCH, f"not the key of {tls.cert}")
-    if not any(_issued_by(cert, c) for c in cas):
+    if not any(issued_by(cert, c) for c in cas):
         raise TlsError(tls.cert, CHECK_UNKNOWN_CA,
                        f"issuer {cert.issuer.rfc4514_string()!r} is not the etcd CA in {tls.ca}")
-    now = _aware(now)
+    now = as_utc(now)
     if now < cert.not_valid_before_utc:
         raise TlsError(tls.cert, CHECK_NOT_YET_VALID, f"valid from {cert.not_valid_before_utc.isoformat()}, now is {now.isoformat()}")
     if now > cert.not_valid_after_utc:
@@ -291,7 +275,7 @@ def init(directory: Path | str, *, hosts: Iterable[str] = (), now: datetime.date
     checked before anything is written."""
     directory = Path(directory)
     hosts = _check_hosts(hosts)
-    _check_days(days)
+    check_days(days)
     if directory.exists() and not directory.is_dir():
         raise CertError(f"--dir {directory} is not a directory")
     for name in (CA_CERT, CA_KEY, SERVER_CERT, SERVER_KEY):
@@ -305,10 +289,10 @@ def init(directory: Path | str, *, hosts: Iterable[str] = (), now: datetime.date
     out = server_files(directory)
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write(directory / CA_KEY, key_pem(ca_key), 0o600)
-        _write(out.ca, cert_pem(ca), 0o644)
-        _write(out.key, key_pem(server_key), 0o600)
-        _write(out.cert, cert_pem(server), 0o644)
+        write_file(directory / CA_KEY, key_pem(ca_key), 0o600)
+        write_file(out.ca, cert_pem(ca), 0o644)
+        write_file(out.key, key_pem(server_key), 0o600)
+        write_file(out.cert, cert_pem(server), 0o644)
     except OSError as exc:
         raise CertError(f"--dir {directory}: cannot write: {exc.strerror or exc}") from None
     return out
@@ -320,7 +304,7 @@ def issue_client(directory: Path | str, user: str, *, now: datetime.datetime, da
     return that directory. Re-issuing renews (a new key too)."""
     directory = Path(directory)
     check_user(user)
-    _check_days(days)
+    check_days(days)
     ca, ca_key = _load_ca(directory)
     key = new_key()
     cert = build_leaf(user, key.public_key(), ca=ca, ca_key=ca_key, not_before=now, days=days)
@@ -328,11 +312,11 @@ def issue_client(directory: Path | str, user: str, *, now: datetime.datetime, da
     out = files(out_dir)
     try:
         out_dir.mkdir(mode=0o700, exist_ok=True)
-        _write(out.ca, cert_pem(ca), 0o644)
+        write_file(out.ca, cert_pem(ca), 0o644)
         # The key before the certificate: a reader that sees the new
         # certificate with the old key refuses the pair (check_client).
-        _write(out.key, key_pem(key), 0o600)
-        _write(out.cert, cert_pem(cert), 0o644)
+        write_file(out.key, key_pem(key), 0o600)
+        write_file(out.cert, cert_pem(cert), 0o644)
     except OSError as exc:
         raise CertError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
     return out_dir
