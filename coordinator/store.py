@@ -34,6 +34,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import os
 import random
 import re
 import time
@@ -488,6 +489,22 @@ class _OpenWatch:
     abandoned: bool = False
 
 
+# How often a call looks at the client files' stat for a renewal (a stat of
+# three files; once a second is nothing next to an etcd round trip).
+RENEWAL_CHECK_S = 1.0
+
+
+def _files_stat(files: Any) -> tuple[Any, ...]:
+    out = []
+    for path in (files.ca, files.cert, files.key):
+        try:
+            st = os.stat(path)
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
 class Store:
     """An etcd connection for one cluster prefix. Cheap calls, no hidden retry.
 
@@ -525,6 +542,10 @@ class Store:
         self._clock = clock
         self._rotation = EndpointRotation(len(self._endpoints), suspect_s=suspect_s)
         self._members: list[_Member] = []
+        self._retired: list[_Member] = []  # channels of replaced client certificates
+        self._options: list[tuple[str, Any]] = []
+        self._tls_seen: tuple[Any, ...] = ()
+        self._tls_checked_at = float("-inf")
         self._watches: list[set[_OpenWatch]] = [set() for _ in self._endpoints]
 
     async def connect(self) -> "Store":
@@ -542,27 +563,22 @@ class Store:
                 # after gRPC's default backoff of up to two minutes.
                 ("grpc.max_reconnect_backoff_ms", 2_000),
             ]
+            self._options = options
             creds = None
             if self.tls is not None:
                 # Checked here, before any handshake, so a wrong file is
                 # named with the check it fails (TlsError) instead of a
                 # bare handshake failure from etcd.
+                self._tls_seen = _files_stat(self.tls)
                 creds, self.user = etcd_pki.channel_credentials(self.tls)
-                options += etcd_pki.CHANNEL_OPTIONS
-            for ep in self._endpoints:
-                if creds is not None:
-                    ch = grpc.aio.secure_channel(ep.target, creds, options=options)
-                else:
-                    ch = grpc.aio.insecure_channel(ep.target, options=options)
-                # Connect every member now, so a failover does not also pay
-                # for a connection handshake.
-                ch.get_state(try_to_connect=True)
-                self._members.append(_Member(ep, ch, egrpc.KVStub(ch), egrpc.LeaseStub(ch), egrpc.WatchStub(ch)))
+                self._options = options + list(etcd_pki.CHANNEL_OPTIONS)
+            self._members = self._open_members(creds)
         return self
 
     async def close(self) -> None:
         """Close every member's channel, even if closing one fails."""
-        members, self._members = self._members, []
+        members, self._members = self._members + self._retired, []
+        self._retired = []
         results = await asyncio.gather(*(m.channel.close() for m in members), return_exceptions=True)
         for m, r in zip(members, results):
             if isinstance(r, Exception):
@@ -580,9 +596,51 @@ class Store:
         """The member that new calls go to."""
         return self._endpoints[self._rotation.current].target
 
+    def _open_members(self, creds: grpc.ChannelCredentials | None) -> list[_Member]:
+        members = []
+        for ep in self._endpoints:
+            if creds is not None:
+                ch = grpc.aio.secure_channel(ep.target, creds, options=self._options)
+            else:
+                ch = grpc.aio.insecure_channel(ep.target, options=self._options)
+            # Connect every member now, so a failover does not also pay
+            # for a connection handshake.
+            ch.get_state(try_to_connect=True)
+            members.append(_Member(ep, ch, egrpc.KVStub(ch), egrpc.LeaseStub(ch), egrpc.WatchStub(ch)))
+        return members
+
+    def _follow_renewal(self) -> None:
+        """A renewed client certificate (the files changed on disk) is used
+        by the calls made from now on: new channels to every member. The old
+        ones are not closed before the store is (open watches and the lease
+        keepalive stream go on over them until they end), so a renewal
+        disturbs nothing; renewals are rare, so they are few. Files that fail
+        their checks are logged once and the old credentials kept, as the
+        gRPC servers do (phalanx.tls.ServerCredentialsSource)."""
+        assert self.tls is not None
+        now = self._clock()
+        if now - self._tls_checked_at < RENEWAL_CHECK_S:
+            return
+        self._tls_checked_at = now
+        seen = _files_stat(self.tls)
+        if seen == self._tls_seen:
+            return
+        self._tls_seen = seen
+        try:
+            creds, user = etcd_pki.channel_credentials(self.tls)
+        except Exception as exc:  # noqa: BLE001 - TlsError and unreadable files alike
+            log.error("etcd client files changed but cannot be used (keeping the old ones): %s", exc)
+            return
+        self._retired.extend(self._members)
+        self._members = self._open_members(creds)
+        log.info("etcd client certificate renewed (user %s): new calls use it", user)
+        self.user = user
+
     def _pin(self) -> tuple[_Member, int, int]:
         if not self._members:
             raise RuntimeError("Store is not connected (use `async with Store(...)` or `await store.connect()`)")
+        if self.tls is not None:
+            self._follow_renewal()
         index, generation = self._rotation.pin()
         return self._members[index], index, generation
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import Delete, Get, Put, Store, absent
+from coordinator.store import RENEWAL_CHECK_S, Delete, Get, Put, Store, absent
 from phalanx import etcd_auth, etcd_pki
 from phalanx.errors import StoreDenied, StoreUnavailable
 from phalanx.etcd_server import EtcdServer, loopback_cluster, start_members, stop_members
@@ -358,3 +358,35 @@ def test_three_member_cluster_over_tls_peers(tmp_path: Path) -> None:
         asyncio.run(check())
     finally:
         stop_members(members)
+
+
+async def test_client_files_replaced_on_disk_are_used_without_reconnecting(etcd: Etcd, tmp_path: Path) -> None:
+    """A store follows its client files: new files (here another user's, so
+    the switch shows in what etcd allows) are used by the next calls with no
+    restart; files that fail their checks are refused and the old kept."""
+    live = tmp_path / "client"
+    agent, coordinator = etcd.user(C1, "agent"), etcd.user(C1, "coordinator")
+
+    def install(files: TlsFiles) -> None:
+        live.mkdir(exist_ok=True)
+        for src, name in ((files.ca, "ca.crt"), (files.cert, "client.crt"), (files.key, "client.key")):
+            tmp = live / (name + ".new")
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, live / name)
+
+    install(agent)
+    async with etcd.store(etcd_pki.files(live)) as s, etcd.store(etcd.root) as root:
+        with pytest.raises(StoreDenied):
+            await s.txn([], [Put("/phalanx/c1/renewed", "v")])
+        # A half-done replacement (a certificate beside another key) is not used.
+        shutil.copyfile(coordinator.cert, live / "client.crt")
+        await asyncio.sleep(RENEWAL_CHECK_S + 0.2)  # past the store's renewal check interval
+        with pytest.raises(StoreDenied) as still:
+            await s.txn([], [Put("/phalanx/c1/renewed", "v")])
+        assert still.value.user == "phalanx-c1-agent"
+        install(coordinator)
+        await asyncio.sleep(RENEWAL_CHECK_S + 0.2)
+        await s.txn([], [Put("/phalanx/c1/renewed", "v")])
+        assert s.user == "phalanx-c1-coordinator"
+        assert (await root.get("/phalanx/c1/renewed")).json() == "v"
+        await root.txn([], [Delete("/phalanx/c1/renewed")])
