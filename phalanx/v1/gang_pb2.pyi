@@ -67,6 +67,24 @@ class GangEvent(_message.Message):
     revision: int
     def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("queue",)
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    queue: str
+    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+
+class ClusterEvent(_message.Message):
+    __slots__ = ("gang_id", "gang_name", "queue", "event")
+    GANG_ID_FIELD_NUMBER: _ClassVar[int]
+    GANG_NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    gang_id: str
+    gang_name: str
+    queue: str
+    event: _types_pb2.GangEventRecord
+    def __init__(self, gang_id: _Optional[str] = ..., gang_name: _Optional[str] = ..., queue: _Optional[str] = ..., event: _Optional[_Union[_types_pb2.GangEventRecord, _Mapping]] = ...) -> None: ...
+
 class CancelGangRequest(_message.Message):
     __slots__ = ("id", "reason")
     ID_FIELD_NUMBER: _ClassVar[int]

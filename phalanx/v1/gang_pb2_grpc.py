@@ -55,6 +55,11 @@ class GangServiceStub:
                 request_serializer=phalanx_dot_v1_dot_gang__pb2.WatchGangRequest.SerializeToString,
                 response_deserializer=phalanx_dot_v1_dot_gang__pb2.GangEvent.FromString,
                 _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/phalanx.v1.GangService/WatchEvents',
+                request_serializer=phalanx_dot_v1_dot_gang__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_gang__pb2.ClusterEvent.FromString,
+                _registered_method=True)
         self.CancelGang = channel.unary_unary(
                 '/phalanx.v1.GangService/CancelGang',
                 request_serializer=phalanx_dot_v1_dot_gang__pb2.CancelGangRequest.SerializeToString,
@@ -112,6 +117,14 @@ class GangServiceServicer:
 
     def WatchGang(self, request, context):
         """Current state first, then every change until the gang is terminal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchEvents(self, request, context):
+        """Every gang event recorded after the call starts, of every queue or of
+        one, as the caller may see them (docs/events.md "Reading them").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -179,6 +192,11 @@ def add_GangServiceServicer_to_server(servicer, server):
                     servicer.WatchGang,
                     request_deserializer=phalanx_dot_v1_dot_gang__pb2.WatchGangRequest.FromString,
                     response_serializer=phalanx_dot_v1_dot_gang__pb2.GangEvent.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=phalanx_dot_v1_dot_gang__pb2.WatchEventsRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_gang__pb2.ClusterEvent.SerializeToString,
             ),
             'CancelGang': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelGang,
@@ -319,6 +337,33 @@ class GangService:
             '/phalanx.v1.GangService/WatchGang',
             phalanx_dot_v1_dot_gang__pb2.WatchGangRequest.SerializeToString,
             phalanx_dot_v1_dot_gang__pb2.GangEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/phalanx.v1.GangService/WatchEvents',
+            phalanx_dot_v1_dot_gang__pb2.WatchEventsRequest.SerializeToString,
+            phalanx_dot_v1_dot_gang__pb2.ClusterEvent.FromString,
             options,
             channel_credentials,
             insecure,
