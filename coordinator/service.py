@@ -126,6 +126,20 @@ def _explanation_pb(g: GangRecord, summary: str, leader_reason: str, shortfalls:
     return resp
 
 
+def unseen_events(seen_seq: int, events: Any) -> list[Any]:
+    """The events of one gang a cluster stream has not sent yet: those with
+    a ``seq`` above the highest it saw for that gang (``seq`` is 1, 2, ...
+    per gang and never reused, and every write carries the whole list)."""
+    return [e for e in events if e.seq > seen_seq]
+
+
+def last_seq(events: Any) -> int:
+    return max((e.seq for e in events), default=0)
+
+
+def _cluster_event(g: GangRecord, e: Any) -> gpb.ClusterEvent:
+    return gpb.ClusterEvent(gang_id=g.id, gang_name=g.spec.name, queue=g.spec.queue, event=convert.event_to_pb(e))
+
 @dataclass(frozen=True)
 class Caller:
     """Who a GangService call is from, as ``_authorize`` found it.
@@ -523,6 +537,95 @@ class GangServicer(ggrpc.GangServiceServicer):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
                     return
                 await asyncio.sleep(WATCH_RESUME_PAUSE_S)
+
+
+    async def WatchEvents(self, request: gpb.WatchEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.ClusterEvent]:
+        """Every event recorded after the call starts, of the gangs the
+        caller may see (of ``queue`` only, when named). Served by any
+        coordinator from etcd, like WatchGang. Memory: the highest ``seq``
+        sent per kept gang; a gang deleted by retention is forgotten."""
+        self._tag(context)
+        try:
+            caller = await self._authorize(context, "watch")
+            why = limits.name_error(request.queue, limits.DNS_LABEL, limits.MAX_QUEUE_LEN, limits.DNS_LABEL_WHAT, required=False)
+            if why:
+                raise InvalidArgument(f"queue: {why[:200]}")
+            seen, rev = await self._events_baseline(caller, request.queue, {}, emit=None)
+            # Headers now tell the caller the stream is open: every event
+            # recorded from here on reaches it (it may wait long for a first one).
+            await context.send_initial_metadata(())
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            await _abort(context, exc)
+            return
+        prefix = self.keys.gangs()
+        start = rev + 1
+        breaks = 0  # consecutive broken watches without an event in between
+        while True:
+            try:
+                async for batch in self.store.watch_prefix(prefix, start):
+                    breaks = 0
+                    for ev in batch:
+                        start = ev.revision + 1
+                        if ev.kind == "delete":
+                            seen.pop(ev.kv.key[len(prefix):], None)
+                            continue
+                        try:
+                            g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
+                        except UNREADABLE as exc:
+                            log.warning("WatchEvents skipped unreadable gang record %s: %s", ev.kv.key, exc)
+                            continue
+                        if not self._streams_events_of(caller, request.queue, g):
+                            continue
+                        for e in unseen_events(seen.get(g.id, 0), g.events):
+                            yield _cluster_event(g, e)
+                        seen[g.id] = max(seen.get(g.id, 0), last_seq(g.events))
+            except Compacted:
+                # Missed history: re-read every gang and send what is new
+                # since the last seq seen of each (a gang that appeared in
+                # the gap has all its events sent).
+                out: list[gpb.ClusterEvent] = []
+                try:
+                    seen, rev = await self._events_baseline(caller, request.queue, seen, emit=out)
+                except Exception as exc:  # noqa: BLE001
+                    await _abort(context, exc)
+                    return
+                for item in out:
+                    yield item
+                start = rev + 1
+            except StoreUnavailable as exc:
+                # As in WatchGang: resume on the store's next etcd member.
+                breaks += 1
+                if breaks > WATCH_RESUMES:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                    return
+                await asyncio.sleep(WATCH_RESUME_PAUSE_S)
+
+    @staticmethod
+    def _streams_events_of(caller: Caller, queue: str, g: GangRecord) -> bool:
+        return caller.sees(g.owner) and (not queue or g.spec.queue == queue)
+
+    async def _events_baseline(self, caller: Caller, queue: str, seen: dict[str, int],
+                               emit: list[gpb.ClusterEvent] | None) -> tuple[dict[str, int], int]:
+        """The highest seq of every kept gang the stream covers, read at one
+        revision (returned), starting from ``seen``; gangs no longer kept
+        are dropped. With ``emit``, the events above ``seen`` are appended
+        to it (a resume after compaction); without, nothing is sent (the
+        stream starts after what is stored)."""
+        kvs, rev = await self.store.get_prefix_paged(self.keys.gangs())
+        gangs, bad = read_records(kvs, GangRecord.from_dict)
+        if bad:
+            log.warning("WatchEvents skipped %d unreadable gang record(s), e.g. %s: %s", len(bad), *bad[0])
+        out: dict[str, int] = {}
+        for g in gangs:
+            if not self._streams_events_of(caller, queue, g):
+                continue
+            before = seen.get(g.id, 0)
+            if emit is not None:
+                emit.extend(_cluster_event(g, e) for e in unseen_events(before, g.events))
+            out[g.id] = max(before, last_seq(g.events))
+        return out, rev
 
     async def _az_state(self, az: str) -> tuple[dict[str, NodeRecord], DeviceLedger]:
         node_kvs, _ = await self.store.get_prefix_paged(self.keys.nodes(az))

@@ -55,6 +55,7 @@ from phalanx.errors import InvalidArgument, PhalanxError
 from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, InvalidSpec, load_spec, read_spec_bytes
 from phalanx.tls import TlsError
+from phalanx.v1 import gang_pb2
 from phalanx.v1 import types_pb2 as pb
 from phalanx.wire import message_to_dict, spec_from_pb, topology_from_pb
 
@@ -367,7 +368,12 @@ async def cmd_describe(client: AsyncClient, args: argparse.Namespace) -> int:
 
 async def cmd_events(client: AsyncClient, args: argparse.Namespace) -> int:
     """The gang's events so far, then (unless --no-follow) each new one
-    until the gang is terminal."""
+    until the gang is terminal; without an ID, every new event of the
+    cluster (or of --queue) until interrupted."""
+    if not args.id:
+        return await cmd_cluster_events(client, args)
+    if args.queue:
+        raise UsageError("--queue: follows the events of a queue, so it takes no gang ID")
     if args.no_follow:
         events: Any = (await client.get(args.id)).events
         for e in events:
@@ -375,6 +381,26 @@ async def cmd_events(client: AsyncClient, args: argparse.Namespace) -> int:
         return EXIT_OK
     async for e in client.watch_events(args.id):
         _print(json.dumps(message_to_dict(e)) if args.output == "json" else event_line(e))
+    return EXIT_OK
+
+
+def cluster_event_line(ce: gang_pb2.ClusterEvent) -> str:
+    """One event of the cluster stream: the gang (name and id), then the
+    event as `phalanx events ID` prints it."""
+    return f"{ce.gang_name} ({ce.gang_id})  {event_line(ce.event)}"
+
+
+async def cmd_cluster_events(client: AsyncClient, args: argparse.Namespace) -> int:
+    if args.no_follow:
+        raise UsageError("--no-follow: the cluster stream has no history to print; name a gang ID")
+    where = f"queue {args.queue}" if args.queue else "every queue"
+
+    def opened() -> None:
+        # On stderr: stdout carries only events (one JSON object a line with -o json).
+        print(f"following new gang events of {where} (Ctrl-C stops)", file=sys.stderr, flush=True)
+
+    async for ce in client.watch_cluster_events(args.queue, on_open=opened):
+        _print(json.dumps(message_to_dict(ce)) if args.output == "json" else cluster_event_line(ce))
     return EXIT_OK
 
 
@@ -887,8 +913,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("describe", parents=[common], help="one gang in full: spec, state, placement and its events")
     p.add_argument("id", metavar="ID", help="gang id, or a name (its live gang, else its newest kept one)")
     p.add_argument("-o", "--output", choices=["text", "json", "yaml"], default="text")
-    p = sub.add_parser("events", parents=[common], help="a gang's events, then each new one until it is terminal")
-    p.add_argument("id", metavar="ID", help="gang id, or a name")
+    p = sub.add_parser("events", parents=[common],
+                       help="a gang's events, then each new one until it is terminal; without ID, the cluster's new events")
+    p.add_argument("id", metavar="ID", nargs="?", default="",
+                   help="gang id, or a name; left out: every new event of the cluster (or of --queue)")
+    p.add_argument("--queue", default="", help="without ID: only the gangs of this queue")
     p.add_argument("--no-follow", action="store_true", help="print the events so far and exit")
     p.add_argument("-o", "--output", choices=["text", "json"], default="text", help="json: one object per line")
 

@@ -925,6 +925,67 @@ class AsyncClient:
                     last = e.seq
                     yield e
 
+    async def watch_cluster_events(self, queue: str = "", on_open: Callable[[], None] | None = None
+                                   ) -> AsyncIterator[gang_pb2.ClusterEvent]:
+        """Yield every gang event recorded from now on, of every queue or of
+        ``queue``, as ``ClusterEvent`` (the gang's id, name and queue, and the
+        event), in etcd order (so each gang's in ``seq`` order); only the
+        gangs this caller may see. Never ends by itself. ``on_open`` is
+        called each time the stream is open (events from then on reach it).
+        If the stream breaks it is reopened on the next address, with the
+        same failover rules as ``watch``; events recorded while it was
+        closed are not sent (each gang's ``watch_events`` has its history)."""
+        pause = _BACKOFF_START_S
+        while True:
+            call = await self._open_cluster_events(queue)
+            if on_open is not None:
+                on_open()
+            try:
+                while True:
+                    try:
+                        event = await call.read()
+                    except grpc.aio.AioRpcError as exc:
+                        if exc.code() not in _RESUMABLE or self._closed:
+                            raise _translate(exc, self.last_address) from None
+                        break
+                    if event is grpc.aio.EOF:
+                        break
+                    pause = _BACKOFF_START_S
+                    yield event
+            finally:
+                call.cancel()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _BACKOFF_MAX_S)
+
+    async def _open_cluster_events(self, queue: str) -> Any:
+        """Open a WatchEvents stream and wait for its headers (sent once the
+        coordinator has read where every gang stands), with the same
+        failover and deadline rules as a unary call."""
+
+        async def attempt(_k: int, address: str, share: float) -> Any:
+            call = self._stub(address).WatchEvents(gang_pb2.WatchEventsRequest(queue=queue))
+            try:
+                await asyncio.wait_for(call.initial_metadata(), timeout=share)
+            except asyncio.TimeoutError:
+                call.cancel()
+                raise _TryNext(address) from None
+            except BaseException:
+                call.cancel()
+                raise
+            if call.done():
+                # Refused before it opened (authorization, a bad queue): the
+                # status says why; a resumable one tries the next address.
+                code = await call.code()
+                if code != grpc.StatusCode.OK:
+                    exc = grpc.aio.AioRpcError(code, await call.initial_metadata(), await call.trailing_metadata(),
+                                               details=await call.details())
+                    if code in _RESUMABLE and not self._closed:
+                        raise _TryNext(address, exc)
+                    raise _translate(exc, address)
+            return call
+
+        return await self._failover("WatchEvents", self.timeout, attempt)
+
     async def _open_watch(self, id: str) -> tuple[Any, gang_pb2.GangEvent]:
         """Open a WatchGang stream and read its first event, with the same
         failover and deadline rules as a unary call."""
@@ -1114,6 +1175,10 @@ class Client:
 
     def watch_events(self, id: str, after_seq: int = 0) -> Iterator[pb.GangEventRecord]:
         return self._iterate(self._async.watch_events(id, after_seq))
+
+    def watch_cluster_events(self, queue: str = "", on_open: Callable[[], None] | None = None
+                             ) -> Iterator[gang_pb2.ClusterEvent]:
+        return self._iterate(self._async.watch_cluster_events(queue, on_open))
 
     def _iterate(self, agen: Any) -> Iterator[Any]:
         """An async generator of the client's loop, as a blocking iterator
