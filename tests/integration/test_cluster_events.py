@@ -99,3 +99,34 @@ async def test_a_standby_streams_new_events_of_the_cluster_or_of_one_queue(local
     finally:
         cli.terminate()
         cli.communicate(timeout=30)
+
+
+async def test_under_visibility_own_a_submitter_streams_only_its_own_gangs(local_cluster: LocalCluster, tmp_path: Path) -> None:
+    c = local_cluster
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("visibility: own\n")
+    c0 = c.start_coordinator(AZ, "c0", extra_args=["--policy", str(policy)])
+    await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n0", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    alice, bob = c.client_dir("submitter", "alice", ["a"]), c.client_dir("submitter", "bob", ["a"])
+    async with AsyncClient(c0.address, timeout=10, tls_dir=alice) as as_alice, \
+            AsyncClient(c0.address, timeout=10, tls_dir=c.client_dir()) as as_admin, \
+            AsyncClient(c0.address, timeout=10, tls_dir=bob) as as_bob:
+        ids: dict[str, str] = {}
+        mine = Collector(as_alice, "", lambda evs: "alice" in ids and finished(ids["alice"])(evs))
+        admin = Collector(as_admin, "a", lambda evs: len(ids) == 2 and finished(*ids.values())(evs))
+        await asyncio.wait_for(asyncio.gather(mine.opened.wait(), admin.opened.wait()), WAIT_S)
+        # bob's gang first, to its end: its events all precede alice's in etcd order.
+        bobs = (await as_bob.submit(tiny("bob-job", members=1, queue="a"))).gang
+        ids["bob"] = bobs.id
+        await c.wait_state(bobs.id, TERMINAL, timeout=WAIT_S)
+        alices = (await as_alice.submit(tiny("alice-job", members=1, queue="a"))).gang
+        ids["alice"] = alices.id
+        await asyncio.wait_for(asyncio.gather(mine.task, admin.task), WAIT_S)
+    assert {ce.gang_id for ce in mine.events} == {alices.id} and mine.kinds(alices.id) == LIFE
+    assert admin.kinds(bobs.id) == LIFE and admin.kinds(alices.id) == LIFE
+    # A queue that is not a name is refused before the stream opens, naming the field.
+    bad = subprocess.run([sys.executable, "-m", "phalanx", "events", "--queue", "Not_A_Queue", "--address", c0.address],
+                         capture_output=True, text=True, cwd=REPO, env=c.client_env(), timeout=60)
+    assert bad.returncode != 0 and "queue:" in bad.stderr and not bad.stdout, bad
