@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
-from phalanx.client import AsyncClient
+from phalanx.client import AsyncClient, Client
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, tiny
@@ -116,7 +117,22 @@ async def test_under_visibility_own_a_submitter_streams_only_its_own_gangs(local
         ids: dict[str, str] = {}
         mine = Collector(as_alice, "", lambda evs: "alice" in ids and finished(ids["alice"])(evs))
         admin = Collector(as_admin, "a", lambda evs: len(ids) == 2 and finished(*ids.values())(evs))
-        await asyncio.wait_for(asyncio.gather(mine.opened.wait(), admin.opened.wait()), WAIT_S)
+        # A viewer with the blocking client, in a thread of its own.
+        viewer_open = threading.Event()
+
+        def as_viewer() -> list[gpb.ClusterEvent]:
+            got: list[gpb.ClusterEvent] = []
+            with Client(c0.address, timeout=10, tls_dir=c.client_dir("viewer", "eve")) as client:
+                for ce in client.watch_cluster_events(on_open=viewer_open.set):
+                    got.append(ce)
+                    if "alice" in ids and finished(ids["alice"])(got):
+                        return got
+            return got
+
+        viewer = asyncio.ensure_future(asyncio.to_thread(as_viewer))
+        await asyncio.wait_for(asyncio.gather(mine.opened.wait(), admin.opened.wait(),
+                                              asyncio.to_thread(viewer_open.wait, WAIT_S)), WAIT_S)
+        assert viewer_open.is_set()
         # bob's gang first, to its end: its events all precede alice's in etcd order.
         bobs = (await as_bob.submit(tiny("bob-job", members=1, queue="a"))).gang
         ids["bob"] = bobs.id
@@ -124,7 +140,9 @@ async def test_under_visibility_own_a_submitter_streams_only_its_own_gangs(local
         alices = (await as_alice.submit(tiny("alice-job", members=1, queue="a"))).gang
         ids["alice"] = alices.id
         await asyncio.wait_for(asyncio.gather(mine.task, admin.task), WAIT_S)
+        seen_by_viewer = await asyncio.wait_for(viewer, WAIT_S)
     assert {ce.gang_id for ce in mine.events} == {alices.id} and mine.kinds(alices.id) == LIFE
+    assert [ce.event.kind for ce in seen_by_viewer if ce.gang_id == bobs.id] == LIFE
     assert admin.kinds(bobs.id) == LIFE and admin.kinds(alices.id) == LIFE
     # A queue that is not a name is refused before the stream opens, naming the field.
     bad = subprocess.run([sys.executable, "-m", "phalanx", "events", "--queue", "Not_A_Queue", "--address", c0.address],
