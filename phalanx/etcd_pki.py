@@ -57,7 +57,7 @@ from phalanx.certs import (
     self_signed_ca,
 )
 from phalanx.limits import DNS_LABEL, DNS_LABEL_WHAT, name_error
-from phalanx.tls import TlsError, TlsFiles
+from phalanx.tls import TlsError, TlsFiles, read_key_pair
 
 # The name every etcd client verifies the server certificate against
 # (grpc.ssl_target_name_override), whatever address it dials: only a
@@ -176,13 +176,6 @@ def build_leaf(
 
 # --- checking a client's files (pure but for the reads) ---------------------------------
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise TlsError(path, "cannot read", exc.strerror or str(exc)) from None
-
-
 def check_client(tls: TlsFiles, *, now: datetime.datetime) -> tuple[bytes, bytes, bytes, str]:
     """Read and check an etcd client's three files before any connection:
     the CA parses, the certificate parses, is the CA's, valid at ``now``,
@@ -190,21 +183,7 @@ def check_client(tls: TlsFiles, *, now: datetime.datetime) -> tuple[bytes, bytes
     certificate's. Returns ``(ca_pem, cert_pem, key_pem, user)``; TlsError
     names the file and the check (etcd itself would only say "bad
     certificate" or refuse the handshake)."""
-    ca_pem, crt_pem, k_pem = _read(tls.ca), _read(tls.cert), _read(tls.key)
-    try:
-        cas = x509.load_pem_x509_certificates(ca_pem)
-    except ValueError as exc:
-        raise TlsError(tls.ca, "not a PEM certificate", str(exc)) from None
-    try:
-        cert = x509.load_pem_x509_certificate(crt_pem)
-    except ValueError as exc:
-        raise TlsError(tls.cert, "not a PEM certificate", str(exc)) from None
-    try:
-        key = serialization.load_pem_private_key(k_pem, password=None)
-    except (ValueError, TypeError) as exc:
-        raise TlsError(tls.key, "not an unencrypted PEM key", str(exc)) from None
-    if key.public_key() != cert.public_key():
-        raise TlsError(tls.key, CHECK_KEY_MISMATCH, f"not the key of {tls.cert}")
+    ca_pem, crt_pem, k_pem, cas, cert = read_key_pair(tls)
     if not any(issued_by(cert, c) for c in cas):
         raise TlsError(tls.cert, CHECK_UNKNOWN_CA,
                        f"issuer {cert.issuer.rfc4514_string()!r} is not the etcd CA in {tls.ca}")

@@ -135,10 +135,11 @@ def _read(path: Path) -> bytes:
         raise TlsError(path, "cannot read", exc.strerror or str(exc)) from None
 
 
-def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> Loaded:
-    """Read and check the three files: the CA bundle parses, the certificate
-    parses, the key is the certificate's, and the certificate is this
-    cluster's CA's, valid at ``now``, for ``use`` ("client"/"server")."""
+def read_key_pair(files: TlsFiles) -> tuple[bytes, bytes, bytes, tuple[x509.Certificate, ...], x509.Certificate]:
+    """Read and parse the three files, and check the key is the
+    certificate's: ``(ca_pem, cert_pem, key_pem, cas, cert)``, or TlsError
+    naming the file and the check. What the certificate must then be is the
+    caller's (a Phalanx identity here, an etcd user in phalanx.etcd_pki)."""
     ca_pem, cert_pem, key_pem = _read(files.ca), _read(files.cert), _read(files.key)
     try:
         cas = tuple(x509.load_pem_x509_certificates(ca_pem))
@@ -155,6 +156,14 @@ def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> 
     if key.public_key() != cert.public_key():
         # Most often a renewal seen half-way: the new certificate with the old key.
         raise TlsError(files.key, "key mismatch", f"not the key of {files.cert}")
+    return ca_pem, cert_pem, key_pem, cas, cert
+
+
+def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> Loaded:
+    """Read and check the three files: the CA bundle parses, the certificate
+    parses, the key is the certificate's, and the certificate is this
+    cluster's CA's, valid at ``now``, for ``use`` ("client"/"server")."""
+    ca_pem, cert_pem, key_pem, cas, cert = read_key_pair(files)
     try:
         identity = identity_of(cert, ca=cas, cluster=cluster, now=now, use=use)
     except IdentityError as exc:
