@@ -954,9 +954,9 @@ class AzLeader:
         tr = progress.evaluate(g.state, len(g.placement), reports)
         if tr is None:
             return
-        await self._transition(g, tr.to, tr.reason)
+        await self._transition(g, tr.to, tr.reason, all_started=tr.all_started)
 
-    async def _transition(self, g: GangRecord, to: GangState, reason: str) -> None:
+    async def _transition(self, g: GangRecord, to: GangState, reason: str, *, all_started: bool = False) -> None:
         """Apply a run-time transition; a failure restarts the whole gang
         while restarts remain (docs/design.md §10.3)."""
         failed = to == GangState.FAILED
@@ -968,7 +968,7 @@ class AzLeader:
             events += ev.member_exits(now, self.epoch, g.incarnation, self.members.get((g.id, g.incarnation), {}))
         if to == GangState.RESTARTING:
             events.append(ev.restarting(now, self.epoch, g.incarnation, g.restarts + 1, g.spec.policy.max_restarts, reason))
-        elif to == GangState.RUNNING:
+        elif all_started:
             events.append(ev.started(now, self.epoch, g.incarnation, len(g.placement)))
         self._inflight.add(g.id)
         try:

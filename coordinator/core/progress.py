@@ -25,6 +25,10 @@ class MemberReport:
 class Transition:
     to: GangState
     reason: str
+    # Every member has started by this step: the RUNNING step, or a gang
+    # whose members all exited 0 before the leader saw them all running
+    # (its `started` event is written with the SUCCEEDED step then).
+    all_started: bool = False
 
 
 def evaluate(state: GangState, world_size: int, members: Mapping[int, MemberReport]) -> Transition | None:
@@ -41,9 +45,10 @@ def evaluate(state: GangState, world_size: int, members: Mapping[int, MemberRepo
             return Transition(GangState.FAILED, f"rank {rank} on {m.node} was stopped: {m.reason or 'by its agent'}")
     reported = [members[r] for r in range(world_size) if r in members]
     if len(reported) == world_size and all(m.phase == MemberPhase.SUCCEEDED for m in reported):
-        return Transition(GangState.SUCCEEDED, f"all {world_size} members exited 0")
+        return Transition(GangState.SUCCEEDED, f"all {world_size} members exited 0",
+                          all_started=state != GangState.RUNNING)
     if state != GangState.RUNNING and len(reported) == world_size and all(
         m.phase in (MemberPhase.RUNNING, MemberPhase.SUCCEEDED) for m in reported
     ):
-        return Transition(GangState.RUNNING, f"all {world_size} members started")
+        return Transition(GangState.RUNNING, f"all {world_size} members started", all_started=True)
     return None

@@ -32,3 +32,16 @@ R = lambda p, code=0: MemberReport(p, code, "", "n0")  # noqa: E731
 def test_gang_progress(state: S, members: dict, expect: S | None) -> None:
     tr = evaluate(state, 2, members)
     assert (tr.to if tr else None) == expect
+
+
+@pytest.mark.parametrize("state,members,to,all_started", [
+    (S.STARTING, {0: R(P.RUNNING), 1: R(P.RUNNING)}, S.RUNNING, True),
+    (S.STARTING, {0: R(P.SUCCEEDED), 1: R(P.SUCCEEDED)}, S.SUCCEEDED, True),
+    (S.RESERVED, {0: R(P.SUCCEEDED), 1: R(P.SUCCEEDED)}, S.SUCCEEDED, True),
+    (S.RUNNING, {0: R(P.SUCCEEDED), 1: R(P.SUCCEEDED)}, S.SUCCEEDED, False),
+    (S.STARTING, {0: R(P.SUCCEEDED), 1: R(P.FAILED, 1)}, S.FAILED, False),
+], ids=["running step", "done before seen running", "done before even starting was written",
+        "already counted when it ran", "a failure is not a start"])
+def test_the_step_on_which_every_member_has_started(state: S, members: dict, to: S, all_started: bool) -> None:
+    tr = evaluate(state, 2, members)
+    assert tr is not None and tr.to == to and tr.all_started == all_started
