@@ -23,9 +23,9 @@ from pathlib import Path
 
 from agent.launcher import agent_identity
 from agent.session import Agent
-from coordinator.config import timings_from_arg
-from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range
-from coordinator.store import Store
+from phalanx.timings import timings_from_arg
+from phalanx.ports import DEFAULT_PORTS, parse_port_range
+from phalanx.store import Store
 from phalanx import logfmt
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.usage import OneLineParser

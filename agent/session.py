@@ -1,7 +1,7 @@
 """A node agent's Session with its AZ's leader (docs/agents.md).
 
 The agent finds the leader through ``leader/<az>`` (its only etcd access is
-read-only, via ``coordinator.store``), keeps one bidi stream to it, and
+read-only, via ``phalanx.store``), keeps one bidi stream to it, and
 enforces the rules of ``agent.core.enforcement`` on everything it receives:
 
 1. epoch rule: a message older than the highest epoch seen is ignored;
@@ -34,9 +34,9 @@ from agent.metrics import AgentMetrics
 from agent.process import EXIT_UNKNOWN, RunAsRefused
 from agent.rendezvous import bind_error, local_address_towards
 from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
-from coordinator.config import Timings
-from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
-from coordinator.store import Get, Store, StoreDenied, StoreUnavailable
+from phalanx.timings import Timings
+from phalanx.ports import DEFAULT_PORTS, validate_port_range
+from phalanx.store import Get, Store, StoreDenied, StoreUnavailable
 from phalanx import failpoints, wire
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.model import MemberPhase

@@ -21,9 +21,9 @@ from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.metrics import AgentMetrics
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
-from coordinator.config import Timings, timings_from_arg
-from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, split_port_range
-from coordinator.store import Store
+from phalanx.timings import Timings, timings_from_arg
+from phalanx.ports import DEFAULT_PORTS, parse_port_range, split_port_range
+from phalanx.store import Store
 from phalanx import logfmt
 from phalanx.metrics import new_registry, parse_listen, serve
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now

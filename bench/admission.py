@@ -46,10 +46,10 @@ sys.path.insert(0, str(REPO))
 import phalanx  # noqa: E402,F401 - first: it turns gRPC fork support off before grpc loads
 import grpc  # noqa: E402
 
-from coordinator.config import Timings  # noqa: E402
+from phalanx.timings import Timings  # noqa: E402
 from coordinator.core.records import GangRecord  # noqa: E402
 from coordinator.election import Election, LeaseSession  # noqa: E402
-from coordinator.store import Fence, Put, Store, absent, Compare  # noqa: E402
+from phalanx.store import Fence, Put, Store, absent, Compare  # noqa: E402
 from phalanx import etcd_auth, etcd_pki  # noqa: E402
 from phalanx.client import client_tls  # noqa: E402
 from phalanx.etcd_server import EtcdServer  # noqa: E402

@@ -5,7 +5,7 @@
 Starts two private etcd servers on loopback (fsync on, as ``phalanx up``
 runs them): one plaintext without auth, one with TLS, client-certificate
 auth and the cluster's roles provisioned (docs/security.md "etcd: TLS and
-roles"). Against each, through ``coordinator.store.Store`` as a coordinator
+roles"). Against each, through ``phalanx.store.Store`` as a coordinator
 uses it, it times: linearizable gets of one key, guarded single-key txn
 writes (the shape of a coordinator's writes, without any admission logic
 around them), both one at a time and C at a time. Prints the machine line,
@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from bench.machine import machine_line  # noqa: E402
-from coordinator.store import Compare, Put, Store  # noqa: E402
+from phalanx.store import Compare, Put, Store  # noqa: E402
 from phalanx import etcd_auth, etcd_pki  # noqa: E402
 from phalanx.etcd_server import EtcdServer  # noqa: E402
 

@@ -62,7 +62,7 @@ from chaos.faults import FaultEvent
 from chaos.netns import Host, NetnsCluster, namespace_pids
 from chaos.pki import AGENT, COORDINATOR, RunPki
 from chaos.proxy import ProxyControl, RunningProxy, start_proxy
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from phalanx import procs
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,6 +1,6 @@
 """Record what etcd saw, from inside a chaos host (the root namespace has no route).
 
-Two commands, both through :mod:`coordinator.store` (the only etcd gateway),
+Two commands, both through :mod:`phalanx.store` (the only etcd gateway),
 with ``--etcd-tls-dir D`` (ca.crt client.crt client.key of an etcd user that
 may read the cluster's prefix; the chaos cluster gives root) or ``--insecure``::
 
@@ -40,7 +40,7 @@ from typing import Any, TextIO
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator.store import KV, Compacted, Store, StoreUnavailable
+from phalanx.store import KV, Compacted, Store, StoreUnavailable
 from phalanx import etcd_pki
 
 READY = "PHALANX_RECORDER_READY"

@@ -14,7 +14,9 @@ import signal
 import sys
 from pathlib import Path
 
-from coordinator.config import ConfigError, CoordinatorConfig, timings_from_arg
+from coordinator.config import CoordinatorConfig
+
+from phalanx.timings import ConfigError, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
 from coordinator.tokens import TokenFileError, load_tokens

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import grpc
 
 from coordinator.core import peer_auth
-from coordinator.core.rendezvous import DEFAULT_PORTS, validate_port_range
+from phalanx.ports import DEFAULT_PORTS, validate_port_range
 from coordinator.leader import AgentConn, AzLeader
 from phalanx import limits, wire
 from phalanx.logfmt import bind, log_context, new_stimulus

@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from phalanx.errors import NotLeader
-from coordinator.store import Compacted, Compare, Delete, Get, Put, Store, StoreUnavailable, absent, jitter
+from phalanx.store import Compacted, Compare, Delete, Get, Put, Store, StoreUnavailable, absent, jitter
 
 log = logging.getLogger(__name__)
 

@@ -24,12 +24,13 @@ from coordinator.core import events as ev
 from coordinator.core import peer_auth, progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
-from coordinator.core.rendezvous import DEFAULT_PORTS, pick_master_port, ports_taken_on
+from coordinator.core.rendezvous import pick_master_port, ports_taken_on
+from phalanx.ports import DEFAULT_PORTS
 from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, holds_for_unreadable, read_records
 from coordinator.core.twophase_owner import OwnerPhase
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
-from coordinator.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
+from phalanx.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
 from phalanx.logfmt import bind, current, log_context, new_stimulus

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from coordinator.core.authz import Policy, PolicyError, parse_policy
-from coordinator.store import KV, Compare, Get, Put, Store, StoreUnavailable, absent
+from phalanx.store import KV, Compare, Get, Put, Store, StoreUnavailable, absent
 from phalanx.errors import DataLoss, FailedPrecondition
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from coordinator.core.records import GangRecord, read_records
 from coordinator.core.retention import FinishedGang, due_for_collection
 from coordinator.election import LeaseLost
-from coordinator.store import Compare, Delete, Get, StoreUnavailable, absent, none_under
+from phalanx.store import Compare, Delete, Get, StoreUnavailable, absent, none_under
 from phalanx.errors import NotLeader
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from coordinator.leader import AzLeader
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
-from coordinator.store import Store, StoreUnavailable, jitter
+from phalanx.store import Store, StoreUnavailable, jitter
 from coordinator.tokens import TokenSource
 from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests

@@ -23,7 +23,7 @@ from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
 from coordinator.election import LeaderInfo, observe, observe_all
-from coordinator.store import Compacted, StoreUnavailable
+from phalanx.store import Compacted, StoreUnavailable
 from phalanx import limits, wire
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, DataLoss, InvalidArgument, NotFound, NotLeader, PermissionDenied, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
 from phalanx.model import GangState, Level

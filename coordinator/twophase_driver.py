@@ -93,7 +93,7 @@ from coordinator.core.twophase import (
     WriteHold,
 )
 from coordinator.election import observe
-from coordinator.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
+from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
 from phalanx import failpoints
 from phalanx.errors import Conflict, NotLeader
 from phalanx.logfmt import bind, bind_event, log_context
@@ -1177,5 +1177,5 @@ class TwoPhaseDriver:
 
 
 def Compare_mod(key: str, rev: int) -> Any:
-    from coordinator.store import Compare
+    from phalanx.store import Compare
     return Compare(key, "mod", "==", rev)

@@ -646,7 +646,7 @@ def cmd_certs_etcd(args: argparse.Namespace) -> int:
 def cmd_etcd_auth(args: argparse.Namespace) -> int:
     """``phalanx etcd-auth``: provision (or with --remove, remove) a
     cluster's etcd users and roles, as etcd's root user (phalanx.etcd_auth)."""
-    from coordinator.store import InvalidEndpoint, parse_endpoints
+    from phalanx.store import InvalidEndpoint, parse_endpoints
     from phalanx import certs, etcd_auth, etcd_pki
 
     try:

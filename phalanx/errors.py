@@ -69,7 +69,7 @@ class Unimplemented(PhalanxError):
 
 
 class StoreError(PhalanxError):
-    """Base of the errors the etcd store raises (coordinator/store.py)."""
+    """Base of the errors the etcd store raises (phalanx/store.py)."""
 
 
 class StoreUnavailable(StoreError):

@@ -69,7 +69,7 @@ class Perm:
 def _prefix_end(prefix: str) -> bytes:
     # The store's own rule, so a role covers exactly the ranges the store
     # reads (imported when used, as phalanx/up.py imports the store).
-    from coordinator.store import prefix_end
+    from phalanx.store import prefix_end
 
     return prefix_end(prefix)
 
@@ -91,7 +91,7 @@ class _Admin:
     """The auth API of one member, as root; each call names its step."""
 
     def __init__(self, endpoints: Sequence[str], root: TlsFiles) -> None:
-        from coordinator.store import parse_endpoints
+        from phalanx.store import parse_endpoints
 
         self.endpoint = parse_endpoints(endpoints)[0].target
         creds, self.user = etcd_pki.channel_credentials(root)

@@ -7,7 +7,7 @@ The spec validation (``phalanx.spec``), the coordinator's servicers
 changes in one place.
 
 Sizes of free text are counted as the bytes the value takes in its stored
-JSON record (``json.dumps`` with ASCII escapes, as ``coordinator.store.encode``
+JSON record (``json.dumps`` with ASCII escapes, as ``phalanx.store.encode``
 writes it): an empty string still costs its quotes and comma, and a control
 character or a non-ASCII one costs its ``\\uXXXX`` escape. That is what etcd
 has to store and send, so that is what is bounded.
@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping
 
 # --max-request-bytes: the largest put or txn etcd accepts.
 ETCD_MAX_REQUEST_BYTES = 1536 * 1024
-# Our client's receive limit (coordinator.store: grpc.max_receive_message_length):
+# Our client's receive limit (phalanx.store: grpc.max_receive_message_length):
 # the largest range reply a coordinator can read in one call.
 RANGE_REPLY_BYTES = 8 * 1024 * 1024
 
@@ -150,14 +150,14 @@ MAX_AZ_NAME_LEN = 63
 
 # --- paged reads ---------------------------------------------------------------
 
-# Keys per range call of a paged read (coordinator.store.Store.get_prefix_paged).
+# Keys per range call of a paged read (phalanx.store.Store.get_prefix_paged).
 # A page that would exceed RANGE_REPLY_BYTES is read again at half the size,
 # down to one key (every record is far below RANGE_REPLY_BYTES).
 PAGE_KEYS = 512
 
 
 def json_bytes(value: Any) -> int:
-    """Bytes ``value`` takes in a stored record (coordinator.store.encode)."""
+    """Bytes ``value`` takes in a stored record (phalanx.store.encode)."""
     return len(json.dumps(value, sort_keys=True, separators=(",", ":")).encode())
 
 

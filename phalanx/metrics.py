@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler, make_wsgi_app
 from wsgiref.simple_server import make_server
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from phalanx.tls import TlsError, TlsFiles, load, utc_now
 from phalanx.certs import IdentityError, identity_of
 from cryptography import x509

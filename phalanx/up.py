@@ -212,7 +212,7 @@ class UpConfig:
         if not a.start_timeout > 0:
             raise ValueError(f"--start-timeout must be positive, got {a.start_timeout}")
         if a.etcd:
-            from coordinator.store import parse_endpoints  # the coordinators' own parser: what they would refuse
+            from phalanx.store import parse_endpoints  # the coordinators' own parser: what they would refuse
 
             try:
                 parse_endpoints(normalize_etcd(a.etcd))
@@ -554,7 +554,7 @@ def build_children(
             )
     # Every AZ's agents share this host: each AZ process gets its own block of
     # rendezvous ports (split again per node), so MASTER_PORTs never collide.
-    from coordinator.core.rendezvous import DEFAULT_PORTS, split_port_range
+    from phalanx.ports import DEFAULT_PORTS, split_port_range
 
     blocks = split_port_range(*DEFAULT_PORTS, len(cfg.azs))
     for az, block in zip(cfg.azs, blocks):
@@ -930,7 +930,7 @@ class Up:
         raise StartupFailed(f"cannot provision the etcd users of cluster {self.cluster!r} at {etcd}: {last}")
 
     async def _read_revision(self, etcd: str, deadline: float) -> int:
-        from coordinator.store import Store  # the coordinators' own etcd client
+        from phalanx.store import Store  # the coordinators' own etcd client
 
         last: Exception | None = None
         from phalanx import etcd_pki

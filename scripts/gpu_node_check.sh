@@ -627,7 +627,7 @@ else
     [ "$DRY" != 1 ] && [ "$MEMBER_MODE" = real ] && E_GPU=1
     read -r FENCE_AFTER STOP_GRACE <<<"$("$PY" -c '
 import sys
-from coordinator.config import Timings
+from phalanx.timings import Timings
 t = getattr(Timings, sys.argv[1])()
 print(t.fence_after_s, t.stop_grace_s)' "${timings:-fast}")"
     E_BOUND=$("$PY" -c 'import sys; print(float(sys.argv[1]) + float(sys.argv[2]) + 15)' "$FENCE_AFTER" "$STOP_GRACE")

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping
 
 from coordinator.core import events as gang_events
 from coordinator.core.events import GangEvent
-from coordinator.core.rendezvous import DEFAULT_PORTS
+from phalanx.ports import DEFAULT_PORTS
 from phalanx import limits
 from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, parse_spec

@@ -26,10 +26,10 @@ from typing import Any
 import grpc
 
 from agent.sim import run_agents
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.core.records import GangRecord, Reservation
 from coordinator.election import LeaderInfo, observe
-from coordinator.store import Get, Store
+from phalanx.store import Get, Store
 from phalanx.model import GangState
 from phalanx.topology import Gpu, Nic, NodeTopology
 from phalanx.v1 import gang_pb2 as gpb

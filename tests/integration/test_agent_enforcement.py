@@ -17,10 +17,10 @@ import pytest
 
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.core.records import NodeDevices, Reservation
 from coordinator.election import Election, LeaseSession
-from coordinator.store import Delete, Put, Store
+from phalanx.store import Delete, Put, Store
 from phalanx.tls import ServerCredentialsSource
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc

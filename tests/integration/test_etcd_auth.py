@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.store import RENEWAL_CHECK_S, Delete, Get, Put, Store, absent
+from phalanx.store import RENEWAL_CHECK_S, Delete, Get, Put, Store, absent
 from phalanx import etcd_auth, etcd_pki
 from phalanx.errors import StoreDenied, StoreUnavailable
 from phalanx.etcd_server import EtcdServer, loopback_cluster, start_members, stop_members

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.core import events as ev
 from phalanx import limits
 from phalanx.v1 import gang_pb2 as gpb

@@ -14,7 +14,7 @@ import urllib.request
 import grpc
 import pytest
 
-from coordinator.store import Put, Store
+from phalanx.store import Put, Store
 from phalanx.client import AsyncClient
 from phalanx.errors import PhalanxError, StoreDenied
 from phalanx.etcd_server import EtcdServer

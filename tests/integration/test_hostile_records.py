@@ -41,7 +41,7 @@ def oversized_gang(gang_id: str) -> bytes:
 async def plant(c: LocalCluster, key: str, value: bytes) -> None:
     """Write straight to etcd, as an operator's `etcdctl put` (or a buggy
     older version) would: no validation on the way."""
-    from coordinator.store import Put
+    from phalanx.store import Put
 
     res = await c.store.txn([], [Put(key, value)])
     assert res.succeeded

@@ -28,9 +28,9 @@ from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import types_pb2 as pb
 from agent.metrics import AgentMetrics
 from agent.sim import run_agents
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.election import Election, LeaseSession
-from coordinator.store import Delete
+from phalanx.store import Delete
 from phalanx.metrics import serve
 from phalanx.tls import TlsFiles
 from phalanx.v1 import agent_pb2 as apb

@@ -13,9 +13,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.metrics import PENDING_CLASSES
-from coordinator.store import Delete
+from phalanx.store import Delete
 from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny

@@ -14,8 +14,8 @@ import time
 import grpc
 import pytest
 
-from coordinator.config import Timings
-from coordinator.store import Delete, Get, Put, Store, none_under
+from phalanx.timings import Timings
+from phalanx.store import Delete, Get, Put, Store, none_under
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.election import Election, LeaseLost, LeaseSession, observe
-from coordinator.store import Compacted, Delete, Fence, Get, Put, Store, absent
+from phalanx.store import Compacted, Delete, Fence, Get, Put, Store, absent
 from phalanx.errors import NotLeader, StoreUnavailable
 
 pytestmark = pytest.mark.integration

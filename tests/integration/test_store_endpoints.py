@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from coordinator.config import Timings
+from phalanx.timings import Timings
 from coordinator.election import Election, LeaseSession, observe
-from coordinator.store import Delete, Fence, Put, Store
+from phalanx.store import Delete, Fence, Put, Store
 from phalanx.errors import StoreUnavailable
 from phalanx.etcd_server import EtcdServer, loopback_cluster, start_members, stop_members
 from phalanx.programs import require

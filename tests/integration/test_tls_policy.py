@@ -20,7 +20,7 @@ import pytest
 from coordinator.tokens import hash_token, new_token
 from phalanx.certs import coordinator_server_name
 from phalanx.client import AsyncClient, ClientConfigError
-from coordinator.store import Put
+from phalanx.store import Put
 from phalanx.errors import DataLoss, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PhalanxError
 from phalanx.v1 import gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 from tests.integration.harness import REPO, LocalCluster, tiny

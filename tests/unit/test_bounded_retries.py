@@ -20,7 +20,7 @@ from chaos.faults import Fault, HealthCheckFailed
 from chaos.netns import ChaosEnvironmentError, Host
 from chaos.proxy import ProxyControl, ProxyError
 from chaos.workload import Recorder, Workload, plan
-from coordinator.store import Store, StoreUnavailable
+from phalanx.store import Store, StoreUnavailable
 from phalanx.etcd_server import free_port
 from tests.pki import EtcdPki
 

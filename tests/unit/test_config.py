@@ -4,7 +4,9 @@ import dataclasses
 
 import pytest
 
-from coordinator.config import ConfigError, CoordinatorConfig, Timings, timings_from_mapping
+from coordinator.config import CoordinatorConfig
+
+from phalanx.timings import ConfigError, Timings, timings_from_mapping
 
 
 def test_defaults_and_fast_profile_are_valid() -> None:

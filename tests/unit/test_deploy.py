@@ -39,8 +39,9 @@ from phalanx import certs as phalanx_certs
 from phalanx import etcd_pki
 from phalanx import tls as phalanx_tls
 import coordinator.__main__ as coordinator_main
-from coordinator.config import CoordinatorConfig, Timings, timings_from_mapping
-from coordinator.store import parse_endpoints
+from coordinator.config import CoordinatorConfig
+from phalanx.timings import Timings, timings_from_mapping
+from phalanx.store import parse_endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

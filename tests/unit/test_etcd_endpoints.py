@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from coordinator.store import Endpoint, EndpointRotation, InvalidEndpoint, parse_endpoint, parse_endpoints
+from phalanx.store import Endpoint, EndpointRotation, InvalidEndpoint, parse_endpoint, parse_endpoints
 
 # --- parsing -------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from coordinator import store
+from phalanx import store
 from phalanx import certs, cli, etcd_auth, etcd_pki
 from phalanx.tls import TlsError, TlsFiles
 
@@ -200,7 +200,7 @@ def test_cli_bad_input_is_one_error_line_and_writes_nothing(name: str, tmp_path:
     assert _tree(tmp_path) == before
 
 
-# What the store makes of etcd's error answers (coordinator.store.classify).
+# What the store makes of etcd's error answers (phalanx.store.classify).
 ETCD_ANSWERS = [
     (grpc.StatusCode.PERMISSION_DENIED, "etcdserver: permission denied", "denied"),
     (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: user name is empty", "denied"),

@@ -9,7 +9,7 @@ from coordinator.core import events as ev
 from coordinator.core.events import GangEvent
 from coordinator.core.progress import MemberReport
 from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices, Reservation
-from coordinator.store import encode
+from phalanx.store import encode
 from phalanx import limits
 from phalanx.model import EventKind, GangState, MemberPhase
 from phalanx.spec import parse_spec

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROGRAM = r"""
 import subprocess, sys, threading
 sys.path.insert(0, sys.argv[1])
-import coordinator.store  # imports phalanx, then grpc, as every entry point does
+import phalanx.store  # imports phalanx, then grpc, as every entry point does
 import grpc
 from concurrent import futures
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc

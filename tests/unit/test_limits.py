@@ -9,7 +9,7 @@ import pytest
 
 from agent.topology.simulated import simulated_fabric, simulated_node
 from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, read_records
-from coordinator.store import KV, encode
+from phalanx.store import KV, encode
 from phalanx import limits
 from phalanx.model import GangState
 from phalanx.spec import InvalidSpec, parse_spec

@@ -11,7 +11,9 @@ import pytest
 from prometheus_client import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator.config import ConfigError, CoordinatorConfig
+from coordinator.config import CoordinatorConfig
+
+from phalanx.timings import ConfigError
 from coordinator.metrics import CoordinatorMetrics, lifecycle_steps, pending_class, twophase_outcome
 from phalanx.metrics import ScrapeError, new_registry, parse_listen, scrape, serve
 from tests.pki import ClusterPki

@@ -10,7 +10,7 @@ import pytest
 
 from coordinator.core.authz import PolicyError, parse_policy
 from coordinator.policy_store import RECORD_FORMAT, record_data, record_from_kv
-from coordinator.store import KV, encode
+from phalanx.store import KV, encode
 
 KEY = "/phalanx/c/policy"
 

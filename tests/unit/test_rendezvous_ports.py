@@ -15,7 +15,8 @@ from agent.rendezvous import bind_error, local_address_towards
 from agent.sim import node_port_slices
 from coordinator.agents import rendezvous_of
 from coordinator.core.records import GangRecord, NodeRecord
-from coordinator.core.rendezvous import DEFAULT_PORTS, parse_port_range, pick_master_port, ports_taken_on, split_port_range
+from coordinator.core.rendezvous import pick_master_port, ports_taken_on
+from phalanx.ports import DEFAULT_PORTS, parse_port_range, split_port_range
 from phalanx.model import GangState
 from phalanx.spec import parse_spec
 from phalanx.topology import NodeTopology
