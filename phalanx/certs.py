@@ -393,7 +393,25 @@ def build_leaf(
         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, identity.role),
         x509.NameAttribute(NameOID.COMMON_NAME, identity.name),
     ])
-    return (
+    return leaf_certificate(subject, public_key, ca=ca, ca_key=ca_key, not_before=not_before, not_after=not_after,
+                            usages=usages, sans=sans)
+
+
+def leaf_certificate(
+    subject: x509.Name,
+    public_key: ec.EllipticCurvePublicKey,
+    *,
+    ca: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    not_before: datetime.datetime,
+    not_after: datetime.datetime,
+    usages: list[x509.ObjectIdentifier],
+    sans: list[x509.GeneralName],
+) -> x509.Certificate:
+    """The one shape of an end-entity certificate both PKIs issue (the
+    cluster's gRPC CA here, etcd's own CA in phalanx/etcd_pki.py): signing
+    only, the given extended usages, SANs when there are any, key ids."""
+    builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
         .issuer_name(ca.subject)
@@ -406,7 +424,11 @@ def build_leaf(
                                      data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
                                      encipher_only=False, decipher_only=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    )
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return (
+        builder
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)  # type: ignore[arg-type]
         .sign(ca_key, hashes.SHA256())

@@ -30,7 +30,7 @@ from typing import Iterable
 
 import grpc
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -48,6 +48,7 @@ from phalanx.certs import (
     as_utc,
     check_days,
     issued_by,
+    leaf_certificate,
     san_for_host,
     write_file,
     cert_pem,
@@ -146,32 +147,16 @@ def build_leaf(
     if not_after > ca.not_valid_after_utc:
         raise CertError(f"--days: the certificate would outlive its CA (the CA expires {ca.not_valid_after_utc.isoformat()})")
     usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "phalanx etcd"),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]))
-        .issuer_name(ca.subject)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key()), critical=False)  # type: ignore[arg-type]
-    )
-    if server:
-        names: list[str] = []
-        for h in (ETCD_SERVER_NAME, *DEFAULT_SERVER_HOSTS, *hosts):
-            if h not in names:
-                names.append(h)
-        builder = builder.add_extension(x509.SubjectAlternativeName([san_for_host(h) for h in names]), critical=False)
-    return builder.sign(ca_key, hashes.SHA256())
+    names: list[str] = []
+    for h in ((ETCD_SERVER_NAME, *DEFAULT_SERVER_HOSTS, *hosts) if server else ()):
+        if h not in names:
+            names.append(h)
+    subject = x509.Name([
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "phalanx etcd"),
+        x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+    ])
+    return leaf_certificate(subject, public_key, ca=ca, ca_key=ca_key, not_before=not_before, not_after=not_after,
+                            usages=usages, sans=[san_for_host(h) for h in names])
 
 
 # --- checking a client's files (pure but for the reads) ---------------------------------
