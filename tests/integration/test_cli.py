@@ -368,7 +368,6 @@ def test_cli_nodes_status_topology(address: str, capsys: pytest.CaptureFixture[s
         assert any(line.startswith(az + " ") and "(none)" not in line for line in out.splitlines())
     assert "gangs:" in out
 
-    pytest.importorskip("phalanx.topology_view")
     code, out, _ = run_cli(capsys, "topology", "--address", address)
     assert code == 0 and "az-a" in out and "az-b" in out
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from agent.launcher import MemberKey
+from agent.process import member_exit_path, member_log_path
 from phalanx import cli
 from phalanx.model import GangState
 
@@ -472,16 +474,12 @@ def test_logs_needs_a_state_dir(monkeypatch: pytest.MonkeyPatch, capsys: pytest.
 
 
 def write_member_log(state_dir: Path, gang: str, incarnation: int, rank: int, text: str) -> None:
-    from agent.launcher import MemberKey
-    from agent.process import member_log_path
-
     path = member_log_path(state_dir, MemberKey(gang, incarnation, rank))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
 
 
 def test_logs_reads_the_latest_incarnation_across_agent_dirs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("agent.process")
     # The layout `phalanx up --launch` produces: <dir>/<az>/<node>-agent/logs/...
     write_member_log(tmp_path / "az-a" / "n1-agent", "g1", 1, 0, "old rank 0\n")
     write_member_log(tmp_path / "az-a" / "n1-agent", "g1", 2, 0, "new rank 0\n")
@@ -498,14 +496,12 @@ def test_logs_reads_the_latest_incarnation_across_agent_dirs(tmp_path: Path, cap
 
 
 def test_logs_env_state_dir_and_missing_gang(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("agent.process")
     monkeypatch.setenv(cli.STATE_DIR_ENV, str(tmp_path))
     assert cli.main(["logs", "nothing-here"]) == cli.EXIT_INVALID
     assert "no logs for gang nothing-here" in capsys.readouterr().err
 
 
 def test_logs_by_gang_name_picks_the_most_recent_gang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("agent.process")
     write_member_log(tmp_path / "az-a" / "n1-agent", "train-0123abcd", 1, 0, "older gang\n")
     write_member_log(tmp_path / "az-a" / "n2-agent", "train-89abcdef", 1, 0, "newer gang\n")
     older = tmp_path / "az-a" / "n1-agent" / "logs" / "train-0123abcd"
@@ -543,10 +539,6 @@ class _Output:
 
 
 def test_logs_follow_prints_new_output_and_ends_with_the_members(tmp_path: Path) -> None:
-    pytest.importorskip("agent.process")
-    from agent.launcher import MemberKey
-    from agent.process import member_log_path
-
     root = tmp_path / "az-a" / "n1-agent"
     write_member_log(root, "g1", 1, 0, "rank 0 starts\n")
     proc = subprocess.Popen(
@@ -580,7 +572,6 @@ def test_logs_follow_prints_new_output_and_ends_with_the_members(tmp_path: Path)
 
 
 def test_logs_follow_ends_on_ctrl_c(tmp_path: Path) -> None:
-    pytest.importorskip("agent.process")
     write_member_log(tmp_path / "n1-agent", "g1", 1, 0, "running\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "phalanx", "logs", "g1", "-f", "--state-dir", str(tmp_path)],
@@ -600,10 +591,6 @@ def test_logs_follow_ends_on_ctrl_c(tmp_path: Path) -> None:
 def test_logs_follow_ends_on_an_exit_record_without_end_mark(tmp_path: Path) -> None:
     """The agent died before it marked the exit: the shim's exit record and
     a log that stopped growing end the follow (clock and sleep injected)."""
-    pytest.importorskip("agent.process")
-    from agent.launcher import MemberKey
-    from agent.process import member_exit_path, member_log_path
-
     key = MemberKey("g1", 1, 0)
     write_member_log(tmp_path, "g1", 1, 0, "last words\n")
     now = [0.0]
