@@ -326,3 +326,57 @@ def test_event_for_another_gang_is_a_driver_bug() -> None:
 def test_unexpected_event_type_is_a_driver_bug() -> None:
     with pytest.raises(TypeError, match="unexpected event"):
         owner().handle(Event(stimulus_id="x"), NOW)
+
+
+# ------------------------------------------------------------ validate() itself
+#
+# The table above asserts validate() == [] after every row; these rows show it
+# is not vacuous: a consistent owner reached by real events, then one public
+# field set to what no transition produces, must be reported, and only that.
+
+
+@dataclass(frozen=True)
+class Broken:
+    id: str
+    events: Sequence[Event]
+    phase: OwnerPhase  # where the events leave the (still consistent) owner
+    tamper: dict[str, Any]
+    problems: list[str]
+
+
+RESERVED_EVENTS = [*up_to_prepare(), vote("a"), vote("b"), created(Outcome.COMMIT)]
+
+BROKEN = [
+    Broken("PERSISTING without a plan", [ev(GangSubmitted), ev(PlacementMade, plan=PLAN)],
+           OwnerPhase.PERSISTING, {"plan": None}, ["owner g1: PERSISTING without a plan"]),
+    Broken("PREPARING with an empty plan", up_to_prepare(), OwnerPhase.PREPARING, {"plan": {}},
+           ["owner g1: PREPARING without a plan"]),
+    Broken("RESERVED without a plan", RESERVED_EVENTS, OwnerPhase.RESERVED, {"plan": None},
+           ["owner g1: RESERVED without a plan"]),
+    Broken("RESERVED with no decision", RESERVED_EVENTS, OwnerPhase.RESERVED, {"decision": None},
+           ["owner g1: RESERVED without COMMIT"]),
+    Broken("RESERVED holding ABORT (which was never recorded either)", RESERVED_EVENTS, OwnerPhase.RESERVED,
+           {"decision": Outcome.ABORT}, ["owner g1: RESERVED without COMMIT", "owner g1: decision not recorded"]),
+    Broken("BACKOFF with no decision", up_to_abort(), OwnerPhase.BACKOFF, {"decision": None},
+           ["owner g1: BACKOFF without ABORT"]),
+    Broken("BACKOFF holding COMMIT", up_to_abort(), OwnerPhase.BACKOFF, {"decision": Outcome.COMMIT},
+           ["owner g1: BACKOFF without ABORT", "owner g1: decision not recorded"]),
+    Broken("decision of another incarnation than the one recorded", RESERVED_EVENTS, OwnerPhase.RESERVED,
+           {"incarnation": 2}, ["owner g1: decision not recorded"]),
+    Broken("decision that no event ever produced", [], OwnerPhase.NEW,
+           {"decision": Outcome.COMMIT}, ["owner g1: decision not recorded"]),
+    Broken("phase jumped to RESERVED from a fresh owner", [], OwnerPhase.NEW,
+           {"phase": OwnerPhase.RESERVED},
+           ["owner g1: RESERVED without a plan", "owner g1: RESERVED without COMMIT"]),
+]
+
+
+@pytest.mark.parametrize("row", BROKEN, ids=[r.id for r in BROKEN])
+def test_validate_reports_each_inconsistency(row: Broken) -> None:
+    o = owner()
+    for event in row.events:
+        o.handle(event, NOW)
+    assert o.phase is row.phase and o.validate() == []
+    for name, value in row.tamper.items():
+        setattr(o, name, value)
+    assert o.validate() == row.problems
