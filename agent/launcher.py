@@ -15,15 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Protocol
 
-
-@dataclass(frozen=True)
-class MemberKey:
-    gang: str
-    incarnation: int
-    rank: int
-
-    def __str__(self) -> str:
-        return f"{self.gang}#{self.incarnation}/r{self.rank}"
+# A member's key names its log too (phalanx/member_logs.py), which the CLI
+# reads without the agent: it is defined there.
+from phalanx.member_logs import MemberKey
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ import yaml
 from agent.core.run_as import Account, Refused, RunAsError, RunAsPolicy, decide, parse_policy
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
 from agent.shim import read_exit_record
+from phalanx.member_logs import (logs_root, mark_line, member_exit_path, member_log_path, path_component,  # noqa: F401
+                                 read_log)
 
 log = logging.getLogger(__name__)
 
@@ -250,32 +252,13 @@ class RunAsRefused(Exception):
 
 def member_work_path(work_root: Path, key: MemberKey) -> Path:
     """``<work_root>/<gang>/<incarnation>/rank-<rank>``: the member's own directory."""
-    return Path(work_root) / _check_path_component(key.gang) / str(key.incarnation) / f"rank-{key.rank}"
+    return Path(work_root) / path_component(key.gang) / str(key.incarnation) / f"rank-{key.rank}"
 
 
 # --------------------------------------------------------------------------- #
-# Logs
+# Logs: their layout is phalanx/member_logs.py (read_log, member_log_path and
+# member_exit_path are imported from there, also for this module's users).
 # --------------------------------------------------------------------------- #
-
-def _check_path_component(name: str) -> str:
-    # Gang names are DNS labels by spec validation; refuse anything that could
-    # escape the log directory anyway, since the path is built from wire data.
-    if not name or name in (".", "..") or "/" in name or "\0" in name:
-        raise ValueError(f"unsafe gang name for a log path: {name!r}")
-    return name
-
-
-def member_log_path(state_dir: Path, key: MemberKey) -> Path:
-    """``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.log``."""
-    return (Path(state_dir) / "logs" / _check_path_component(key.gang)
-            / str(key.incarnation) / f"rank-{key.rank}.log")
-
-
-def member_exit_path(state_dir: Path, key: MemberKey) -> Path:
-    """``<state_dir>/logs/<gang>/<incarnation>/rank-<rank>.exit``: the shim's
-    exit record (agent/shim.py), next to the member's log."""
-    return member_log_path(state_dir, key).with_suffix(".exit")
-
 
 def stale_log_dirs(listing: Iterable[tuple[str, int, float]], *, live: Collection[tuple[str, int]],
                    now: float, retention_s: float) -> list[tuple[str, int]]:
@@ -301,38 +284,6 @@ def _newest_mtime(path: Path) -> float:
     return newest
 
 
-def read_log(
-    state_dir: Path,
-    gang: str,
-    incarnation: int | None = None,
-    rank: int | None = None,
-) -> list[tuple[MemberKey, Path]]:
-    """The log files of a gang on this node, sorted by (incarnation, rank).
-
-    ``incarnation=None`` means every incarnation found; ``rank=None`` every rank.
-    Missing directories yield an empty list (the gang never ran here)."""
-    root = Path(state_dir) / "logs" / _check_path_component(gang)
-    found: list[tuple[MemberKey, Path]] = []
-    if not root.is_dir():
-        return found
-    for inc_dir in root.iterdir():
-        if not inc_dir.is_dir() or not inc_dir.name.isdigit():
-            continue
-        inc = int(inc_dir.name)
-        if incarnation is not None and inc != incarnation:
-            continue
-        for path in inc_dir.glob("rank-*.log"):
-            rank_text = path.name[len("rank-"):-len(".log")]
-            if not rank_text.isdigit():
-                continue
-            r = int(rank_text)
-            if rank is not None and r != rank:
-                continue
-            found.append((MemberKey(gang, inc, r), path))
-    found.sort(key=lambda item: (item[0].incarnation, item[0].rank))
-    return found
-
-
 def _append_log_line(path: Path, text: str) -> None:
     # Marks in the member's own log (start, exit, spawn failure) so that
     # `phalanx logs` tells the whole story; failures here must never matter.
@@ -341,7 +292,7 @@ def _append_log_line(path: Path, text: str) -> None:
         # 0600 when this creates it: a member's log is the agent's, not its readers'.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         with open(fd, "a", encoding="utf-8") as f:
-            f.write(f"[phalanx {stamp}] {text}\n")
+            f.write(mark_line(stamp, text))
     except OSError:
         log.warning("cannot write to member log %s", path, exc_info=True)
 
@@ -653,7 +604,7 @@ class ProcessLauncher:
         self._work_root = Path(work_root) if work_root is not None else self._state_dir / "work"
         # Member logs and exit records are the agent's: a member (any user)
         # must neither list other gangs' logs nor read them.
-        logs = self._state_dir / "logs"
+        logs = logs_root(self._state_dir)
         logs.mkdir(exist_ok=True)
         os.chmod(logs, 0o700)
         if work_root is None and self._uid == 0:
@@ -894,7 +845,7 @@ class ProcessLauncher:
         none of whose members runs here; returns the directories removed."""
         now = time.time() if now is None else now
         live = {(k.gang, k.incarnation) for k in self._members}
-        root = self._state_dir / "logs"
+        root = logs_root(self._state_dir)
         listing: list[tuple[str, int, float]] = []
         for gang_dir in _subdirs(root):
             for inc_dir in _subdirs(gang_dir):

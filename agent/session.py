@@ -37,12 +37,14 @@ from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from phalanx.timings import Timings
 from phalanx.ports import DEFAULT_PORTS, validate_port_range
 from phalanx.store import Get, Store, StoreDenied, StoreUnavailable
-from phalanx import failpoints, wire
+from phalanx import failpoints
+from phalanx.agent_messages import (Assign, FromAgent, FromLeader, Heartbeat, HeartbeatAck, MemberStatus, MessageError,
+                                    Register, Revoke, ToLeader, Welcome, bounded_reason)
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.model import MemberPhase
+from phalanx.reservation import Reservation
 from phalanx.tls import TlsFiles, coordinator_channel, looks_like_handshake, probe_server, utc_now
 from phalanx.topology import NodeTopology
-from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,24 @@ class TokenRefusal(str):
         obj = super().__new__(cls, text)
         obj.reason = reason
         return obj
+
+
+@dataclass(frozen=True)
+class TokenVerdict:
+    """What a token check found: ``refusal`` None when the sender's epoch is
+    still the leader's (and, for a start, the reservation is COMMITTED for
+    the incarnation); ``granted``: the GPUs that reservation gives this node
+    (None: it names no device of this node)."""
+
+    refusal: TokenRefusal | None = None
+    granted: frozenset[int] | None = frozenset()
+
+    def covering(self, gang: str, gpus: tuple[int, ...], node: str) -> "TokenVerdict":
+        """This verdict for a start on ``gpus``: refused unless granted."""
+        if self.refusal is not None or (self.granted is not None and set(gpus) <= self.granted):
+            return self
+        return TokenVerdict(TokenRefusal(am.TOKEN_DEVICES, f"reservation of {gang} does not give GPUs {list(gpus)} on {node}"),
+                            self.granted)
 
 
 # Recorded effects, for tests and the chaos history: (monotonic, wall, event, detail)
@@ -199,19 +219,21 @@ class Agent:
             self._channels[address] = ch
         return ch
 
-    def _status(self, rec: MemberRecord) -> apb.MemberStatus:
-        return apb.MemberStatus(
-            gang=rec.key.gang, incarnation=rec.key.incarnation, rank=rec.key.rank, phase=int(rec.phase),
-            exit_code=rec.exit_code, epoch=rec.epoch, reason=rec.reason, gpus=list(rec.gpus), pid=rec.pid,
-            at=rec.at, node=self.node,
+    def _status(self, rec: MemberRecord) -> MemberStatus:
+        # The reason cut to what the leader takes: a long one (a launch
+        # error, a list of clashes) must not get every report refused.
+        return MemberStatus(
+            gang=rec.key.gang, incarnation=rec.key.incarnation, rank=rec.key.rank, phase=rec.phase,
+            exit_code=rec.exit_code, epoch=rec.epoch, reason=bounded_reason(rec.reason), gpus=tuple(rec.gpus),
+            pid=rec.pid, at=rec.at, node=self.node,
         )
 
-    def _send(self, msg: apb.AgentMessage) -> None:
+    def _send(self, msg: ToLeader) -> None:
         if self._outbox is not None:
-            self._outbox.put_nowait(msg)
+            self._outbox.put_nowait(FromAgent(msg).to_pb())
 
     def _report(self, rec: MemberRecord) -> None:
-        self._send(apb.AgentMessage(member=self._status(rec)))
+        self._send(self._status(rec))
 
     # ------------------------------------------------------------------ run
     def _heard(self) -> None:
@@ -324,16 +346,14 @@ class Agent:
         self._dialed = address
         stub = agrpc.AgentServiceStub(self._channel(address))
         self._outbox = outbox = asyncio.Queue()
-        members = [self._status(r) for r in self.members.values()]
+        members = tuple(self._status(r) for r in self.members.values())
         self.address = self.advertise_address or local_address_towards(address)
         if not self.address:
             log.warning("agent %s: no route to the leader at %s to learn our address from; advertising none "
                         "(MASTER_ADDR falls back to the node name): pass --advertise-address", self.node, address)
-        first, last = self.rendezvous_ports
-        reg = apb.Register(agent_id=self.agent_id, topology=wire.topology_to_pb(self.topology), members=members,
-                           highest_epoch=self.guard.highest, address=self.address,
-                           rendezvous_ports=apb.PortRange(first=first, last=last))
-        outbox.put_nowait(apb.AgentMessage(register=reg))
+        reg = Register(agent_id=self.agent_id, topology=self.topology, members=members,
+                       highest_epoch=self.guard.highest, address=self.address, rendezvous_ports=self.rendezvous_ports)
+        outbox.put_nowait(FromAgent(reg).to_pb())
 
         async def upward():
             while True:
@@ -350,9 +370,16 @@ class Agent:
         self._last_heard = time.monotonic()
         watchdog = asyncio.create_task(self._silence_watchdog(call), name=f"wd-{self.node}")
         try:
-            async for msg in self._until_silent(call, watchdog):
+            async for pb in self._until_silent(call, watchdog):
                 if failpoints.on("agent.cut_off"):
                     break
+                try:
+                    msg = FromLeader.from_pb(pb)
+                except MessageError as exc:
+                    # Nothing is done on a word that cannot be read; a newer
+                    # leader's kind of message is one such.
+                    log.warning("agent %s ignored a message it cannot take: %s", self.node, exc)
+                    continue
                 # failpoint agent.ignore_epoch: a planted bug for the chaos checker
                 if not self.guard.accept(msg.epoch) and not failpoints.on("agent.ignore_epoch"):
                     self._record("stale_message_ignored", epoch=msg.epoch, highest=self.guard.highest)
@@ -360,25 +387,25 @@ class Agent:
                     log.warning("agent %s ignored a message with stale epoch %d (highest %d)", self.node, msg.epoch, self.guard.highest)
                     continue
                 self._last_heard = time.monotonic()
-                kind = msg.WhichOneof("kind")
-                if kind in ("welcome", "heartbeat_ack"):
+                body = msg.body
+                if isinstance(body, (Welcome, HeartbeatAck)):
                     # Heard a valid leader (it acks only while its lease is valid).
                     self._heard()
-                    if kind == "welcome":
+                    if isinstance(body, Welcome):
                         self.leader_address, self.leader_epoch = address, msg.epoch
                         bind(epoch=msg.epoch)  # this session's later lines
                         self.connected.set()
                         if self._connected_before:
                             self.metrics.reconnected()
                         self._connected_before = True
-                        self._record("connected", epoch=msg.epoch, leader=msg.welcome.coordinator_id)
-                elif kind == "assign":
+                        self._record("connected", epoch=msg.epoch, leader=body.coordinator_id)
+                elif isinstance(body, Assign):
                     self._heard()
                     self.metrics.assignment()
-                    asyncio.create_task(self._on_assign(msg.epoch, msg.assign))
-                elif kind == "revoke":
+                    asyncio.create_task(self._on_assign(msg.epoch, body))
+                elif isinstance(body, Revoke):
                     self._heard()
-                    asyncio.create_task(self._on_revoke(msg.epoch, msg.revoke))
+                    asyncio.create_task(self._on_revoke(msg.epoch, body))
         finally:
             beat.cancel()
             watchdog.cancel()
@@ -414,11 +441,9 @@ class Agent:
             await asyncio.sleep(self.t.heartbeat_interval_s)
             self._seq += 1
             n += 1
-            hb = apb.Heartbeat(seq=self._seq)
-            if n % 5 == 0:
-                # Anti-entropy: the full member list now and then.
-                hb.members.extend(self._status(r) for r in self.members.values())
-            outbox.put_nowait(apb.AgentMessage(heartbeat=hb))
+            # Anti-entropy: the full member list now and then.
+            members = tuple(self._status(r) for r in self.members.values()) if n % 5 == 0 else ()
+            outbox.put_nowait(FromAgent(Heartbeat(seq=self._seq, members=members)).to_pb())
 
     # ------------------------------------------------------------- fencing
     def _record_fenced(self, members: list[MemberRecord], by: str) -> None:
@@ -456,21 +481,19 @@ class Agent:
                 await self.launcher.stop_all(self.t.stop_grace_s)
 
     # ------------------------------------------------------------ commands
-    async def _token_ok(self, epoch: int, gang: str | None = None, incarnation: int = 0, gpus: tuple[int, ...] | None = ()) -> Any:
+    async def _token_ok(self, epoch: int, gang: str | None = None, incarnation: int = 0,
+                        gpus: tuple[int, ...] = ()) -> TokenVerdict:
         """One linearizable read: is ``epoch`` still the leader's, and (for a
-        start) is the reservation COMMITTED for this incarnation and these
-        devices on this node? Returns "" if so, else why not. With
-        ``gpus=None`` returns (why, this node's reserved devices) instead."""
-        if failpoints.on("agent.skip_token_check"):
-            return ("", {"gpus": list(range(1024))}) if gpus is None else ""
-        if gpus is None:
-            return await self._token_read(epoch, gang, incarnation)
-        why, mine = await self._token_read(epoch, gang, incarnation)
-        if not why and gang is not None and (mine is None or not set(gpus) <= set(mine.get("gpus", ()))):
-            why = TokenRefusal(am.TOKEN_DEVICES, f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}")
-        return why
+        start, ``gang`` given) is the reservation COMMITTED for this
+        incarnation and does it give ``gpus`` on this node?"""
+        verdict = await self._token_read(epoch, gang, incarnation)
+        return verdict if gang is None else verdict.covering(gang, gpus, self.node)
 
-    async def _token_read(self, epoch: int, gang: str | None, incarnation: int) -> tuple[str, Any]:
+    async def _token_read(self, epoch: int, gang: str | None, incarnation: int) -> TokenVerdict:
+        """The read of the token check; for a ``gang``, its verdict carries
+        the devices the reservation gives this node."""
+        if failpoints.on("agent.skip_token_check"):
+            return TokenVerdict(granted=frozenset(range(1024)))
         ops = [Get(self.keys.leader(self.az))]
         if gang is not None:
             ops.append(Get(self.keys.reservation(self.az, gang)))
@@ -489,52 +512,54 @@ class Agent:
                 with attempt:
                     res = await self.store.txn([], ops)
         except StoreUnavailable as exc:
-            return TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"), None
+            return TokenVerdict(TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"))
         except StoreDenied as exc:
             # etcd refused this agent's user the read (wrong --etcd-tls-dir, or
             # roles not provisioned): the token cannot be confirmed, so it is
             # refused like an unreachable etcd, and the fence loop fences.
             log.error("agent %s: etcd denied the token check (check --etcd-tls-dir and the cluster's etcd roles): %s",
                       self.node, exc)
-            return TokenRefusal(am.TOKEN_DENIED, f"{UNCONFIRMED}: {exc}"), None
+            return TokenVerdict(TokenRefusal(am.TOKEN_DENIED, f"{UNCONFIRMED}: {exc}"))
         finally:
             self.metrics.token_check_seconds.observe(time.monotonic() - started)
         leader = res.results[0]
         if not leader or leader[0].create_revision != epoch:
-            return TokenRefusal(am.TOKEN_NOT_LEADER, f"epoch {epoch} is no longer the leader of {self.az}"), None
+            return TokenVerdict(TokenRefusal(am.TOKEN_NOT_LEADER, f"epoch {epoch} is no longer the leader of {self.az}"))
         if gang is None:
-            return "", None
+            return TokenVerdict()
         r = res.results[1]
         if not r:
-            return TokenRefusal(am.TOKEN_NO_RESERVATION, f"no reservation for {gang} in {self.az}"), None
-        rec = r[0].json()
-        if rec.get("status") == "RELEASING" and int(rec.get("incarnation", -1)) == incarnation:
-            return TokenRefusal(am.TOKEN_TORN_DOWN,
-                                f"{TORN_DOWN}: reservation of {gang} is RELEASING for incarnation {incarnation}"), None
-        if rec.get("status") != "COMMITTED" or int(rec.get("incarnation", -1)) != incarnation:
-            return TokenRefusal(am.TOKEN_NOT_COMMITTED,
-                                f"reservation of {gang} is {rec.get('status')} for incarnation "
-                                f"{rec.get('incarnation')}, not COMMITTED for {incarnation}"), None
-        return "", rec.get("nodes", {}).get(self.node)
+            return TokenVerdict(TokenRefusal(am.TOKEN_NO_RESERVATION, f"no reservation for {gang} in {self.az}"))
+        try:
+            hold = Reservation.from_dict(r[0].json())
+        except ValueError as exc:  # not JSON, or BadReservation naming the field
+            # Nothing starts on a record that cannot be read (its leader
+            # keeps the devices held, coordinator/core/records.py).
+            return TokenVerdict(TokenRefusal(am.TOKEN_NOT_COMMITTED, f"reservation of {gang} is unreadable: {exc}"))
+        if hold.releasing(incarnation):
+            return TokenVerdict(TokenRefusal(
+                am.TOKEN_TORN_DOWN, f"{TORN_DOWN}: reservation of {gang} is RELEASING for incarnation {incarnation}"))
+        if not hold.holds(gang, incarnation):
+            return TokenVerdict(TokenRefusal(am.TOKEN_NOT_COMMITTED,
+                                             f"reservation of {gang} is {hold.state.value} for incarnation "
+                                             f"{hold.incarnation}, not COMMITTED for {incarnation}"))
+        mine = hold.nodes.get(self.node)
+        return TokenVerdict(granted=frozenset(mine.gpus) if mine is not None else None)
 
-    async def _token_ok_shared(self, epoch: int, gang: str, incarnation: int, gpus: tuple[int, ...]) -> str:
+    async def _token_ok_shared(self, epoch: int, gang: str, incarnation: int, gpus: tuple[int, ...]) -> TokenVerdict:
         """Coalesce concurrent checks of the same (epoch, gang, incarnation)
         into one read in flight. Never reuses a finished read: each start is
         still preceded by a read that began after its assignment arrived."""
         flight_key = (epoch, gang, incarnation)
         fut = self._token_flights.get(flight_key)
         if fut is None:
-            fut = asyncio.ensure_future(self._token_ok(epoch, gang, incarnation, None))
+            fut = asyncio.ensure_future(self._token_read(epoch, gang, incarnation))
             self._token_flights[flight_key] = fut
             fut.add_done_callback(lambda _f: self._token_flights.pop(flight_key, None))
-        why, mine = await asyncio.shield(fut)
-        if why:
-            return why
-        if mine is None or not set(gpus) <= set(mine.get("gpus", ())):
-            return TokenRefusal(am.TOKEN_DEVICES, f"reservation of {gang} does not give GPUs {list(gpus)} on {self.node}")
-        return ""
+        verdict: TokenVerdict = await asyncio.shield(fut)
+        return verdict.covering(gang, gpus, self.node)
 
-    async def _on_assign(self, epoch: int, a: apb.Assignment) -> None:
+    async def _on_assign(self, epoch: int, a: Assign) -> None:
         # Its own task. The leader's stimulus id when it sent one: the
         # decision that placed the member, followed into this agent's lines.
         bind(epoch=epoch, gang=a.gang, incarnation=a.incarnation, stimulus=a.stimulus_id or new_stimulus(self.node))
@@ -543,7 +568,7 @@ class Agent:
         gpus, nics = tuple(a.gpus), tuple(a.nics)
         # The token check runs before the lock, so the members of one gang
         # arriving together share one etcd read (see _token_ok_shared).
-        why = await self._token_ok_shared(epoch, a.gang, a.incarnation, gpus)
+        why = (await self._token_ok_shared(epoch, a.gang, a.incarnation, gpus)).refusal
         async with self._lock:
             existing = self.members.get(key)
             if existing is not None:
@@ -551,7 +576,7 @@ class Agent:
                 return
             if why:
                 self.metrics.refused(am.REFUSED_TOKEN)
-                self.metrics.token_refused(getattr(why, "reason", am.TOKEN_UNCONFIRMED))
+                self.metrics.token_refused(why.reason)
                 self._record("assign_refused_token", key=str(key), epoch=epoch, reason=why)
                 log.warning("agent %s refused %s: %s", self.node, key, why)
                 if why.startswith((UNCONFIRMED, TORN_DOWN)):
@@ -617,7 +642,7 @@ class Agent:
                 log.info("agent %s launched %s: pid %s, GPUs %s", self.node, key, handle.pid, list(gpus))
                 self._report(rec)
 
-    async def _on_revoke(self, epoch: int, r: apb.Revocation) -> None:
+    async def _on_revoke(self, epoch: int, r: Revoke) -> None:
         bind(epoch=epoch, gang=r.gang, incarnation=r.incarnation,  # its own task; the stimulus as for assignments
              stimulus=r.stimulus_id or new_stimulus(self.node))
         targets = [m for k, m in self.members.items() if k.gang == r.gang and k.incarnation == r.incarnation]
@@ -627,9 +652,9 @@ class Agent:
             for m in targets:
                 self.members.pop(m.key, None)
             return
-        why = await self._token_ok(epoch)
+        why = (await self._token_ok(epoch)).refusal
         if why:
-            self.metrics.token_refused(getattr(why, "reason", am.TOKEN_UNCONFIRMED))
+            self.metrics.token_refused(why.reason)
             self._record("revoke_refused_token", gang=r.gang, epoch=epoch, reason=why)
             log.warning("agent %s ignored revoke of %s: %s", self.node, r.gang, why)
             return

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import grpc
 
 from coordinator.core import peer_auth
-from phalanx.ports import DEFAULT_PORTS, validate_port_range
 from coordinator.leader import AgentConn, AzLeader
-from phalanx import limits, wire
+from phalanx import agent_messages as am
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.certs import Identity, IdentityError
 from phalanx.errors import NotLeader
@@ -31,36 +30,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def rendezvous_of(reg: apb.Register) -> tuple[str, tuple[int, int]]:
-    """The advertised address and rendezvous ports of a registration; an
-    older agent sends neither (address "", the default range). ValueError
-    naming the field when they are unusable."""
-    address = reg.address.strip()
-    if address != reg.address or any(c.isspace() for c in address) or len(address) > 253:
-        raise ValueError(f"register.address: {reg.address!r} is not a host address (an IP or a DNS name, no spaces)")
-    if not reg.HasField("rendezvous_ports"):
-        return address, DEFAULT_PORTS
-    r = reg.rendezvous_ports
-    return address, validate_port_range(r.first, r.last, "register.rendezvous_ports")
-
-
-def _report_context(leader: AzLeader, m: Any) -> Any:
+def _report_context(leader: AzLeader, m: am.MemberStatus) -> Any:
     """A member report is a stimulus of its own: what the leader decides on
     it (a transition, a restart) logs its id, gang and incarnation."""
     return log_context(stimulus=new_stimulus(leader.az), gang=m.gang or None, incarnation=m.incarnation)
 
 
-def _to_pb(leader: AzLeader, msg: dict[str, Any]) -> apb.CoordinatorMessage:
-    out = apb.CoordinatorMessage(epoch=leader.epoch, az=leader.az)
-    stimulus = str(msg.get("stimulus", ""))
-    if "assign" in msg:
-        out.assign.CopyFrom(apb.Assignment(**msg["assign"], stimulus_id=stimulus))
-    elif "revoke" in msg:
-        gang, inc, reason = msg["revoke"]
-        out.revoke.CopyFrom(apb.Revocation(gang=gang, incarnation=inc, reason=reason, stimulus_id=stimulus))
-    elif "ack" in msg:
-        out.heartbeat_ack.seq = msg["ack"]
-    return out
+def _to_pb(leader: AzLeader, msg: am.ToAgent) -> apb.CoordinatorMessage:
+    """Every downward message is stamped with this leader's epoch and AZ."""
+    return am.FromLeader(epoch=leader.epoch, az=leader.az, body=msg).to_pb()
 
 
 async def caller_identity(c: "Coordinator", context: grpc.aio.ServicerContext, service: str) -> Identity | None:
@@ -142,21 +120,18 @@ class AgentServicer(agrpc.AgentServiceServicer):
         if first.WhichOneof("kind") != "register":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kind: the first message of a session must be register")
             return
-        reg = first.register
         # Everything the registration would write is checked before any of
-        # it is (docs/limits.md): a refused agent leaves no node record, and
-        # a topology past a bound is INVALID_ARGUMENT, a permanent answer
-        # (the agent would send the same topology again), not UNAVAILABLE.
+        # it is (docs/limits.md, Register.from_pb): a refused agent leaves no
+        # node record, and a topology past a bound is INVALID_ARGUMENT, a
+        # permanent answer (the agent would send the same topology again),
+        # not UNAVAILABLE.
         try:
-            topo = wire.topology_from_pb(reg.topology)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register.topology: {exc}")
+            reg = am.Register.from_pb(first.register)
+        except am.MessageError as exc:
+            log.warning("refused a registration: %s", exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"registration refused: {exc}")
             return
-        errors = limits.registration_errors(topo, reg.agent_id, reg.members)
-        if errors:
-            log.warning("refused the registration of node %r: %s", topo.node[:64], "; ".join(errors[:3]))
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "registration refused: " + "; ".join(errors[:10]))
-            return
+        topo = reg.topology
         bind(node=topo.node)
         if topo.az and topo.az != leader.az:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"register.topology.az: agent is in {topo.az}, this leader leads {leader.az}")
@@ -171,13 +146,8 @@ class AgentServicer(agrpc.AgentServiceServicer):
             return
         if not topo.az:
             topo = topo.__class__(**{**topo.__dict__, "az": leader.az})
-        try:
-            address, ports = rendezvous_of(reg)
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            return
-        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo, address=address, ports=ports,
-                         identity=identity)
+        conn = AgentConn(node=topo.node, agent_id=reg.agent_id, topology=topo, address=reg.address,
+                         ports=reg.rendezvous_ports, identity=identity)
         bind(stimulus=new_stimulus(leader.az))  # the registration and its reconciliation
         try:
             if identity is None:
@@ -200,27 +170,29 @@ class AgentServicer(agrpc.AgentServiceServicer):
             await self._refuse(context, refusal)
             return
 
-        welcome = apb.CoordinatorMessage(epoch=leader.epoch, az=leader.az)
-        welcome.welcome.CopyFrom(apb.Welcome(
-            coordinator_id=self.c.config.coordinator_id,
-            heartbeat_interval_s=leader.t.heartbeat_interval_s,
-            fence_after_s=leader.t.fence_after_s,
-        ))
-        yield welcome
+        yield _to_pb(leader, am.Welcome(coordinator_id=self.c.config.coordinator_id,
+                                        heartbeat_interval_s=leader.t.heartbeat_interval_s,
+                                        fence_after_s=leader.t.fence_after_s))
+        # A message the reader could not take ends the session with it named
+        # (INVALID_ARGUMENT), as a refused registration does.
+        refused: list[am.MessageError] = []
 
         async def reader() -> None:
             try:
-                async for msg in request_iterator:
-                    kind = msg.WhichOneof("kind")
-                    if kind == "heartbeat":
+                async for pb in request_iterator:
+                    msg = am.FromAgent.from_pb(pb).body
+                    if isinstance(msg, am.Heartbeat):
                         if leader.on_heartbeat(conn):
-                            conn.queue.put_nowait({"ack": msg.heartbeat.seq})
-                        for m in msg.heartbeat.members:
+                            conn.queue.put_nowait(am.HeartbeatAck(seq=msg.seq))
+                        for m in msg.members:
                             with _report_context(leader, m):
                                 await _uncancelled(leader.on_member(conn, m), conn.node)
-                    elif kind == "member":
-                        with _report_context(leader, msg.member):
-                            await _uncancelled(leader.on_member(conn, msg.member), conn.node)
+                    elif isinstance(msg, am.MemberStatus):
+                        with _report_context(leader, msg):
+                            await _uncancelled(leader.on_member(conn, msg), conn.node)
+            except am.MessageError as exc:
+                log.warning("session of %s: refused a message: %s", conn.node, exc)
+                refused.append(exc)
             except Exception as exc:  # noqa: BLE001
                 if not isinstance(exc, (asyncio.CancelledError, grpc.aio.AioRpcError)):
                     log.info("session of %s ended: %r", conn.node, exc)
@@ -237,3 +209,5 @@ class AgentServicer(agrpc.AgentServiceServicer):
         finally:
             task.cancel()
             leader.on_disconnect(conn)
+        if refused:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{refused[0]}")

@@ -33,6 +33,7 @@ from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from phalanx.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
 from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
+from phalanx.agent_messages import Assign, Revoke
 from phalanx.logfmt import bind, current, log_context, new_stimulus
 from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
@@ -479,7 +480,7 @@ class AzLeader:
             self.members.pop((g.id, inc), None)
         # Stop (or tell agents to forget) the members of this incarnation.
         for node in {m.node for m in g.placement}:
-            self._send(node, revoke=(g.id, inc, reason))
+            self._send(node, Revoke(g.id, inc, reason))
         log.info("gang %s#%d -> %s: %s", g.id, inc, state.name, reason, extra={"gang": g.id, "incarnation": inc})
         return written
 
@@ -754,10 +755,10 @@ class AzLeader:
             for local_rank, m in enumerate(sorted(ms, key=lambda m: m.rank)):
                 if m.rank in skip_ranks:
                     continue
-                self._send(node, assign=dict(
+                self._send(node, Assign(
                     gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
-                    local_rank=local_rank, local_world_size=len(ms), gpus=list(m.gpus), nics=list(m.nics),
-                    command=list(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
+                    local_rank=local_rank, local_world_size=len(ms), gpus=tuple(m.gpus), nics=tuple(m.nics),
+                    command=tuple(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
                     master_addr=addr, master_port=port, owner=g.owner,
                 ))
 
@@ -786,12 +787,12 @@ class AzLeader:
         self._picking[g.id] = (node, port)  # the caller drops it once its write is done
         return (rank0.address if rank0 is not None else "") or node, port
 
-    def _send(self, node: str, **msg: Any) -> None:
+    def _send(self, node: str, msg: Assign | Revoke) -> None:
         conn = self.conns.get(node)
         if conn is not None and not conn.closed:
             # The decision's stimulus id travels with it: the agent's lines
             # about this assignment or revocation carry it too.
-            conn.queue.put_nowait({**msg, "stimulus": current().get("stimulus", "")})
+            conn.queue.put_nowait(dataclasses.replace(msg, stimulus_id=str(current().get("stimulus", ""))))
 
     # -------------------------------------------------------- agent events
     async def on_register(self, conn: AgentConn, members: list[Any]) -> None:
@@ -836,7 +837,7 @@ class AzLeader:
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
             if (g is None or committed is None or committed.incarnation != m.incarnation
                     or committed.status != "COMMITTED" or g.state.terminal or g.state == GangState.RESTARTING):
-                self._send(node, revoke=(m.gang, m.incarnation, "no committed reservation for this member"))
+                self._send(node, Revoke(m.gang, m.incarnation, "no committed reservation for this member"))
                 if g is not None and g.incarnation == m.incarnation:
                     # Torn down while the agent was away: the member still
                     # holds its devices until the agent reports it stopped.

@@ -95,6 +95,7 @@ from coordinator.core.twophase import (
 from coordinator.election import observe
 from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
 from phalanx import failpoints
+from phalanx.agent_messages import Revoke
 from phalanx.errors import Conflict, NotLeader
 from phalanx.logfmt import bind, bind_event, log_context
 from phalanx.model import GangState, MemberPhase
@@ -888,7 +889,7 @@ class TwoPhaseDriver:
         if key_ not in self.revoked_at:
             self.revoked_at[key_] = now
             for node in hold.nodes:
-                self.l._send(node, revoke=(g.id, inc, g.reason or "gang over"))
+                self.l._send(node, Revoke(g.id, inc, g.reason or "gang over"))
         reps = self.local_reports.get(key_, {})
         local_ranks = [m.rank for m in g.placement if m.az == self.az]
         if g.incarnation != inc:

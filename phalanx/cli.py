@@ -540,9 +540,6 @@ def resolve_log_gang(state_dir: Path, gang: str) -> str:
     return max(candidates, key=lambda k: candidates[k]) if candidates else gang
 
 
-# A member's log ends with a mark the agent appends (agent/process.py): its
-# exit, a failed start, or its vanishing while the agent was down.
-_END_MARK = re.compile(r"^\[phalanx [^\]]*\] (exit|failed to start|vanished) ", re.M)
 # How often `logs -f` looks for new output (a person watching, like tail -f).
 FOLLOW_POLL_S = 0.25
 # A member whose exit record exists but whose log got no end mark (its agent
@@ -556,8 +553,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise UsageError(f"logs needs --state-dir or {STATE_DIR_ENV} (the agents' --state-dir)")
     if not Path(state_dir).is_dir():
         raise UsageError(f"--state-dir: {state_dir} is not a directory")
-    # Imported here: no other command needs the agent side.
-    from agent.process import read_log
+    # Imported here: no other command reads member logs.
+    from phalanx.member_logs import read_log
 
     gang = resolve_log_gang(Path(state_dir), args.gang)
 
@@ -705,7 +702,7 @@ def follow_logs(
     ended (its log's end mark, or its exit record and a log that stopped
     growing); members that start later (other ranks of this incarnation)
     are picked up. Ctrl-C ends it (exit 130, in ``run``)."""
-    from agent.process import member_exit_path  # (logs already needs agent.process)
+    from phalanx.member_logs import exit_path_for, has_end_mark
 
     out = out or sys.stdout
     state: dict[Path, _Followed] = {}
@@ -731,11 +728,10 @@ def follow_logs(
                 out.flush()
                 seen = st.tail + text
                 complete, _, st.tail = seen.rpartition("\n")
-                if _END_MARK.search(complete):
+                if has_end_mark(complete):
                     st.ended = True
             elif not st.ended and clock() - st.last_growth >= FOLLOW_SETTLE_S:
-                root = path.parents[3]  # <root>/logs/<gang>/<inc>/rank-<r>.log
-                st.ended = member_exit_path(root, key).exists()
+                st.ended = exit_path_for(path).exists()
         if files and all(state.get(p) is not None and state[p].ended for _, p in files):
             return EXIT_OK
         sleep(poll_s)

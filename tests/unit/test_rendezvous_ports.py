@@ -13,9 +13,9 @@ import pytest
 from agent.core.rendezvous import port_refusal
 from agent.rendezvous import bind_error, local_address_towards
 from agent.sim import node_port_slices
-from coordinator.agents import rendezvous_of
 from coordinator.core.records import GangRecord, NodeRecord
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
+from phalanx.agent_messages import rendezvous_of
 from phalanx.ports import DEFAULT_PORTS, parse_port_range, split_port_range
 from phalanx.model import GangState
 from phalanx.spec import parse_spec
