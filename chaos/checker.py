@@ -31,6 +31,7 @@ whatever agent reported them; reservations are per (AZ, gang), as the keys.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -51,6 +52,7 @@ from chaos.history import (
     member_intervals,
     reservation_observations,
 )
+from chaos.history import Tracer
 from coordinator.core.records import DeviceLedger, Reservation
 
 INVARIANTS: dict[int, str] = {
@@ -745,7 +747,19 @@ def check(h: History) -> Verdict:
     measured["members"] = len(ivs)
     measured["incarnations"] = len({(iv.gang, iv.incarnation) for iv in ivs})
     measured["anomalies"] = anomalies(h, ivs)
-    return Verdict(tuple(results), measured)
+    return Verdict(_traced(h, results), measured)
+
+
+def _traced(h: History, results: Sequence[InvariantResult]) -> tuple[InvariantResult, ...]:
+    """Each violation with, as more evidence, the stimulus ids of the writes
+    it names (chaos.history.Tracer; docs/chaos.md "Following a violation
+    back"), so it leads to the coordinator's log lines of those decisions."""
+    if not any(r.violations for r in results):
+        return tuple(results)
+    tracer = Tracer(h.etcd)
+    return tuple(dataclasses.replace(r, violations=tuple(
+        dataclasses.replace(v, evidence=v.evidence + tracer.lines((v.what, *v.evidence))) for v in r.violations))
+        for r in results)
 
 
 def anomalies(h: History, ivs: Sequence[MemberInterval]) -> list[str]:

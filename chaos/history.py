@@ -484,19 +484,43 @@ class GangObservation:
     owner_az: str
     members: int
     reason: str = ""
+    # The stimulus ids of the gang events first written by this write (the
+    # decisions that made it, docs/logging.md "Stimulus ids"), oldest first;
+    # () when it wrote no event or its events name none.
+    stimuli: tuple[str, ...] = ()
+    kinds: tuple[str, ...] = ()  # the kinds of those events ("placed", "reserved", ...)
+
+
+def _new_events(value: Mapping[str, Any], after_seq: int) -> list[Mapping[str, Any]]:
+    """The events of a stored gang record with a ``seq`` above ``after_seq``
+    (those this write added: seq only counts up, docs/events.md)."""
+    evs = value.get("events")
+    if not isinstance(evs, list):
+        return []
+    return [e for e in evs if isinstance(e, Mapping) and int(e.get("seq", 0) or 0) > after_seq
+            and e.get("kind") != "dropped"]
+
+
+def _unique(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(i for i in items if i))
 
 
 def gang_observations(events: Iterable[EtcdEvent]) -> dict[str, list[GangObservation]]:
     out: dict[str, list[GangObservation]] = {}
+    last_seq: dict[str, int] = {}
     for e in sorted(events, key=lambda e: e.rev):
         if e.kind != "put" or not e.key.startswith("gangs/") or not isinstance(e.value, Mapping):
             continue
         v = e.value
         spec = v.get("spec", {}) if isinstance(v.get("spec"), Mapping) else {}
         gid = e.key[len("gangs/"):]
+        fresh = _new_events(v, last_seq.get(gid, 0))
+        if fresh:
+            last_seq[gid] = max(int(x.get("seq", 0) or 0) for x in fresh)
         out.setdefault(gid, []).append(GangObservation(
             gid, e.rev, e.mono, str(v.get("state", "")), int(v.get("incarnation", 1)),
             str(v.get("owner_az", "")), int(spec.get("members", 0) or 0), str(v.get("reason", "")),
+            _unique(str(x.get("stimulus", "")) for x in fresh), _unique(str(x.get("kind", "")) for x in fresh),
         ))
     return out
 
@@ -525,3 +549,90 @@ def reservation_observations(events: Iterable[EtcdEvent]) -> dict[tuple[str, str
             int(v.get("epoch", 0) or 0),
         ))
     return out
+
+
+# ---------------------------------------------------------------------------
+# Traceability (pure): from a violation back to the decisions that wrote it
+
+# "rev 42", "revs 40", "at rev 42": how the checker names the etcd writes a
+# violation is about.
+_REV_RE = re.compile(r"\brevs? (\d+)")
+# "g3#2", "g3#2/r0": a gang incarnation (or one of its members).
+_INC_RE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)#(\d+)")
+# "gang g3": a gang without an incarnation.
+_GANG_RE = re.compile(r"\bgang ([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+class Tracer:
+    """Which stimulus (the coordinator's decision, docs/logging.md) wrote
+    what a violation names, from the gang events in the etcd history: each
+    event carries the stimulus id of the decision that wrote it, and every
+    key written in the same etcd txn (a single-AZ reservation goes with its
+    gang record) shares that txn's revision.
+
+    ``lines(texts)``: for each revision named in ``texts`` ("rev 42"), who
+    wrote it; for each gang incarnation named ("g3#2", "gang g3") and no
+    revision, the decisions that placed and reserved it. Bounded: at most
+    ``limit`` lines."""
+
+    ADMISSION = ("placed", "reserved", "submitted")
+
+    def __init__(self, events: Iterable[EtcdEvent]):
+        evs = sorted(events, key=lambda e: e.rev)
+        self._keys: dict[int, list[str]] = {}
+        for e in evs:
+            if e.kind in ("put", "delete"):
+                self._keys.setdefault(e.rev, []).append(e.key)
+        self._by_rev: dict[int, GangObservation] = {}
+        # (gang, incarnation) -> [(kind, stimulus, rev)] of its events
+        self._by_inc: dict[tuple[str, int], list[tuple[str, str, int]]] = {}
+        self._latest: dict[str, int] = {}
+        last_seq: dict[str, int] = {}
+        for e in evs:
+            if e.kind != "put" or not e.key.startswith("gangs/") or not isinstance(e.value, Mapping):
+                continue
+            gid = e.key[len("gangs/"):]
+            self._latest[gid] = int(e.value.get("incarnation", 1) or 1)
+            for x in _new_events(e.value, last_seq.get(gid, 0)):
+                last_seq[gid] = max(last_seq.get(gid, 0), int(x.get("seq", 0) or 0))
+                inc = int(x.get("incarnation", 0) or 0) or self._latest[gid]
+                self._by_inc.setdefault((gid, inc), []).append(
+                    (str(x.get("kind", "")), str(x.get("stimulus", "")), e.rev))
+        for gid, obs in gang_observations(evs).items():
+            for o in obs:
+                self._by_rev[o.rev] = o
+
+    def at_rev(self, rev: int) -> str:
+        keys = self._keys.get(rev, [])
+        o = self._by_rev.get(rev)
+        written = ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "") or "nothing recorded"
+        if o is not None and o.stimuli:
+            return (f"rev {rev} ({written}) written by stimulus {', '.join(o.stimuli)} "
+                    f"(with gang {o.gang}'s {', '.join(o.kinds)} event{'s' * (len(o.kinds) != 1)})")
+        return f"rev {rev} ({written}): no stimulus recorded (no gang event was written with it)"
+
+    def admission_of(self, gang: str, inc: int) -> str | None:
+        evs = [(k, s, r) for k, s, r in self._by_inc.get((gang, inc), []) if k in self.ADMISSION and s]
+        if not evs:
+            return None
+        return f"{gang}#{inc}: " + "; ".join(f"{k} by stimulus {s} (rev {r})" for k, s, r in evs)
+
+    def lines(self, texts: Iterable[str], limit: int = 4) -> tuple[str, ...]:
+        texts = list(texts)
+        out: list[str] = []
+        revs = _unique(m.group(1) for t in texts for m in _REV_RE.finditer(t))
+        for r in revs:
+            out.append(self.at_rev(int(r)))
+        if not revs:
+            incs = _unique(f"{m.group(1)}#{m.group(2)}" for t in texts for m in _INC_RE.finditer(t)
+                           if m.group(1) in self._latest)
+            named = _unique(m.group(1) for t in texts for m in _GANG_RE.finditer(t) if m.group(1) in self._latest)
+            keys = [(k.rpartition("#")[0], int(k.rpartition("#")[2])) for k in incs]
+            keys += [(g, self._latest[g]) for g in named if not any(g == k[0] for k in keys)]
+            for g, inc in keys:
+                line = self.admission_of(g, inc)
+                if line is not None:
+                    out.append(line)
+        if len(out) > limit:
+            out = out[:limit] + [f"and {len(out) - limit} more writes"]
+        return tuple("traced: " + x for x in out)

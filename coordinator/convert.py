@@ -34,7 +34,8 @@ def gang_to_pb(g: GangRecord) -> pb.Gang:
 
 def event_to_pb(e: GangEvent) -> pb.GangEventRecord:
     return pb.GangEventRecord(kind=e.kind, at=e.at, epoch=e.epoch, message=e.message, incarnation=e.incarnation,
-                              by=e.by, rank=e.rank, exit_code=e.exit_code, dropped=e.dropped, seq=e.seq)
+                              by=e.by, rank=e.rank, exit_code=e.exit_code, dropped=e.dropped, seq=e.seq,
+                              stimulus=e.stimulus)
 
 
 def node_to_pb(n: NodeRecord, used_gpus: frozenset[int]) -> pb.NodeStatus:

@@ -10,11 +10,16 @@ I/O; the leader passes the time and its epoch in.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from phalanx import limits
 from phalanx.model import EventKind, MemberPhase
+
+# A stimulus id is short ("az-a-17", "watch:1234", "submit:<gang>:<inc>");
+# the bound keeps a long gang name from growing every event of the list.
+MAX_STIMULUS_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,11 @@ class GangEvent:
     exit_code: int | None = None  # member_exited
     dropped: int = 0  # the dropped marker: how many events it stands for
     seq: int = 0  # 1, 2, ... per gang, never reused: readers resume after the last one seen
+    # The id of the decision that wrote it (phalanx/logfmt.py stimulus ids):
+    # the coordinator's log lines for that decision carry the same id, so
+    # `phalanx describe` and a chaos history lead back to them. "" for an
+    # event written before the field existed.
+    stimulus: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         # Defaults are left out: the list has a byte bound.
@@ -44,6 +54,8 @@ class GangEvent:
             d["exit_code"] = self.exit_code
         if self.dropped:
             d["dropped"] = self.dropped
+        if self.stimulus:
+            d["stimulus"] = self.stimulus
         return d
 
     @classmethod
@@ -53,8 +65,16 @@ class GangEvent:
             incarnation=int(d.get("incarnation", 0)), by=str(d.get("by", "")),
             rank=int(d["rank"]) if d.get("rank") is not None else None,
             exit_code=int(d["exit_code"]) if d.get("exit_code") is not None else None,
-            dropped=int(d.get("dropped", 0)), seq=int(d.get("seq", 0)),
+            dropped=int(d.get("dropped", 0)), seq=int(d.get("seq", 0)), stimulus=str(d.get("stimulus", "")),
         )
+
+    def stamped(self, stimulus: str) -> "GangEvent":
+        """This event, carrying STIMULUS unless it names one already (an
+        event made under one decision and written by a later one keeps the
+        decision that made it)."""
+        if self.stimulus or not stimulus:
+            return self
+        return dataclasses.replace(self, stimulus=stimulus[:MAX_STIMULUS_CHARS])
 
 
 def to_json(events: Iterable[GangEvent]) -> list[dict[str, Any]]:
@@ -90,7 +110,7 @@ def append(events: Sequence[GangEvent], new: Iterable[GangEvent], *,
     for e in new:
         seq += 1
         kept.append(GangEvent(e.kind, e.at, e.epoch, limits.clip(e.message, limits.MAX_EVENT_MESSAGE_CHARS),
-                              e.incarnation, e.by, e.rank, e.exit_code, 0, seq))
+                              e.incarnation, e.by, e.rank, e.exit_code, 0, seq, e.stimulus))
     sizes = [limits.json_bytes(e.to_dict()) + 1 for e in kept]  # + its comma
     dropped = marker.dropped if marker else 0
 
@@ -103,7 +123,7 @@ def append(events: Sequence[GangEvent], new: Iterable[GangEvent], *,
         sizes.pop(0)
         dropped += 1
         marker = GangEvent(EventKind.DROPPED.value, gone.at, gone.epoch, f"{dropped} earlier events dropped",
-                           dropped=dropped, seq=gone.seq)
+                           dropped=dropped, seq=gone.seq)  # no stimulus: it stands for many
     return tuple(([marker] if marker else []) + kept)
 
 

@@ -178,7 +178,7 @@ class Gang(_message.Message):
     def __init__(self, id: _Optional[str] = ..., spec: _Optional[_Union[GangSpec, _Mapping]] = ..., state: _Optional[_Union[GangState, str]] = ..., owner_az: _Optional[str] = ..., incarnation: _Optional[int] = ..., reason: _Optional[str] = ..., submitted_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., placement: _Optional[_Iterable[_Union[MemberPlacement, _Mapping]]] = ..., restarts: _Optional[int] = ..., mod_revision: _Optional[int] = ..., span: _Optional[_Union[TopologyLevel, str]] = ..., not_before: _Optional[float] = ..., owner: _Optional[str] = ..., events: _Optional[_Iterable[_Union[GangEventRecord, _Mapping]]] = ...) -> None: ...
 
 class GangEventRecord(_message.Message):
-    __slots__ = ("kind", "at", "epoch", "message", "incarnation", "by", "rank", "exit_code", "dropped", "seq")
+    __slots__ = ("kind", "at", "epoch", "message", "incarnation", "by", "rank", "exit_code", "dropped", "seq", "stimulus")
     KIND_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +189,7 @@ class GangEventRecord(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    STIMULUS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     at: float
     epoch: int
@@ -199,7 +200,8 @@ class GangEventRecord(_message.Message):
     exit_code: int
     dropped: int
     seq: int
-    def __init__(self, kind: _Optional[str] = ..., at: _Optional[float] = ..., epoch: _Optional[int] = ..., message: _Optional[str] = ..., incarnation: _Optional[int] = ..., by: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., dropped: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+    stimulus: str
+    def __init__(self, kind: _Optional[str] = ..., at: _Optional[float] = ..., epoch: _Optional[int] = ..., message: _Optional[str] = ..., incarnation: _Optional[int] = ..., by: _Optional[str] = ..., rank: _Optional[int] = ..., exit_code: _Optional[int] = ..., dropped: _Optional[int] = ..., seq: _Optional[int] = ..., stimulus: _Optional[str] = ...) -> None: ...
 
 class Gpu(_message.Message):
     __slots__ = ("index", "uuid", "model", "memory_mib", "pci_bus_id", "numa_node", "nvlink_island", "nvlink_peers", "pcie_switch")
