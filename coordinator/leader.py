@@ -279,7 +279,11 @@ class AzLeader:
         history in the same write."""
         self.check_valid()
         waiting = self._unwritten_events.get(new.id, [])
-        new = new.with_events(waiting + list(events))
+        # Each event names the decision that wrote it: the stimulus bound in
+        # the log context here (docs/logging.md "Stimulus ids"), so that
+        # `phalanx describe` and a chaos history lead back to its log lines.
+        stimulus = str(current().get("stimulus", ""))
+        new = new.with_events([e.stamped(stimulus) for e in waiting + list(events)])
         guard = [unchanged_rev(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
         res = await self.store.fenced_txn(
             self.fence, guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
@@ -338,10 +342,11 @@ class AzLeader:
         # absent, and only a lost compare costs the extra read.
         now = self.wall()
         gang_id = f"{spec.name}-{secrets.token_hex(4)}"
+        stimulus = new_stimulus(self.az)  # the submission: its event and its lines name it
         rec = GangRecord(
             id=gang_id, spec=spec, state=GangState.PENDING, owner_az=self.az, submitted_at=now,
             updated_at=now, idempotency_key=idempotency_key, reason="waiting for placement", owner=owner,
-            events=ev.append((), [ev.submitted(now, self.epoch, owner, spec.queue, spec.priority)]),
+            events=ev.append((), [ev.submitted(now, self.epoch, owner, spec.queue, spec.priority).stamped(stimulus)]),
         )
         compares = [absent(k.name(spec.name))]
         ops = [Put(k.name(spec.name), {"id": gang_id})]
@@ -382,7 +387,7 @@ class AzLeader:
         rec = rec.evolve(mod_revision=res.revision)
         self.gangs[gang_id] = rec
         # The RPC's task: its later lines (and the service's) carry the gang.
-        bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=new_stimulus(self.az))
+        bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=stimulus)
         log.info("gang %s submitted to queue %s (%d members)", gang_id, spec.queue, spec.members)
         self.metrics.submitted(spec.queue)
         self.wake.set()
@@ -481,7 +486,9 @@ class AzLeader:
         # Stop (or tell agents to forget) the members of this incarnation.
         for node in {m.node for m in g.placement}:
             self._send(node, Revoke(g.id, inc, reason))
-        log.info("gang %s#%d -> %s: %s", g.id, inc, state.name, reason, extra={"gang": g.id, "incarnation": inc})
+        held = "" if r is None else ("; devices held until its members are gone" if releasing is not None
+                                     else "; devices released")
+        log.info("gang %s#%d -> %s: %s%s", g.id, inc, state.name, reason, held, extra={"gang": g.id, "incarnation": inc})
         return written
 
     async def _requeue(self, g: GangRecord) -> None:
@@ -723,6 +730,8 @@ class AzLeader:
         if cur is None or cur.state != GangState.RESERVED or cur.incarnation != g.incarnation:
             return
         await self._write_gang(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.wall()), cur)
+        log.info("gang %s#%d -> STARTING: assignments sent to agents", g.id, g.incarnation,
+                 extra={"gang": g.id, "incarnation": g.incarnation})
         await self._evaluate(g.id)
 
     async def _fail_admission(self, g: GangRecord, reason: str) -> None:
@@ -749,18 +758,23 @@ class AzLeader:
             rec0 = self.nodes.get(rank0.node) if rank0.az == self.az else None
             addr = (rec0.address if rec0 is not None else "") or rank0.node
             port = pick_master_port(rec0.ports if rec0 is not None else DEFAULT_PORTS, g.id, g.incarnation)
+        sent: set[str] = set()
         for node, ms in by_node.items():
             if only_node is not None and node != only_node:
                 continue
             for local_rank, m in enumerate(sorted(ms, key=lambda m: m.rank)):
                 if m.rank in skip_ranks:
                     continue
+                sent.add(node)
                 self._send(node, Assign(
                     gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
                     local_rank=local_rank, local_world_size=len(ms), gpus=tuple(m.gpus), nics=tuple(m.nics),
                     command=tuple(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
                     master_addr=addr, master_port=port, owner=g.owner,
                 ))
+        if sent:  # one line per dispatch (not per member): its stimulus is the assignments' stimulus_id
+            log.info("gang %s#%d dispatched to %s", g.id, g.incarnation, ", ".join(sorted(sent)),
+                     extra={"gang": g.id, "incarnation": g.incarnation})
 
     def rendezvous_for(self, g: GangRecord, incarnation: int, placement: tuple[MemberAssignment, ...],
                        rank0: NodeRecord | None) -> tuple[str, int]:
@@ -978,6 +992,8 @@ class AzLeader:
                 await self._finish(g, to, reason, events)
             else:
                 await self._write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
+                log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, to.name, reason,
+                         extra={"gang": g.id, "incarnation": g.incarnation})
         except Conflict as exc:
             log.info("gang %s: %s", g.id, exc)
         finally:
@@ -995,6 +1011,8 @@ class AzLeader:
             return
         self.check_valid()
         await self.store.fenced_txn(self.fence, [], [Delete(key)])
+        log.info("gang %s#%d released its devices: every member is gone", g.id, g.incarnation,
+                 extra={"gang": g.id, "incarnation": g.incarnation})
         self._drop_reservation(g.id)
         self.gangs.pop(g.id, None)
         self.members.pop((g.id, g.incarnation), None)

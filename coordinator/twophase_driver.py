@@ -38,6 +38,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from coordinator.core import events as ev
 from coordinator.core import progress
+from coordinator.core.effect_lines import effect_line
 from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation, read_records
 from coordinator.core.twophase import (
@@ -215,6 +216,14 @@ class TwoPhaseDriver:
         if prepares:
             self._spawn(self._send_prepares(prepares), f"prepare-{prepares[0].gang}")
         for e in effects:
+            # One line per effect, under the stimulus that caused it: INFO
+            # for those that change state, DEBUG for the chatty ones
+            # (coordinator/core/effect_lines.py, docs/logging.md "Effects").
+            level, what = effect_line(e)
+            if log.isEnabledFor(level):
+                with log_context(gang=getattr(e, "gang", None) or None, incarnation=getattr(e, "incarnation", None),
+                                 stimulus=getattr(e, "stimulus_id", None) or None):
+                    log.log(level, "two-phase %s: %s", self.az, what)
             match e:
                 case SendPrepare():
                     pass

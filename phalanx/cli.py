@@ -354,7 +354,9 @@ def describe_full(gang: pb.Gang, now: float | None = None) -> str:
         out.append("placement: -")
     if gang.events:
         out.append("events:")
-        out.extend("  " + event_line(e) for e in gang.events)
+        # Each event's stimulus (the decision that wrote it), as the
+        # coordinator's log lines name it: grep the logs for it.
+        out.extend("  " + event_line(e) + (f"  [stimulus={e.stimulus}]" if e.stimulus else "") for e in gang.events)
     else:
         out.append("events: - (none recorded: a coordinator older than events wrote this gang)")
     return "\n".join(out)
