@@ -20,7 +20,7 @@ from typing import Any
 # Effects that change nothing durable: messages, timers, in-memory notes.
 CHATTY = frozenset({
     "SendPrepare", "SendVote", "SendCommit", "SendAbort", "SendFinish", "SendDecisionAck",
-    "ScheduleTimeout", "MarkGangPending", "RequestPlacement",
+    "ScheduleTimeout", "MarkGangPending",
 })
 
 
