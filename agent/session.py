@@ -523,7 +523,8 @@ class Agent:
         finally:
             self.metrics.token_check_seconds.observe(time.monotonic() - started)
         leader = res.results[0]
-        if not leader or leader[0].create_revision != epoch:
+        # failpoint agent.ignore_stale_epoch: a planted bug for the chaos checker
+        if (not leader or leader[0].create_revision != epoch) and not failpoints.on("agent.ignore_stale_epoch"):
             return TokenVerdict(TokenRefusal(am.TOKEN_NOT_LEADER, f"epoch {epoch} is no longer the leader of {self.az}"))
         if gang is None:
             return TokenVerdict()
@@ -568,6 +569,7 @@ class Agent:
         gpus, nics = tuple(a.gpus), tuple(a.nics)
         # The token check runs before the lock, so the members of one gang
         # arriving together share one etcd read (see _token_ok_shared).
+        await failpoints.hit("agent.before_token_check")  # a slow agent: the epoch may move on meanwhile
         why = (await self._token_ok_shared(epoch, a.gang, a.incarnation, gpus)).refusal
         async with self._lock:
             existing = self.members.get(key)

@@ -23,6 +23,9 @@ because leadership moves during a run.
 | reserve-reply-lost | the reply to one reservation txn of AZ a's leader is lost while the txn commits (failpoint + etcd proxy) |
 | mixed | several of the above, one at a time, from the seed |
 | fencing-disabled | agents-cut past the re-placement deadline with ``agent.no_fencing=on``: the checker MUST report violations |
+| stale-epoch-accepted | ``agent.ignore_stale_epoch=on`` + a token check delayed (``agent.before_token_check``) while the AZ leader is SIGSTOPped and replaced: a member starts under the dead epoch (invariant 6 MUST report it) |
+| fence-compare-skipped | ``leader.skip_fence_compare=on``; the standby SIGSTOPped and the leader's etcd requests held until its lease expired: its reservation txn commits with no leader (invariant 6 MUST report it) |
+| decision-overwrite | ``twophase.decision_overwrite=on`` + ``owner.after_prepare=pause(6)``: the frozen owner wakes and Puts its decision over the one taken meanwhile (invariant 8 MUST report it) |
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from chaos.cluster import PhalanxCluster
@@ -306,6 +310,239 @@ def reserve_reply_lost(pc: PhalanxCluster, kw: dict[str, Any]) -> list[Fault]:
     return [ReserveReplyLost(pc, pc.etcd_proxy_azs[0], **kw)]
 
 
+def _log_size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _wait_for_line(paths: dict[str, tuple[Path, int]], marker: str, stop: threading.Event) -> str | None:
+    """Poll the logs (name -> (path, offset to read from)) until one has a line
+    with ``marker``; the name of that log, or None once ``stop`` is set."""
+    while not stop.is_set():
+        for name, (path, start) in paths.items():
+            if not path.exists():
+                continue
+            with open(path, "rb") as f:
+                f.seek(start)
+                if marker in f.read().decode(errors="replace"):
+                    return name
+        stop.wait(0.02)
+    return None
+
+
+class PlantedBugFault(Fault):
+    """Shared shape of the planted-bug faults below: a watcher thread started
+    at inject that reacts when a process logs reaching a failpoint, and a heal
+    that first lets the watcher finish (the bug must still be armed when the
+    broken code runs), then lifts everything. ``_react`` does the work and
+    returns when the bug has had its chance; ``_lift`` undoes it all."""
+
+    def __init__(self, pc: PhalanxCluster, name: str, **kw: Any) -> None:
+        self.pc = pc
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        super().__init__(name, **kw)
+
+    def _note(self, detail: str) -> None:
+        self.pc.record({"src": "note", "mono": _now(), "name": self.name, "detail": detail})
+
+    def _start_watcher(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._react, daemon=True)
+        self._thread.start()
+
+    def _react(self) -> None: ...
+
+    def _lift(self) -> None: ...
+
+    def _heal(self) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout=self.react_timeout())
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._lift()
+
+    def react_timeout(self) -> float:
+        return 0.0
+
+
+class StaleEpochStart(PlantedBugFault):
+    """PLANTED BUG ``agent.ignore_stale_epoch`` (the agent's token check does
+    not compare the epoch with etcd's leader key).
+
+    The agents of ``az`` are armed with it and with
+    ``agent.before_token_check=delay(D)`` (a slow agent: an assignment waits
+    D s before its token read); a trigger gang makes the leader assign. When
+    an agent logs that an assignment is waiting, the leader that sent it is
+    SIGSTOPped (until heal): its lease runs out and the standby takes over
+    while the assignment waits. The token read then finds another epoch (or
+    none) in ``leader/<az>``; with the bug the agent starts the member anyway,
+    under the dead epoch, D s after it arrived: invariant 6 ("started under
+    epoch E ... after that leadership ended").
+    """
+
+    def __init__(self, pc: PhalanxCluster, az: str, delay_s: float = 8.0, **kw: Any) -> None:
+        self.az, self.delay_s = az, delay_s
+        self.leader, self.seen = "", 0.0
+        self._pause: Pause | None = None
+        super().__init__(pc, f"stale-epoch-start-{az}", **kw)
+
+    def _inject(self) -> None:
+        leader = self.pc.leader_of(self.az)
+        if leader is None or not self.pc.procs[leader].alive():
+            raise RuntimeError(f"{self.name}: {self.az} has no live leader")
+        self.leader, self.seen, self._pause = leader, 0.0, None
+        agents = f"agents-{self.az}"
+        self._log = (self.pc.logs / f"{agents}.log", _log_size(self.pc.logs / f"{agents}.log"))
+        self._start_watcher()
+        self.pc.arm(agents, f"agent.ignore_stale_epoch=on,agent.before_token_check=delay({self.delay_s:g})")
+        self.pc.trigger(self.az, f"{self.az}{int(_now() * 1000) % 100000}")
+
+    def _react(self) -> None:
+        if _wait_for_line({"agents": self._log}, "failpoint agent.before_token_check", self._stop) is None:
+            return
+        self.seen = _now()
+        self._pause = Pause(self.pc.proc_ref(self.leader), name=f"pause-{self.leader}")
+        self._pause._inject()
+        self._note(f"an assignment waits {self.delay_s:g}s at agent.before_token_check; leader {self.leader} "
+                   "SIGSTOPped until heal")
+        # Let the waiting token checks run (with the bug still armed).
+        self._stop.wait(self.delay_s + 2.0)
+
+    def react_timeout(self) -> float:
+        return self.delay_s + 3.0 if self.seen else 0.0
+
+    def _lift(self) -> None:
+        self.pc.arm(f"agents-{self.az}", "")
+        if self._pause is not None:
+            self._pause._heal()
+            self._pause = None
+
+
+def stale_epoch_start(pc: PhalanxCluster, kw: dict[str, Any]) -> list[Fault]:
+    return [StaleEpochStart(pc, pc.azs[0], **kw)]
+
+
+class StaleLeaderWrite(PlantedBugFault):
+    """PLANTED BUG ``leader.skip_fence_compare`` (a leader's txns lack the
+    ``create_revision(leader/<az>) == epoch`` compare).
+
+    The leader of ``az`` (which reaches etcd only through its etcd proxy) is
+    armed with the bug and ``leader.before_reserve=delay(D)``; a trigger gang
+    makes it admit. When it logs the failpoint, the AZ's standby is SIGSTOPped
+    (no successor can take the key meanwhile) and, just before the
+    reservation txn goes out, etcd's *requests* from the leader are held
+    ``hold_ms``: its keepalives stall, so its lease expires in etcd, while the
+    txn (sent inside the leader's local validity, so its own check passes)
+    reaches etcd only after that. Without the fence compare it commits: a
+    reservation written by an epoch that no longer leads (invariant 6). The
+    hold stays below the etcd channel's keepalive timeout, so the connection
+    (and the order of what it carries) survives.
+    """
+
+    def __init__(self, pc: PhalanxCluster, az: str, delay_s: float = 1.0, hold_ms: int = 2800, **kw: Any) -> None:
+        self.az, self.delay_s, self.hold_ms = az, delay_s, hold_ms
+        self.leader, self.epoch, self.seen = "", 0, 0.0
+        self._paused: list[Pause] = []
+        super().__init__(pc, f"stale-leader-write-{az}", **kw)
+
+    def _inject(self) -> None:
+        leader = self.pc.leader_of(self.az)
+        if leader is None or leader not in self.pc.etcd_proxies:
+            raise RuntimeError(f"{self.name}: {self.az}'s leader has no etcd proxy")
+        self.leader, self.seen, self._paused = leader, 0.0, []
+        self.epoch = self.pc.view.refresh().leaders().get(self.az, ("", 0))[1]
+        log = self.pc.logs / f"{leader}.log"
+        self._log = (log, _log_size(log))
+        self._start_watcher()
+        self.pc.arm(leader, f"leader.skip_fence_compare=on,leader.before_reserve=delay({self.delay_s:g})")
+        self.pc.trigger(self.az, f"{self.az}{int(_now() * 1000) % 100000}")
+
+    def _react(self) -> None:
+        if _wait_for_line({"leader": self._log}, "failpoint leader.before_reserve", self._stop) is None:
+            return
+        self.seen = _now()
+        self.pc.arm(self.leader, "leader.skip_fence_compare=on")  # one reservation only
+        for cid in self.pc.coordinator_ids(self.az):
+            if cid != self.leader and self.pc.procs[cid].alive():
+                p = Pause(self.pc.proc_ref(cid), name=f"pause-{cid}")
+                p._inject()
+                self._paused.append(p)
+        # The txn goes out delay_s after the failpoint line; hold the
+        # leader's requests from a little after the line (its keepalives
+        # were acknowledged until then, so it is still valid when it sends).
+        self._stop.wait(max(0.0, self.seen + 0.3 - _now()))
+        self.pc.etcd_proxy_control(self.leader).set_delay(self.hold_ms, 0)
+        self._note(f"{self.leader} (epoch {self.epoch}) reached leader.before_reserve; standby paused; "
+                   f"its etcd requests held {self.hold_ms} ms")
+        self._stop.wait(max(0.0, self.seen + self.delay_s + self.hold_ms / 1000 + 1.0 - _now()))
+        self.pc.etcd_proxy_control(self.leader).set_delay(0, 0)
+
+    def react_timeout(self) -> float:
+        return self.delay_s + self.hold_ms / 1000 + 2.0 if self.seen else 0.0
+
+    def _lift(self) -> None:
+        if self.leader:
+            self.pc.etcd_proxy_control(self.leader).set_delay(0, 0)
+            self.pc.arm(self.leader, "")
+        for p in self._paused:
+            p._heal()
+        self._paused = []
+
+
+def stale_leader_write(pc: PhalanxCluster, kw: dict[str, Any]) -> list[Fault]:
+    return [StaleLeaderWrite(pc, pc.etcd_proxy_azs[0], **kw)]
+
+
+class DecisionOverwrite(PlantedBugFault):
+    """PLANTED BUG ``twophase.decision_overwrite`` (the two-phase decision is
+    a plain Put, not create-if-absent).
+
+    Every coordinator is armed with it and with
+    ``owner.after_prepare=pause(S)``: the first owner to collect the votes of
+    a cross-AZ attempt (the workload submits some) freezes S s, longer than
+    its lease and than the participants' prepare timeout. Meanwhile the
+    attempt is decided without it: its successor's recovery ABORTs the
+    undecided incarnation, or an in-doubt participant does. When it wakes it
+    counts the votes it held and writes its own decision over that one: one
+    (gang, incarnation), two decision writes (invariant 8).
+    """
+
+    def __init__(self, pc: PhalanxCluster, pause_s: float = 6.0, **kw: Any) -> None:
+        self.pause_s = pause_s
+        self.seen, self.owner = 0.0, ""
+        super().__init__(pc, "decision-overwrite", **kw)
+
+    def _inject(self) -> None:
+        self.seen, self.owner = 0.0, ""
+        self._logs = {cid: (self.pc.logs / f"{cid}.log", _log_size(self.pc.logs / f"{cid}.log"))
+                      for cid in self.pc.coordinator_ids()}
+        self._start_watcher()
+        for cid in self.pc.coordinator_ids():
+            self.pc.arm(cid, f"twophase.decision_overwrite=on,owner.after_prepare=pause({self.pause_s:g})")
+
+    def _react(self) -> None:
+        owner = _wait_for_line(self._logs, "failpoint owner.after_prepare", self._stop)
+        if owner is None:
+            return
+        self.seen, self.owner = _now(), owner
+        for cid in self.pc.coordinator_ids():
+            self.pc.arm(cid, "twophase.decision_overwrite=on")  # one frozen owner is enough
+        self._note(f"owner {owner} froze {self.pause_s:g}s at owner.after_prepare")
+        self._stop.wait(self.pause_s + 3.0)  # it wakes and writes its decision with the bug armed
+
+    def react_timeout(self) -> float:
+        return self.pause_s + 4.0 if self.seen else 0.0
+
+    def _lift(self) -> None:
+        for cid in self.pc.coordinator_ids():
+            self.pc.arm(cid, "")
+
+
+def decision_overwrite(pc: PhalanxCluster, kw: dict[str, Any]) -> list[Fault]:
+    return [DecisionOverwrite(pc, **kw)]
+
+
 def mixed(pc: PhalanxCluster, kw: dict[str, Any]) -> list[Fault]:
     out: list[Fault] = []
     for make in (partition_az, leader_etcd_cut, agents_cut, one_way, leader_pause, coordinator_crash,
@@ -348,6 +585,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fencing-disabled", "PLANTED BUG: agents-cut past re-placement with agent.no_fencing=on",
              fencing_disabled, hold=(9.0, 10.0), gap=(5.0, 6.0), agent_failpoints="agent.no_fencing=on",
              expect_violations=True),
+    Scenario("stale-epoch-accepted", "PLANTED BUG: a slow token check passes an epoch etcd has moved past "
+             "(agent.ignore_stale_epoch=on)", stale_epoch_start, hold=(14.0, 14.0), gap=(4.0, 4.0),
+             expect_violations=True),
+    Scenario("fence-compare-skipped", "PLANTED BUG: a deposed leader's reservation txn commits without its fence "
+             "compare (leader.skip_fence_compare=on)", stale_leader_write, hold=(10.0, 10.0), gap=(4.0, 4.0),
+             etcd_proxies=("a",), expect_violations=True),
+    Scenario("decision-overwrite", "PLANTED BUG: a frozen two-phase owner wakes and overwrites the decision taken "
+             "without it (twophase.decision_overwrite=on)", decision_overwrite, hold=(18.0, 18.0), gap=(4.0, 4.0),
+             duration=25.0, expect_violations=True),
 )}
 
 # `--all`: every scenario that must hold (the planted bug is run on purpose only).

@@ -414,7 +414,11 @@ class TwoPhaseDriver:
         key = self.keys.decision(e.gang, e.incarnation)
         try:
             self._rt(e.gang)
-            won, kv = await self.store.create_if_absent(key, {"outcome": e.outcome.value, "by": self.az, "reason": e.reason})
+            value = {"outcome": e.outcome.value, "by": self.az, "reason": e.reason}
+            if failpoints.on("twophase.decision_overwrite"):  # a planted bug for the chaos checker: a plain Put
+                won, kv = True, (await self.store.txn([], [Put(key, value), Get(key)])).results[-1][0]
+            else:
+                won, kv = await self.store.create_if_absent(key, value)
         except StoreUnavailable as exc:
             kv = await self._read(key)
             if kv is None:

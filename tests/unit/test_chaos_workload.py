@@ -85,3 +85,31 @@ def test_cross_az_shapes_do_not_change_the_rest_of_the_plan() -> None:
     assert [(p.at, p.az, p.duration_s, p.cancel_after, p.max_restarts) for p in base] == \
         [(p.at, p.az, p.duration_s, p.cancel_after, p.max_restarts) for p in mixed]
     assert all((b.members, b.gpus) == (m.members, m.gpus) for b, m in zip(base, mixed) if not m.cross_az)
+
+
+PLANTED = {"fencing-disabled": "agent.no_fencing", "stale-epoch-accepted": "agent.ignore_stale_epoch",
+           "fence-compare-skipped": "leader.skip_fence_compare", "decision-overwrite": "twophase.decision_overwrite"}
+
+
+def test_every_planted_bug_expects_violations_and_stays_out_of_the_matrix() -> None:
+    planted = {n for n, s in SCENARIOS.items() if s.expect_violations}
+    assert planted == set(PLANTED)
+    assert not planted & set(MATRIX)
+    for name, point in PLANTED.items():
+        sc = SCENARIOS[name]
+        # each one names its failpoint, and its fault fits in the run (scheduled at all)
+        assert point in sc.description or point in sc.agent_failpoints, name
+        assert sc.gap[1] + sc.hold[1] <= sc.duration - 1.0, name
+
+
+def test_planted_bug_failpoints_are_off_unless_armed() -> None:
+    from phalanx import failpoints
+
+    failpoints.disarm_all()
+    try:
+        assert not any(failpoints.on(p) for p in PLANTED.values())
+        failpoints.arm("leader.skip_fence_compare", "on")
+        assert failpoints.on("leader.skip_fence_compare")
+        assert not failpoints.on("twophase.decision_overwrite")
+    finally:
+        failpoints.disarm_all()
