@@ -113,6 +113,7 @@ def summary(h: History, v: Verdict, wall_s: float | None = None, metrics: RunMet
             lines.append(f"  FAILED x{n}: {r}")
     ev = Counter(e.event for e in h.agents)
     lines.append("Agent effects: " + ", ".join(f"{k} {n}" for k, n in sorted(ev.items())))
+    lines.append(traceability(h))
     m = v.measurements
     lines.append(f"Recovery after the last heal (bound {m.get('bound_s', p.recovery_bound_s):g}s): leader "
                  f"{_fmt_az(m.get('leader_after_heal_s', {}))}; admission {_fmt_az(m.get('admission_after_heal_s', {}))}")
@@ -134,6 +135,17 @@ def summary(h: History, v: Verdict, wall_s: float | None = None, metrics: RunMet
     lines.append("")
     lines.append("VERDICT: " + ("no violation" if v.ok else f"{len(v.violations)} violation(s)"))
     return "\n".join(lines) + "\n"
+
+
+def traceability(h: History) -> str:
+    """How many gang writes that added events name the stimulus of the
+    decision behind them (docs/chaos.md "Following a violation back"): all
+    of them, unless a coordinator older than stimulus ids wrote some."""
+    writes = [o for obs in gang_observations(h.etcd).values() for o in obs if o.kinds]
+    named = [o for o in writes if o.stimuli]
+    ids = {s for o in named for s in o.stimuli}
+    return (f"Traceability: {len(named)} of {len(writes)} gang writes with events name their stimulus "
+            f"({len(ids)} distinct stimulus ids)")
 
 
 def _short_reason(r: str) -> str:
@@ -264,7 +276,7 @@ def _gang_row(parts: list[str], h: History, gid: str, obs: Sequence[GangObservat
         c = _STATE_COLOURS.get(o.state, "#999")
         parts.append(f'<rect x="{xa:.1f}" y="{y}" width="{max(1.5, xb - xa):.1f}" height="{row - 6}" fill="{c}">'
                      f'<title>{esc(gid)} {o.state} inc {o.incarnation} {_rel(h, o.mono)} (rev {o.rev}): {esc(o.reason)}'
-                     f'</title></rect>')
+                     + (f' [stimulus {esc(", ".join(o.stimuli))}]' if o.stimuli else '') + '</title></rect>')
     for iv in members:
         xa, xb = x(iv.start), x(iv.end)
         parts.append(f'<rect x="{xa:.1f}" y="{y + row - 5}" width="{max(1.0, xb - xa):.1f}" height="3" class="member">'

@@ -3,10 +3,14 @@ real coordinator and agent, real members; docs/design.md §19.5): every event
 of a gang's history names the stimulus of the decision that wrote it, the
 coordinator logged that decision under the same id, each decision of the
 gang's life (reserve, dispatch, start, finish, release) has a line of its
-own, and `phalanx describe` shows the ids."""
+own, `phalanx describe` shows the ids, and the chaos recorder's history of
+the same etcd leads a violation's gang back to them."""
 
 from __future__ import annotations
 
+import asyncio
+import io
+import json
 import signal
 import subprocess
 import sys
@@ -14,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos import recorder
+from chaos.history import Tracer, etcd_event, gang_observations
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster
 from tests.integration.test_json_logs import json_lines, start_agent
@@ -77,3 +83,26 @@ async def test_each_event_leads_back_to_the_log_lines_of_its_decision(local_clus
 
     shown = d.stdout[d.stdout.index("\nevents:\n"):].splitlines()[2:]
     assert [line.rsplit("[stimulus=", 1)[-1].rstrip("]") for line in shown] == [e.stimulus for e in done.events], d.stdout
+
+    # The chaos recorder, watching this etcd from revision 1, keeps them: the
+    # history names the stimulus of every gang write that added events, and
+    # the tracer a violation uses leads from the gang to its admission.
+    out, stop = io.StringIO(), asyncio.Event()
+    task = asyncio.create_task(recorder.watch(c.store, out, stop))
+    try:
+        for _ in range(300):
+            if f'"rev":{done.mod_revision},' in out.getvalue():
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    history = [etcd_event(json.loads(line)) for line in out.getvalue().splitlines()]
+    writes = [o for o in gang_observations(history)[g.id] if o.kinds]
+    assert all(o.stimuli for o in writes), writes
+    assert [s for o in writes for s in o.stimuli] == list(dict.fromkeys(e.stimulus for e in done.events)), writes
+    assert Tracer(history).lines([f"gang {g.id} left RUNNING"]) == (
+        f"traced: {g.id}#1: submitted by stimulus {events['submitted'].stimulus} (rev {writes[0].rev}); "
+        f"placed by stimulus {events['placed'].stimulus} (rev {writes[1].rev}); "
+        f"reserved by stimulus {events['reserved'].stimulus} (rev {writes[1].rev})",)

@@ -85,3 +85,13 @@ def test_the_tracer_names_the_txn_of_a_reservation_and_the_admission_of_a_gang()
         "traced: g3#1: submitted by stimulus a-3 (rev 40); placed by stimulus a-17 (rev 41); "
         "reserved by stimulus a-17 (rev 41)",)
     assert t.lines(["gang g4 left PENDING"]) == ()  # its only event names no stimulus
+
+
+def test_the_report_says_how_many_gang_writes_name_their_stimulus() -> None:
+    from chaos import report
+
+    h = history()
+    line = report.traceability(h)
+    # g3's three writes with events name theirs; g4's (an old coordinator's) does not.
+    assert line == "Traceability: 3 of 4 gang writes with events name their stimulus (3 distinct stimulus ids)"
+    assert line in report.summary(h, checker.check(h))
