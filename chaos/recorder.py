@@ -17,6 +17,11 @@ A line of the watch history::
      to the cluster root), "rev": 42, "create_rev": 40, "mod_rev": 42,
      "lease": 7587..., "value": {...} | null, "mono": ..., "wall": ...}
 
+A gang record's value carries its events, each with the stimulus id of the
+coordinator decision that wrote it, so the history can name the decision
+behind every gang write (chaos.history.Tracer, docs/chaos.md "Following a
+violation back"); the recorder keeps the value whole for that.
+
 Why a watch from revision 1 and not polling: etcd delivers every revision in
 order, so the checker can tell exactly which leader epoch was current when a
 reservation was written (invariant 6 on the etcd side). The ``mono`` stamp is
