@@ -1,8 +1,10 @@
 """The chaos suite end to end: a whole Phalanx in namespaces, faults, workload, checker.
 
-CI smoke set (a few minutes on a 2-core machine): three scenarios that must
-hold every invariant, one planted bug the checker must catch, and proof that
-a run leaves nothing behind. The full matrix is ``python -m chaos.run --all``
+CI smoke set (a few minutes on a 2-core machine): four scenarios that must
+hold every invariant, with workload gangs admitted while the fault was active
+and two-phase decisions for the checker to examine; one planted bug the
+checker must catch, reported as exactly what it is; and proof that a run
+leaves nothing behind. The full matrix is ``python -m chaos.run --all``
 (docs/chaos.md). Needs root, ``ip``, ``iptables`` and etcd; fails (never
 skips) with a message naming what is missing.
 
@@ -22,9 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos.checker import SUBMIT_OPS
 from chaos.cluster import REPO, PhalanxCluster
 from chaos.faults import Partition, Pause
-from chaos.history import load
+from chaos.history import HOLDING, History, gang_observations, load, member_intervals
 from chaos.netns import NetnsCluster
 from chaos.run import RunResult, run_scenario
 from chaos.scenarios import scenario
@@ -49,6 +52,58 @@ def report(r: RunResult) -> str:
     return p.read_text() if p.exists() else r.error
 
 
+def fault_windows(h: History) -> list[tuple[str, float, float]]:
+    """(fault, injected, healed) for every injected fault (a fault never seen
+    healed counts as active until settle time)."""
+    out = []
+    for f in h.faults:
+        if f.action != "inject":
+            continue
+        heal = min((x.mono for x in h.faults if x.action == "heal" and x.name == f.name and x.mono >= f.mono),
+                   default=h.params.settle_at)
+        out.append((f.name, f.mono, heal))
+    return out
+
+
+def workload_gangs(h: History, ops: frozenset[str] = SUBMIT_OPS) -> dict[str, str]:
+    """gang id -> name of every acknowledged submission of the workload (not
+    the post-heal probes)."""
+    return {o.gang_id: o.name for o in h.outcomes if o.op in ops and o.acked and not o.probe and o.gang_id}
+
+
+def admitted_during_a_fault(h: History, *, submitted_during: bool) -> list[str]:
+    """Workload gang incarnations admitted while a fault was active: the
+    first write of the incarnation in a holding state (RESERVED, STARTING,
+    RUNNING) was seen before the fault healed and after it was injected.
+    The recorder's stamp bounds the write from above only (it is seen, never
+    before it happens), so with ``submitted_during`` the gang must also have
+    been submitted after the injection (the client's own stamp): then the
+    admission certainly happened inside the window, whatever the lag."""
+    names = workload_gangs(h)
+    first_sub = {o.gang_id: o.first_start for o in h.outcomes if o.gang_id in names}
+    found = []
+    for gid, obs in gang_observations(h.etcd).items():
+        if gid not in names:
+            continue
+        seen: set[int] = set()
+        for o in obs:
+            if o.state not in HOLDING or o.incarnation in seen:
+                continue
+            seen.add(o.incarnation)
+            for fault, injected, healed in fault_windows(h):
+                after = first_sub[gid] if submitted_during else o.mono
+                if injected < after and o.mono < healed:
+                    found.append(f"{names[gid]}#{o.incarnation} {o.state} during {fault}")
+    return found
+
+
+# Scenarios whose fault windows are long enough (several seconds, several
+# submissions in them) to require a gang both submitted and admitted inside
+# one; agent-restart's windows are 1-2 s (its heal is a no-op): there an
+# admission seen inside one is required.
+SUBMITTED_DURING = frozenset({"leader-pause", "partition-az", "agent-down"})
+
+
 @pytest.mark.parametrize("name", SMOKE)
 def test_scenario_holds_every_invariant(name: str, tmp_path: Path) -> None:
     r = run_scenario(scenario(name), seed=1, out_dir=tmp_path, duration=15.0)
@@ -61,6 +116,20 @@ def test_scenario_holds_every_invariant(name: str, tmp_path: Path) -> None:
     assert any(o.acked for o in h.outcomes if o.op == "submit" and not o.probe)
     assert r.verdict.result(1).checked > 0 and r.verdict.result(2).checked > 0
     assert r.verdict.result(6).checked > 0
+    # Admission went on while the fault was active, for workload gangs (the
+    # probes come after the last heal and prove only recovery).
+    assert admitted_during_a_fault(h, submitted_during=name in SUBMITTED_DURING), (
+        f"no workload gang was admitted while a fault was active: {fault_windows(h)}\n" + report(r))
+    # The workload runs cross-AZ gangs in every scenario (chaos.workload.plan:
+    # a quarter of the gangs; seed 1 plans 7 of its 17): their two-phase
+    # decisions were written and invariant 8 examined every one of them.
+    cross = workload_gangs(h, frozenset({"submit_cross_az"}))
+    assert cross, "no cross-AZ gang was acknowledged"
+    decisions = [e for e in h.etcd if e.kind == "put" and e.key.startswith("decisions/")]
+    committed = [e.key for e in decisions if e.key[len("decisions/"):].rpartition("/")[0] in cross
+                 and isinstance(e.value, dict) and e.value.get("outcome") == "COMMIT"]
+    assert committed, f"no cross-AZ workload gang was committed: {[e.key for e in decisions]}"
+    assert r.verdict.result(8).checked >= len(decisions), (r.verdict.result(8), len(decisions))
     if name == "agent-restart":
         # A member started before a restart of its own AZ's agent process
         # ended after that restart: the restarted agent adopted it and
@@ -91,9 +160,44 @@ def test_checker_reports_agents_that_do_not_fence(tmp_path: Path) -> None:
     assert r.error == "", r.error
     assert r.verdict is not None
     assert not r.verdict.ok, "the planted bug went unnoticed:\n" + report(r)
+    h = load(r.run_dir)
+    [(fault, cut_at, healed_at)] = fault_windows(h)
+    az = fault.removeprefix("agents-cut-")
+    assert fault == f"agents-cut-{az}" and az in h.params.azs, fault
+    # The planted bug took effect: the cut AZ's agents never fenced.
+    assert [e for e in h.agents if e.event == "fenced" and e.az == az] == []
+    # What the checker must report, worked out from the history without it:
+    # a member of the cut AZ started before the cut, its incarnation's
+    # reservation released (deleted or overwritten: the re-placement) during
+    # the cut, and the member still running past the release.
+    tol = h.params.release_tolerance_s
+    expected: dict[tuple[str, int], tuple[str, float]] = {}  # (member key, release rev) -> (node, seen)
+    for iv in member_intervals(h.agents):
+        if iv.az != az or iv.start >= cut_at:
+            continue
+        for e in h.etcd:
+            if (e.key == f"reservations/{az}/{iv.gang}" and cut_at < e.mono < healed_at and e.mono + tol < iv.end
+                    and (e.kind == "delete" or (isinstance(e.value, dict)
+                                                and e.value.get("incarnation") != iv.incarnation))):
+                expected[(iv.key, e.rev)] = (iv.node, e.mono)
+                break
+    assert expected, f"no member of {az} outlived its release during the cut:\n" + report(r)
     held = [v for v in r.verdict.result(2).violations if "after its reservation was released" in v.what]
     assert held, report(r)
-    assert any("still running" in e or "exited" in e for v in held for e in v.evidence)
+    reported: set[tuple[str, int]] = set()
+    for v in held:
+        # Nothing unrelated: each report is one of the expected members and releases...
+        match = [k for k in expected if v.what.startswith(f"{k[0]} still held GPUs ") and f"(rev {k[1]})" in v.what]
+        assert len(match) == 1, f"unexpected report:\n{v.render()}\nexpected {expected}"
+        (key, rev), (node, seen) = match[0], expected[match[0]]
+        # ...naming the node, the release and the member's interval as evidence.
+        assert f" of {node} " in v.what and v.at == seen, v.render()
+        assert any(ev.startswith(f"{key} on {node} ") for ev in v.evidence), v.render()
+        gang = key.rpartition("#")[0]
+        assert any(ev.startswith(f"reservation {az}/{gang} released at rev {rev},") for ev in v.evidence), v.render()
+        reported.add((key, rev))
+    # ...and every expected one is reported.
+    assert reported == set(expected), (sorted(reported), sorted(expected))
     assert r.as_expected
     assert_nothing_left(r)
 
