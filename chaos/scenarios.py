@@ -25,7 +25,7 @@ because leadership moves during a run.
 | fencing-disabled | agents-cut past the re-placement deadline with ``agent.no_fencing=on``: the checker MUST report violations |
 | stale-epoch-accepted | ``agent.ignore_stale_epoch=on`` + a token check delayed (``agent.before_token_check``) while the AZ leader is SIGSTOPped and replaced: a member starts under the dead epoch (invariant 6 MUST report it) |
 | fence-compare-skipped | ``leader.skip_fence_compare=on``; the standby SIGSTOPped and the leader's etcd requests held until its lease expired: its reservation txn commits with no leader (invariant 6 MUST report it) |
-| decision-overwrite | ``twophase.decision_overwrite=on`` + ``owner.after_prepare=pause(6)``: the frozen owner wakes and Puts its decision over the one taken meanwhile (invariant 8 MUST report it) |
+| decision-overwrite | ``twophase.decision_overwrite=on`` + ``owner.after_prepare=delay(2)``; the owner's etcd requests held 2.8 s: its COMMIT lands over the ABORT an in-doubt participant wrote meanwhile (invariant 8 MUST report it) |
 """
 
 from __future__ import annotations
@@ -498,28 +498,34 @@ class DecisionOverwrite(PlantedBugFault):
     """PLANTED BUG ``twophase.decision_overwrite`` (the two-phase decision is
     a plain Put, not create-if-absent).
 
-    Every coordinator is armed with it and with
-    ``owner.after_prepare=pause(S)``: the first owner to collect the votes of
-    a cross-AZ attempt (the workload submits some) freezes S s, longer than
-    its lease and than the participants' prepare timeout. Meanwhile the
-    attempt is decided without it: its successor's recovery ABORTs the
-    undecided incarnation, or an in-doubt participant does. When it wakes it
-    counts the votes it held and writes its own decision over that one: one
-    (gang, incarnation), two decision writes (invariant 8).
+    Every coordinator (each reaches etcd through its own etcd proxy) is
+    armed with it and with ``owner.after_prepare=delay(D)``: the first owner
+    of a cross-AZ attempt to collect its votes counts them D s later (inside
+    its vote timeout, still a valid leader) and sends its COMMIT. Its etcd
+    requests are held ``hold_ms`` from just before that, so the COMMIT
+    reaches etcd after the participants' prepare timeout: by then an in-doubt
+    participant (or the owner AZ's next leader, the owner's lease having run
+    out meanwhile) has written ABORT. The held COMMIT then lands on top: one
+    (gang, incarnation), two decision writes (invariant 8). The hold stays
+    below the etcd channel's keepalive timeout, so the connection (and the
+    order of what it carries) survives.
     """
 
-    def __init__(self, pc: PhalanxCluster, pause_s: float = 6.0, **kw: Any) -> None:
-        self.pause_s = pause_s
+    def __init__(self, pc: PhalanxCluster, delay_s: float = 2.0, hold_ms: int = 2800, **kw: Any) -> None:
+        self.delay_s, self.hold_ms = delay_s, hold_ms
         self.seen, self.owner = 0.0, ""
         super().__init__(pc, "decision-overwrite", **kw)
 
     def _inject(self) -> None:
         self.seen, self.owner = 0.0, ""
+        missing = [cid for cid in self.pc.coordinator_ids() if cid not in self.pc.etcd_proxies]
+        if missing:
+            raise RuntimeError(f"{self.name}: {', '.join(missing)} have no etcd proxy")
         self._logs = {cid: (self.pc.logs / f"{cid}.log", _log_size(self.pc.logs / f"{cid}.log"))
                       for cid in self.pc.coordinator_ids()}
         self._start_watcher()
         for cid in self.pc.coordinator_ids():
-            self.pc.arm(cid, f"twophase.decision_overwrite=on,owner.after_prepare=pause({self.pause_s:g})")
+            self.pc.arm(cid, f"twophase.decision_overwrite=on,owner.after_prepare=delay({self.delay_s:g})")
 
     def _react(self) -> None:
         owner = _wait_for_line(self._logs, "failpoint owner.after_prepare", self._stop)
@@ -527,16 +533,23 @@ class DecisionOverwrite(PlantedBugFault):
             return
         self.seen, self.owner = _now(), owner
         for cid in self.pc.coordinator_ids():
-            self.pc.arm(cid, "twophase.decision_overwrite=on")  # one frozen owner is enough
-        self._note(f"owner {owner} froze {self.pause_s:g}s at owner.after_prepare")
-        self._stop.wait(self.pause_s + 3.0)  # it wakes and writes its decision with the bug armed
+            self.pc.arm(cid, "twophase.decision_overwrite=on")  # one held decision is enough
+        ctl = self.pc.etcd_proxy_control(owner)
+        self._stop.wait(max(0.0, self.seen + self.delay_s - 0.3 - _now()))
+        ctl.set_delay(self.hold_ms, 0)
+        self._note(f"owner {owner} counts its votes in {self.delay_s:g}s; its etcd requests held {self.hold_ms} ms")
+        self._stop.wait(max(0.0, self.seen + self.delay_s + self.hold_ms / 1000 + 1.0 - _now()))
+        ctl.set_delay(0, 0)
+        self._stop.wait(2.0)
 
     def react_timeout(self) -> float:
-        return self.pause_s + 4.0 if self.seen else 0.0
+        return self.delay_s + self.hold_ms / 1000 + 4.0 if self.seen else 0.0
 
     def _lift(self) -> None:
         for cid in self.pc.coordinator_ids():
             self.pc.arm(cid, "")
+            if cid in self.pc.etcd_proxies:
+                self.pc.etcd_proxy_control(cid).set_delay(0, 0)
 
 
 def decision_overwrite(pc: PhalanxCluster, kw: dict[str, Any]) -> list[Fault]:
@@ -591,9 +604,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("fence-compare-skipped", "PLANTED BUG: a deposed leader's reservation txn commits without its fence "
              "compare (leader.skip_fence_compare=on)", stale_leader_write, hold=(10.0, 10.0), gap=(4.0, 4.0),
              etcd_proxies=("a",), expect_violations=True),
-    Scenario("decision-overwrite", "PLANTED BUG: a frozen two-phase owner wakes and overwrites the decision taken "
-             "without it (twophase.decision_overwrite=on)", decision_overwrite, hold=(18.0, 18.0), gap=(4.0, 4.0),
-             duration=25.0, expect_violations=True),
+    Scenario("decision-overwrite", "PLANTED BUG: an owner's COMMIT, held on its way to etcd, lands over the ABORT "
+             "taken meanwhile (twophase.decision_overwrite=on)", decision_overwrite, hold=(18.0, 18.0),
+             gap=(4.0, 4.0), etcd_proxies=("a", "b", "c"), duration=25.0, expect_violations=True),
 )}
 
 # `--all`: every scenario that must hold (the planted bug is run on purpose only).

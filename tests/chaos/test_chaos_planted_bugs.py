@@ -71,12 +71,14 @@ def test_checker_reports_a_reservation_written_without_the_fence(tmp_path: Path)
 
 
 def test_checker_reports_a_two_phase_decision_written_twice(tmp_path: Path) -> None:
-    """twophase.decision_overwrite: a cross-AZ owner freezes after collecting
-    its votes; the attempt is decided without it; it wakes and Puts its own
-    decision over that one. Invariant 8 must name decisions/<gang>/<inc> of a
-    cross-AZ gang the workload submitted, with both writes."""
+    """twophase.decision_overwrite: a cross-AZ owner's COMMIT is held on its
+    way to etcd past the participants' prepare timeout; an in-doubt
+    participant (or the owner AZ's next leader) writes ABORT meanwhile, and
+    the COMMIT, a plain Put, lands on top. Invariant 8 must name
+    decisions/<gang>/<inc> of a cross-AZ gang the workload submitted, with
+    both writes."""
     r, h = run_planted("decision-overwrite", tmp_path)
-    assert any("froze" in d for d in notes(h, "decision-overwrite")), report(r)
+    assert any("counts its votes" in d for d in notes(h, "decision-overwrite")), report(r)
     twice = [v for v in r.verdict.result(8).violations if "written twice" in v.what]  # type: ignore[union-attr]
     assert twice, report(r)
     cross = {o.gang_id for o in h.outcomes if o.op == "submit_cross_az" and o.acked}
