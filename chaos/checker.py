@@ -53,7 +53,8 @@ from chaos.history import (
     reservation_observations,
 )
 from chaos.history import Tracer
-from coordinator.core.records import DeviceLedger, Reservation
+from coordinator.core.records import DeviceLedger
+from phalanx.reservation import Reservation
 
 INVARIANTS: dict[int, str] = {
     1: "all-or-nothing",

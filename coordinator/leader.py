@@ -21,16 +21,17 @@ from typing import Any, Callable
 
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
-from coordinator.core import peer_auth, progress
+from coordinator.core import capacity, peer_auth, progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
-from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, holds_for_unreadable, read_records
+from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeRecord, holds_for_unreadable, read_records
+from phalanx.reservation import HoldState, NodeDevices, Reservation
 from coordinator.core.twophase_owner import OwnerPhase
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
-from phalanx.store import Compare, Delete, Fence, Get, Put, Store, StoreUnavailable, absent
+from phalanx.store import Delete, Fence, Get, Put, Store, StoreUnavailable, absent, unchanged_since
 from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
@@ -41,8 +42,6 @@ from phalanx.spec import GangSpec
 from phalanx.topology import NodeTopology
 
 log = logging.getLogger(__name__)
-
-RELEASING = "RELEASING"  # gang is terminal, devices held until its members are gone
 
 
 @dataclass
@@ -284,7 +283,7 @@ class AzLeader:
         # `phalanx describe` and a chaos history lead back to its log lines.
         stimulus = str(current().get("stimulus", ""))
         new = new.with_events([e.stamped(stimulus) for e in waiting + list(events)])
-        guard = [unchanged_rev(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
+        guard = [unchanged_since(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
         res = await self.store.fenced_txn(
             self.fence, guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
         )
@@ -466,7 +465,7 @@ class AzLeader:
         releasing: Reservation | None = None
         if r is not None:
             if live_nodes:
-                releasing = Reservation(r.az, r.gang, r.incarnation, RELEASING, r.nodes, self.epoch)
+                releasing = Reservation(r.az, r.gang, r.incarnation, HoldState.RELEASING, r.nodes, self.epoch)
                 ops.append(Put(k.reservation(self.az, g.id), releasing.to_dict()))
             else:
                 ops.append(Delete(k.reservation(self.az, g.id)))
@@ -529,30 +528,15 @@ class AzLeader:
 
     # ---------------------------------------------------------------- cycle
     def placeable_nodes(self) -> list[NodeView]:
-        views = []
-        for name, rec in self.nodes.items():
-            live = self.liveness.get(name)
-            if live is None or not live.ready or name not in self.conns:
-                continue
-            topo = rec.topology
-            used_g = set(self.ledger.used_gpus(name))
-            used_n = set(self.ledger.used_nics(name))
-            # One ledger: cross-AZ holds (PREPARED or COMMITTED) are taken too.
-            for hold in self.twophase.participant.holds.values():
-                gpus, nics = hold.nodes.get(name, ((), ()))
-                used_g.update(gpus)
-                used_n.update(nics)
-            for nodes in self.twophase.releasing.values():
-                gpus, nics = nodes.get(name, ((), ()))
-                used_g.update(gpus)
-                used_n.update(nics)
-            views.append(NodeView(
-                topology=topo,
-                free_gpus=frozenset(topo.gpu_indices) - used_g,
-                free_nics=frozenset(n.name for n in topo.nics if n.usable) - used_n,
-                ready=True,
-            ))
-        return views
+        """Nodes whose agent is connected and ready, less every device held
+        here: reservations (and stand-ins for unreadable ones), cross-AZ
+        holds (PREPARED or COMMITTED) and cross-AZ releases not yet done."""
+        slices = [*self.ledger.slices(), *(h.nodes for h in self.twophase.participant.holds.values()),
+                  *self.twophase.releasing.values()]
+        taken = capacity.held((self.az, s) for s in slices)
+        up = [(rec.topology, True) for name, rec in self.nodes.items()
+              if (live := self.liveness.get(name)) is not None and live.ready and name in self.conns]
+        return capacity.free_view(up, taken)
 
     async def cycle(self) -> None:
         self.check_valid()
@@ -613,7 +597,7 @@ class AzLeader:
         free = sum(len(v.free_gpus) for v in views)
         total = sum(len(v.topology.gpu_indices) for v in views)
         self.metrics.view(
-            pending=pending, reservations=[r.status for r in self.reservations.values()],
+            pending=pending, reservations=[r.state.value for r in self.reservations.values()],
             holds=[h.state.name for h in self.twophase.participant.holds.values()],
             agents=sum(1 for c in self.conns.values() if not c.closed), nodes_ready=len(views),
             gpus_free=free, gpus_used=total - free,
@@ -655,7 +639,7 @@ class AzLeader:
         for m in p.members:
             cur = nodes.get(m.node, NodeDevices((), ()))
             nodes[m.node] = NodeDevices(tuple(sorted(cur.gpus + tuple(m.gpus))), tuple(sorted(cur.nics + tuple(m.nics))))
-        return Reservation(self.az, g.id, g.incarnation, "COMMITTED", nodes, self.epoch)
+        return Reservation(self.az, g.id, g.incarnation, HoldState.COMMITTED, nodes, self.epoch)
 
     async def _reserve(self, g: GangRecord, p: Placement, r: Reservation, sem: asyncio.Semaphore) -> None:
         """All of a gang's devices in ONE fenced etcd transaction."""
@@ -849,8 +833,8 @@ class AzLeader:
             g = self.gangs.get(m.gang)
             committed = self.reservations.get(m.gang)
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
-            if (g is None or committed is None or committed.incarnation != m.incarnation
-                    or committed.status != "COMMITTED" or g.state.terminal or g.state == GangState.RESTARTING):
+            if (g is None or committed is None or not committed.holds(m.gang, m.incarnation)
+                    or g.state.terminal or g.state == GangState.RESTARTING):
                 self._send(node, Revoke(m.gang, m.incarnation, "no committed reservation for this member"))
                 if g is not None and g.incarnation == m.incarnation:
                     # Torn down while the agent was away: the member still
@@ -1170,6 +1154,3 @@ class Explanation:
     shortfalls: tuple[Shortfall, ...] = ()
     never_fits: bool = False
 
-
-def unchanged_rev(key: str, rev: int) -> Compare:
-    return Compare(key, "mod", "==", rev)

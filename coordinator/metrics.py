@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from phalanx.metrics import new_registry
+from phalanx.reservation import HoldState
 
 # Buckets (seconds). Admission and etcd: milliseconds to a few seconds;
 # time to a full gang includes process start on the agents: up to minutes.
@@ -39,6 +40,10 @@ PENDING_CLASSES = ("backoff", "held_back", "keeps_nodes", "too_large", "no_room"
 OUTCOMES = ("SUCCEEDED", "FAILED", "CANCELLED")
 ETCD_KINDS = ("get", "txn", "lease", "watch")
 TWOPHASE_OUTCOMES = ("commit", "abort", "in_doubt_abort")
+# The states each gauge always shows (0 when none): a single-AZ reservation
+# is COMMITTED or RELEASING; a cross-AZ hold PREPARED or COMMITTED.
+RESERVATION_STATES = (HoldState.COMMITTED, HoldState.RELEASING)
+HOLD_STATES = (HoldState.PREPARED, HoldState.COMMITTED)
 
 
 def pending_class(decision: Any, now: float) -> str:
@@ -189,10 +194,10 @@ class CoordinatorMetrics:
         self.is_leader.labels(self.az).set(0)
         for c in PENDING_CLASSES:
             self.gangs_pending.labels(c).set(0)
-        for s in ("COMMITTED", "RELEASING"):
-            self.reservations.labels(s).set(0)
-        for s in ("PREPARED", "COMMITTED"):
-            self.twophase_holds.labels(s).set(0)
+        for s in RESERVATION_STATES:
+            self.reservations.labels(s.value).set(0)
+        for s in HOLD_STATES:
+            self.twophase_holds.labels(s.value).set(0)
         self.agents_connected.labels(self.az).set(0)
         self.nodes_ready.labels(self.az).set(0)
         for s in ("free", "used"):
@@ -246,12 +251,12 @@ class CoordinatorMetrics:
             counts[c] = counts.get(c, 0) + 1
         for c, n in counts.items():
             self.gangs_pending.labels(c).set(n)
-        rs = {"COMMITTED": 0, "RELEASING": 0}
+        rs = {s.value: 0 for s in RESERVATION_STATES}
         for s in reservations:
             rs[s] = rs.get(s, 0) + 1
         for s, n in rs.items():
             self.reservations.labels(s).set(n)
-        hs = {"PREPARED": 0, "COMMITTED": 0}
+        hs = {s.value: 0 for s in HOLD_STATES}
         for s in holds:
             hs[s] = hs.get(s, 0) + 1
         for s, n in hs.items():

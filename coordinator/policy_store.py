@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from coordinator.core.authz import Policy, PolicyError, parse_policy
-from phalanx.store import KV, Compare, Get, Put, Store, StoreUnavailable, absent
+from phalanx.store import KV, Get, Put, Store, StoreUnavailable, absent, unchanged_since
 from phalanx.errors import DataLoss, FailedPrecondition
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class PolicyCache:
         (0: absent); FailedPrecondition naming the current revision if not."""
         if expected_revision < 0:
             raise FailedPrecondition(f"expected_revision: must be 0 (no record yet) or a revision from GetPolicy, got {expected_revision}")
-        guard = absent(self.key) if expected_revision == 0 else Compare(self.key, "mod", "==", expected_revision)
+        guard = absent(self.key) if expected_revision == 0 else unchanged_since(self.key, expected_revision)
         started = self.clock()
         res = await self.store.txn([guard], [Put(self.key, record_data(policy, set_by=set_by, set_at=now)), Get(self.key)],
                                    [Get(self.key)])

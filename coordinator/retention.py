@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from coordinator.core.records import GangRecord, read_records
 from coordinator.core.retention import FinishedGang, due_for_collection
 from coordinator.election import LeaseLost
-from phalanx.store import Compare, Delete, Get, StoreUnavailable, absent, none_under
+from phalanx.store import Compare, Delete, Get, StoreUnavailable, absent, none_under, unchanged, unchanged_since
 from phalanx.errors import NotLeader
 
 if TYPE_CHECKING:
@@ -177,13 +177,13 @@ class GangCollector:
         for g in batch:
             kvs = next(idem) if g.idempotency_key else ()
             compares: list[Compare] = [
-                Compare(k.gang(g.id), "mod", "==", g.mod_revision),
+                unchanged_since(k.gang(g.id), g.mod_revision),
                 none_under(k.member_summaries(g.id)),
                 *(absent(k.reservation(az, g.id)) for az in sorted(azs | g.azs)),
             ]
             ops: list = [Delete(k.gang(g.id)), Delete(k.decisions(g.id), prefix=True)]
             if kvs and kvs[0].json().get("id") == g.id:
-                compares.append(Compare(kvs[0].key, "mod", "==", kvs[0].mod_revision))
+                compares.append(unchanged(kvs[0]))
                 ops.append(Delete(kvs[0].key))
             plans.append((g, compares, ops))
         if len(plans) > 1:

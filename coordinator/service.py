@@ -18,12 +18,13 @@ import grpc
 
 from coordinator import convert
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
-from coordinator.core import authz, listing
+from coordinator.core import authz, capacity, listing
 from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
-from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, Reservation, read_records
+from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, read_records
 from coordinator.election import LeaderInfo, observe, observe_all
 from phalanx.store import Compacted, StoreUnavailable
+from phalanx.reservation import Reservation
 from phalanx import limits, wire
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, DataLoss, InvalidArgument, NotFound, NotLeader, PermissionDenied, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
 from phalanx.model import GangState, Level
@@ -693,15 +694,8 @@ class GangServicer(ggrpc.GangServiceServicer):
         views: list[NodeView] = []
         for az in azs:
             nodes, ledger = await self._az_state(az)
-            views.extend(
-                NodeView(
-                    topology=n.topology,
-                    free_gpus=frozenset(n.topology.gpu_indices) - ledger.used_gpus(n.name),
-                    free_nics=frozenset(x.name for x in n.topology.nics if x.usable) - ledger.used_nics(n.name),
-                    ready=n.ready,
-                )
-                for n in nodes.values()
-            )
+            taken = capacity.held((az, s) for s in ledger.slices())
+            views.extend(capacity.free_view(((n.topology, n.ready) for n in nodes.values()), taken))
         waited = max(0.0, self.c.wall() - g.submitted_at)
         head = f"{g.state.name} for {waited:.0f}s"
         verdict = never_fits(request, [v.topology for v in views])

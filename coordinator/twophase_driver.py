@@ -37,10 +37,10 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
 
 from coordinator.core import events as ev
-from coordinator.core import progress
+from coordinator.core import capacity, progress
 from coordinator.core.effect_lines import effect_line
 from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
-from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeDevices as RecDevices, NodeRecord, Reservation, read_records
+from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeRecord, read_records
 from coordinator.core.twophase import (
     AbortReceived,
     AttemptWriteFailed,
@@ -61,7 +61,6 @@ from coordinator.core.twophase import (
     GangSubmitted,
     HoldReleased,
     HoldReleaseFailed,
-    HoldState,
     HoldWriteFailed,
     HoldWritten,
     MarkCommitted,
@@ -79,7 +78,6 @@ from coordinator.core.twophase import (
     PrepareReceived,
     ReleaseHold,
     RequestPlacement,
-    ReservationRecord,
     RetryRequested,
     ScheduleTimeout,
     SendAbort,
@@ -94,7 +92,8 @@ from coordinator.core.twophase import (
     WriteHold,
 )
 from coordinator.election import observe
-from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent
+from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent, unchanged_since
+from phalanx.reservation import HoldState, Reservation
 from phalanx import failpoints
 from phalanx.agent_messages import Revoke
 from phalanx.errors import Conflict, NotLeader
@@ -124,8 +123,13 @@ class PeerRefused(Exception):
         self.code = code
 
 
-def _slice_of(r: Reservation) -> dict[str, tuple[tuple[int, ...], tuple[str, ...]]]:
-    return {n: (tuple(d.gpus), tuple(d.nics)) for n, d in r.nodes.items()}
+def _stored(kv: Any) -> Reservation | None:
+    """A reservation record read back; None when it cannot be read (the
+    rebuild logged it; its devices stay held: records.holds_for_unreadable)."""
+    try:
+        return Reservation.from_dict(kv.json(), kv.mod_revision)
+    except UNREADABLE:
+        return None
 
 
 def _plan_of(g: GangRecord) -> dict[str, dict[str, tuple[list[int], list[str]]]]:
@@ -312,16 +316,12 @@ class TwoPhaseDriver:
         except StoreUnavailable:
             return None
 
-    def _record(self, e: WriteHold, status: str) -> Reservation:
-        return Reservation(
-            self.az, e.gang, e.incarnation, status,
-            {n: RecDevices(tuple(g), tuple(c)) for n, (g, c) in e.nodes.items()}, self.l.epoch,
-            two_phase=True, owner_az=e.owner_az, priority=e.priority, submitted_at=e.submitted_at,
-        )
+    def _record(self, e: WriteHold) -> Reservation:
+        return dataclasses.replace(e.record(), epoch=self.l.epoch)
 
     async def _write_hold(self, e: WriteHold) -> None:
         key = self.keys.reservation(self.az, e.gang)
-        rec = self._record(e, "COMMITTED" if e.commit else "PREPARED")
+        rec = self._record(e)
         res = await self._fenced([absent(key)], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
         ok = False
         why = ""
@@ -336,12 +336,14 @@ class TwoPhaseDriver:
             if kv is None:
                 why = "write timed out" if res is None else "raced with another write"
             else:
-                cur = kv.json()
-                inc = int(cur.get("incarnation", 0))
-                if inc == e.incarnation:
+                cur = _stored(kv)
+                inc = cur.incarnation if cur is not None else -1
+                if cur is None:
+                    why = "the stored record cannot be read"
+                elif inc == e.incarnation:
                     ok = True
                 elif inc < e.incarnation:
-                    res2 = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, rec.to_dict())], gang=e.gang)
+                    res2 = await self._fenced([unchanged_since(key, kv.mod_revision)], [Put(key, rec.to_dict())], gang=e.gang)
                     ok = bool(res2 is not None and res2.succeeded)
                     why = "" if ok else "record changed concurrently"
                     if ok:
@@ -360,28 +362,26 @@ class TwoPhaseDriver:
         rev = self._hold_rev.pop((e.gang, e.incarnation), None)
         if rev is not None:
             # Our own PREPARED write, unchanged since: commit it without a read.
-            rec = Reservation(self.az, e.gang, e.incarnation, "COMMITTED",
-                              {n: RecDevices(tuple(g), tuple(c)) for n, (g, c) in e.nodes.items()}, self.l.epoch)
+            rec = Reservation(self.az, e.gang, e.incarnation, HoldState.COMMITTED, e.nodes, self.l.epoch)
             hold = self.participant.holds.get(e.gang)
             if hold is not None and hold.incarnation == e.incarnation:
                 rec = dataclasses.replace(rec, two_phase=True, owner_az=hold.owner_az, priority=hold.priority,
                                           submitted_at=hold.submitted_at)
-                res = await self._fenced([Compare_mod(key, rev)], [Put(key, rec.to_dict())], gang=e.gang)
+                res = await self._fenced([unchanged_since(key, rev)], [Put(key, rec.to_dict())], gang=e.gang)
                 if res is not None and res.succeeded:
                     self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
                     return
         kv = await self._read(key, e.gang)
-        if kv is None or int(kv.json().get("incarnation", 0)) != e.incarnation:
+        cur = _stored(kv) if kv is not None else None
+        if cur is None or cur.incarnation != e.incarnation:
             self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                     reason="record is not this incarnation"))
             return
-        cur = kv.json()
-        if cur.get("status") == "COMMITTED":
+        if cur.state is HoldState.COMMITTED:
             self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
             return
-        cur["status"] = "COMMITTED"
-        cur["epoch"] = self.l.epoch
-        res = await self._fenced([Compare_mod(key, kv.mod_revision)], [Put(key, cur)], gang=e.gang)
+        committed = dataclasses.replace(cur, state=HoldState.COMMITTED, epoch=self.l.epoch)
+        res = await self._fenced([unchanged_since(key, kv.mod_revision)], [Put(key, committed.to_dict())], gang=e.gang)
         if res is not None and res.succeeded:
             self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
         else:
@@ -391,13 +391,14 @@ class TwoPhaseDriver:
     async def _release_hold(self, e: ReleaseHold) -> None:
         key = self.keys.reservation(self.az, e.gang)
         kv = await self._read(key)
-        if kv is None or int(kv.json().get("incarnation", 0)) != e.incarnation:
+        cur = _stored(kv) if kv is not None else None
+        if cur is None or cur.incarnation != e.incarnation:
             self.feed_participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
             return
         ops: list = [Delete(key)]
         msum = self.keys.member_summary(e.gang, self.az)
         ops.append(Delete(msum))
-        res = await self._fenced([Compare_mod(key, kv.mod_revision)], ops)
+        res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops)
         if res is not None and res.succeeded:
             self._hold_rev.pop((e.gang, e.incarnation), None)
             self._published.pop((e.gang, e.incarnation), None)
@@ -709,13 +710,9 @@ class TwoPhaseDriver:
         snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True),
                                          Get(self.keys.leaders(), prefix=True)])
         led = {kv.key[len(self.keys.leaders()):] for kv in snap.results[2]}
-        used: dict[tuple[str, str], set[int]] = {}
-        used_n: dict[tuple[str, str], set[str]] = {}
-        for kv in snap.results[1]:
-            r = Reservation.from_dict(kv.json())
-            for n, d in r.nodes.items():
-                used.setdefault((r.az, n), set()).update(d.gpus)
-                used_n.setdefault((r.az, n), set()).update(d.nics)
+        # An unreadable reservation is skipped (the rebuild logged it): its
+        # AZ's participant still holds its devices and votes NO.
+        taken = capacity.held((r.az, r.nodes) for r in read_records(snap.results[1], Reservation.from_dict)[0])
         views = list(self.l.placeable_nodes())
         placeable = {v.name for v in views}
         registered: list[NodeTopology] = []
@@ -727,13 +724,8 @@ class TwoPhaseDriver:
                 if topo.node not in placeable:
                     views.append(NodeView(topology=topo, free_gpus=frozenset(), free_nics=frozenset(), ready=False))
                 continue
-            views.append(NodeView(
-                topology=topo,
-                free_gpus=frozenset(topo.gpu_indices) - used.get((topo.az, topo.node), set()),
-                free_nics=frozenset(n.name for n in topo.nics if n.usable) - used_n.get((topo.az, topo.node), set()),
-                # (an AZ without a leader cannot vote: not offered)
-                ready=rec.ready and topo.az in led,
-            ))
+            # (an AZ without a leader cannot vote: not offered)
+            views += capacity.free_view([(topo, rec.ready and topo.az in led)], taken)
         return views, registered, led
 
     # ------------------------------------------------------------ dispatch
@@ -952,16 +944,9 @@ class TwoPhaseDriver:
                 continue
         records, finished = [], []
         for r in read_records(res_kvs, Reservation.from_dict)[0]:
-            if not r.two_phase:
-                continue
-            try:
-                state = HoldState(r.status)
-            except ValueError:
-                log.warning("two-phase recovery in %s: skipped reservation of %s with unknown status %r", self.az, r.gang, r.status[:64])
-                continue
-            records.append(ReservationRecord(az=r.az, gang=r.gang, incarnation=r.incarnation,
-                                             state=state, nodes=_slice_of(r), owner_az=r.owner_az,
-                                             priority=r.priority, submitted_at=r.submitted_at))
+            if not r.two_phase or r.state is HoldState.RELEASING:
+                continue  # the leader's (a release is its business, not the participant's)
+            records.append(r)
             g = gangs.get(r.gang)
             if g is None or g.incarnation > r.incarnation or (g.incarnation == r.incarnation and g.state.terminal):
                 finished.append((r.gang, r.incarnation))
@@ -1189,7 +1174,3 @@ class TwoPhaseDriver:
                 if cur is not None and cur.owner_az != self.az:
                     self.l.gangs.pop(g.id, None)
 
-
-def Compare_mod(key: str, rev: int) -> Any:
-    from phalanx.store import Compare
-    return Compare(key, "mod", "==", rev)

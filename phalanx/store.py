@@ -255,8 +255,15 @@ def none_under(prefix: str) -> Compare:
     return Compare(prefix, "version", "==", 0, prefix=True)
 
 
+def unchanged_since(key: str, mod_revision: int) -> Compare:
+    """The key was not written since ``mod_revision`` (the one mod-revision
+    compare: every read-then-write guard uses it)."""
+    return Compare(key, "mod", "==", mod_revision)
+
+
 def unchanged(kv: KV) -> Compare:
-    return Compare(kv.key, "mod", "==", kv.mod_revision)
+    """``kv`` is still what was read."""
+    return unchanged_since(kv.key, kv.mod_revision)
 
 
 @dataclass(frozen=True)

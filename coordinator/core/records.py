@@ -1,6 +1,7 @@
 """Durable records as frozen dataclasses, parsed once per read (docs/style.md §3).
 
-The JSON shapes stored in etcd (docs/etcd-keys.md). Pure: no I/O.
+The JSON shapes stored in etcd (docs/etcd-keys.md). Pure: no I/O. The
+reservation record, which the agent reads too, is phalanx/reservation.py.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Iterable, Mapping
 from coordinator.core import events as gang_events
 from coordinator.core.events import GangEvent
 from phalanx.ports import DEFAULT_PORTS
+from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx import limits
 from phalanx.model import GangState, Level
 from phalanx.spec import GangSpec, parse_spec
@@ -126,62 +128,6 @@ class GangRecord:
 
 
 @dataclass(frozen=True)
-class NodeDevices:
-    gpus: tuple[int, ...]
-    nics: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Reservation:
-    """``reservations/<az>/<gang>``: one record per (AZ, gang) holding its
-    node → devices map (etcd caps a txn at 128 ops, so never a key per GPU)."""
-
-    az: str
-    gang: str
-    incarnation: int
-    status: str  # "PREPARED" | "COMMITTED" | "RELEASING"
-    nodes: Mapping[str, NodeDevices]
-    epoch: int  # epoch of the leader that wrote it
-    mod_revision: int = 0
-    # Two-phase (cross-AZ) holds also carry the gang's owner AZ and its place
-    # in the conflict order, so a new leader can rebuild its participant
-    # ledger from etcd alone. Absent in single-AZ records (and in records
-    # written before issue 3): ``two_phase`` False.
-    two_phase: bool = False
-    owner_az: str = ""
-    priority: int = 0
-    submitted_at: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "az": self.az,
-            "gang": self.gang,
-            "incarnation": self.incarnation,
-            "status": self.status,
-            "nodes": {n: {"gpus": list(d.gpus), "nics": list(d.nics)} for n, d in sorted(self.nodes.items())},
-            "epoch": self.epoch,
-            **({"two_phase": True, "owner_az": self.owner_az, "priority": self.priority,
-                "submitted_at": self.submitted_at} if self.two_phase else {}),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], mod_revision: int = 0) -> "Reservation":
-        return cls(
-            az=d["az"],
-            gang=d["gang"],
-            incarnation=int(d["incarnation"]),
-            status=d["status"],
-            nodes={n: NodeDevices(tuple(v.get("gpus", ())), tuple(v.get("nics", ()))) for n, v in d["nodes"].items()},
-            epoch=int(d.get("epoch", 0)),
-            mod_revision=mod_revision,
-            two_phase=bool(d.get("two_phase", False)),
-            owner_az=d.get("owner_az", ""),
-            priority=int(d.get("priority", 0)),
-            submitted_at=float(d.get("submitted_at", 0.0)),
-        )
-
-
-@dataclass(frozen=True)
 class NodeRecord:
     """``nodes/<az>/<node>``, written by the AZ leader from agent registrations."""
 
@@ -243,6 +189,10 @@ class DeviceLedger:
     def hold(self, r: Reservation) -> None:
         for node, dev in r.nodes.items():
             self.held.setdefault(node, {})[r.gang] = dev
+
+    def slices(self) -> list[dict[str, NodeDevices]]:
+        """Each (node, gang) hold as a one-node slice (capacity.held)."""
+        return [{node: dev} for node, gangs in self.held.items() for dev in gangs.values()]
 
     def release(self, gang: str) -> None:
         for node in list(self.held):
@@ -319,5 +269,7 @@ def holds_for_unreadable(bad_keys: Iterable[str], prefix: str, gangs: Iterable["
             cur = nodes.get(m.node, NodeDevices((), ()))
             nodes[m.node] = NodeDevices(cur.gpus + tuple(m.gpus), cur.nics + tuple(m.nics))
         if nodes:
-            out.append(Reservation(az, UNREADABLE_HOLD + g.id, g.incarnation, "UNREADABLE", nodes, 0))
+            # Held like a committed reservation; kept in the ledger only,
+            # never written nor counted (the key names it as a stand-in).
+            out.append(Reservation(az, UNREADABLE_HOLD + g.id, g.incarnation, HoldState.COMMITTED, nodes, 0))
     return out

@@ -86,17 +86,16 @@ from coordinator.core.twophase_invariants import (
 from coordinator.core.twophase_model import (
     DecisionKey,
     DecisionRecord,
-    HoldState,
     NodeDevices,
     NodeSlice,
     Outcome,
     Plan,
-    ReservationRecord,
     TwoPhaseConfig,
     normalize_plan,
     normalize_slice,
 )
 from coordinator.core.twophase_owner import OwnerPhase, OwnerState
+from phalanx.reservation import HoldState, Reservation
 from coordinator.core.twophase_participant import Hold, ParkedPrepare, ParticipantState
 
 __all__ = [
@@ -104,7 +103,7 @@ __all__ = [
     "GangOrderKey", "gang_order_key", "is_older",
     # model
     "DecisionKey", "DecisionRecord", "HoldState", "NodeDevices", "NodeSlice", "Outcome",
-    "Plan", "ReservationRecord", "TwoPhaseConfig", "normalize_plan", "normalize_slice",
+    "Plan", "Reservation", "TwoPhaseConfig", "normalize_plan", "normalize_slice",
     # state machines
     "Hold", "ParkedPrepare", "ParticipantState", "OwnerPhase", "OwnerState",
     # invariants

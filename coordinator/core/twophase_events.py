@@ -29,15 +29,14 @@ from typing import Mapping, Sequence
 from coordinator.core.twophase_model import (
     DecisionKey,
     DecisionRecord,
-    HoldState,
     NodeDevices,
     NodeSlice,
     Outcome,
     Plan,
-    ReservationRecord,
     normalize_plan,
     normalize_slice,
 )
+from phalanx.reservation import HoldState, Reservation
 
 # --------------------------------------------------------------------------
 # Base classes
@@ -229,7 +228,7 @@ class ParticipantRecovered(Event):
     ``decisions`` every decision key, ``finished`` the attempts whose gang
     record says they are over."""
 
-    reservations: Sequence[ReservationRecord]
+    reservations: Sequence[Reservation]
     decisions: Sequence[DecisionRecord]
     finished: Sequence[DecisionKey] = ()
 
@@ -342,11 +341,12 @@ class WriteHold(Effect):
     nodes: NodeSlice
     commit: bool = False
 
-    def record(self) -> ReservationRecord:
-        return ReservationRecord(
+    def record(self) -> Reservation:
+        """The record this effect writes (the driver adds its epoch)."""
+        return Reservation(
             az=self.az, gang=self.gang, incarnation=self.incarnation,
             state=HoldState.COMMITTED if self.commit else HoldState.PREPARED,
-            nodes=self.nodes, owner_az=self.owner_az,
+            nodes=self.nodes, two_phase=True, owner_az=self.owner_az,
             priority=self.priority, submitted_at=self.submitted_at,
         )
 

@@ -23,16 +23,15 @@ from typing import AbstractSet, Mapping, Sequence
 from coordinator.core.twophase_model import (
     DecisionKey,
     Device,
-    HoldState,
     Outcome,
     Plan,
-    ReservationRecord,
     describe_devices,
     normalize_slice,
     slice_devices,
 )
 from coordinator.core.twophase_owner import OwnerState
 from coordinator.core.twophase_participant import ParticipantState
+from phalanx.reservation import HoldState, Reservation
 
 SINGLE_DECISION = "single-decision"
 """At most one decision is ever created per (gang, incarnation)."""
@@ -87,7 +86,7 @@ class WorldSnapshot:
     """
 
     decisions: Mapping[DecisionKey, Outcome]
-    reservations: Mapping[tuple[str, str], ReservationRecord]
+    reservations: Mapping[tuple[str, str], Reservation]
     plans: Mapping[DecisionKey, Plan]
     finished: AbstractSet[DecisionKey] = frozenset()
     decision_writes: Sequence[tuple[DecisionKey, Outcome]] = ()

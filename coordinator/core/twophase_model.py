@@ -1,7 +1,8 @@
 """Plain data shared by both roles of the two-phase reservation protocol.
 
-Plans, device slices, outcomes, the durable records a leader reads back after
-a restart, and the timing knobs. Pure: no I/O. See ``docs/two-phase.md``.
+Plans, device slices, outcomes, the decision record a leader reads back after
+a restart, and the timing knobs (the reservation record is
+``phalanx.reservation.Reservation``). Pure: no I/O. See ``docs/two-phase.md``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ import enum
 from dataclasses import dataclass
 from typing import Iterable, Mapping, TypeAlias
 
-GpuIds: TypeAlias = tuple[int, ...]
-NicIds: TypeAlias = tuple[str, ...]
-NodeDevices: TypeAlias = tuple[GpuIds, NicIds]
-"""The devices of one node that one gang uses: (GPU indices, NIC names)."""
+# The reservation record and its states are the one model shared with the
+# agent (phalanx/reservation.py); a slice's devices per node are its
+# NodeDevices, a (GPU indices, NIC names) tuple.
+from phalanx.reservation import NodeDevices
 
 NodeSlice: TypeAlias = Mapping[str, NodeDevices]
 """One AZ's part of a plan: node -> devices."""
@@ -36,13 +37,6 @@ class Outcome(str, enum.Enum):
     ABORT = "ABORT"
 
 
-class HoldState(str, enum.Enum):
-    """The ``state`` field of ``reservations/<az>/<gang>``."""
-
-    PREPARED = "PREPARED"
-    COMMITTED = "COMMITTED"
-
-
 def normalize_slice(nodes: NodeSlice) -> dict[str, NodeDevices]:
     """Canonical form of a slice: nodes and devices sorted, duplicates and
     empty nodes dropped.
@@ -54,7 +48,7 @@ def normalize_slice(nodes: NodeSlice) -> dict[str, NodeDevices]:
     out: dict[str, NodeDevices] = {}
     for node in sorted(nodes):
         gpus, nics = nodes[node]
-        devices = (tuple(sorted(set(gpus))), tuple(sorted(set(nics))))
+        devices = NodeDevices(tuple(sorted(set(gpus))), tuple(sorted(set(nics))))
         if devices[0] or devices[1]:
             out[node] = devices
     return out
@@ -87,28 +81,6 @@ def describe_devices(devices: Iterable[Device], limit: int = 4) -> str:
     if len(items) > limit:
         text += f" (+{len(items) - limit} more)"
     return text
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReservationRecord:
-    """``reservations/<az>/<gang>`` as read back from etcd (one record per
-    (AZ, gang), never one key per GPU: docs/design.md §4 txn limits).
-
-    The order fields are stored so that a new leader can still apply the
-    conflict order to holds it inherited.
-    """
-
-    az: str
-    gang: str
-    incarnation: int
-    state: HoldState
-    nodes: NodeSlice
-    owner_az: str
-    priority: int
-    submitted_at: float
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "nodes", normalize_slice(self.nodes))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,6 @@ from coordinator.core.twophase_events import (
 from coordinator.core.twophase_model import (
     DecisionKey,
     Device,
-    HoldState,
     NodeDevices,
     Outcome,
     TwoPhaseConfig,
@@ -70,6 +69,7 @@ from coordinator.core.twophase_model import (
     normalize_slice,
     slice_devices,
 )
+from phalanx.reservation import HoldState
 
 
 @dataclass(frozen=True, kw_only=True)

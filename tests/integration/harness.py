@@ -27,7 +27,8 @@ import grpc
 
 from agent.sim import run_agents
 from phalanx.timings import Timings
-from coordinator.core.records import GangRecord, Reservation
+from coordinator.core.records import GangRecord
+from phalanx.reservation import HoldState, Reservation
 from coordinator.election import LeaderInfo, observe
 from phalanx.store import Get, Store
 from phalanx.model import GangState
@@ -306,9 +307,9 @@ class LocalCluster:
             if g is None:
                 problems.append(f"reservation {az}/{gang} for an unknown gang")
                 continue
-            if not g.state.holds_devices and r.status != "RELEASING" and not (
+            if not g.state.holds_devices and r.state is not HoldState.RELEASING and not (
                     r.two_phase and g.state == GangState.RESERVING and r.incarnation == g.incarnation):
-                problems.append(f"reservation {az}/{gang} ({r.status}) for a {g.state.name} gang")
+                problems.append(f"reservation {az}/{gang} ({r.state.value}) for a {g.state.name} gang")
         for g in gangs.values():
             if g.state.holds_devices:
                 # Every AZ of the placement (one for single-AZ gangs) holds
@@ -321,9 +322,9 @@ class LocalCluster:
                     if r is None:
                         problems.append(f"{g.id} is {g.state.name} without a reservation in {az}")
                         continue
-                    committed = r.status == "COMMITTED" or (r.two_phase and decided.get((g.id, r.incarnation)) == "COMMIT")
+                    committed = r.state is HoldState.COMMITTED or (r.two_phase and decided.get((g.id, r.incarnation)) == "COMMIT")
                     if not committed or r.incarnation != g.incarnation:
-                        problems.append(f"{g.id} is {g.state.name} but {az} holds {r.status}#{r.incarnation}")
+                        problems.append(f"{g.id} is {g.state.name} but {az} holds {r.state.value}#{r.incarnation}")
                     have = {n: set(d.gpus) for n, d in r.nodes.items()}
                     if want != have:
                         problems.append(f"{g.id}: placement {want} != reservation {have} in {az}")

@@ -18,7 +18,7 @@ import pytest
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
 from phalanx.timings import Timings
-from coordinator.core.records import NodeDevices, Reservation
+from phalanx.reservation import HoldState, NodeDevices, Reservation
 from coordinator.election import Election, LeaseSession
 from phalanx.store import Delete, Put, Store
 from phalanx.tls import ServerCredentialsSource
@@ -105,7 +105,7 @@ async def rig(etcd_endpoint, cluster_name, cluster_pki, etcd_coordinator_tls, et
 
 
 async def commit(store: Store, gang: str, inc: int, gpus: list[int], epoch: int) -> None:
-    r = Reservation(AZ, gang, inc, "COMMITTED", {"n0": NodeDevices(tuple(gpus))}, epoch)
+    r = Reservation(AZ, gang, inc, HoldState.COMMITTED, {"n0": NodeDevices(tuple(gpus))}, epoch)
     await store.txn([], [Put(store.keys.reservation(AZ, gang), r.to_dict())])
 
 

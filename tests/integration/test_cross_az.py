@@ -9,7 +9,7 @@ import time
 import grpc
 import pytest
 
-from coordinator.core.records import Reservation
+from phalanx.reservation import HoldState, Reservation
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
@@ -70,7 +70,7 @@ async def test_gang_spanning_three_azs_runs_in_all_three_and_succeeds(local_clus
     assert sorted(m.rank for m in running.placement) == [0, 1, 2]
     res = await c.etcd_reservations()
     assert {az for az, g in res if g == gang.id} == set(AZS)
-    assert all(r.status == "COMMITTED" and r.two_phase for r in res.values())
+    assert all(r.state is HoldState.COMMITTED and r.two_phase for r in res.values())
     assert await c.check_etcd_invariants() == []
     done = await c.wait_state(gang.id, TERMINAL, timeout=60)
     assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason

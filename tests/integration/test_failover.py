@@ -14,6 +14,7 @@ import time
 import grpc
 import pytest
 
+from phalanx.reservation import HoldState
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as gpb_grpc
 from phalanx.v1 import types_pb2 as pb
@@ -120,7 +121,7 @@ async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local
     await asyncio.sleep(1.0)
     # No etcd effect from the old epoch after the takeover...
     for r in (await c.etcd_reservations()).values():
-        assert r.epoch != old.epoch or r.status == "RELEASING"
+        assert r.epoch != old.epoch or r.state is HoldState.RELEASING
     # ...and agents acted only on epochs that were current: every member start
     # after the takeover carries the new epoch, and the agents follow it.
     starts = [d for ev, d in group.history if ev == "member_started" and d["wall"] > takeover_wall]

@@ -8,7 +8,8 @@ import pytest
 from coordinator.core import events as ev
 from coordinator.core.events import GangEvent
 from coordinator.core.progress import MemberReport
-from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices, Reservation
+from coordinator.core.records import GangRecord, MemberAssignment
+from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.store import encode
 from phalanx import limits
 from phalanx.model import EventKind, GangState, MemberPhase
@@ -106,7 +107,7 @@ def test_the_whole_gang_write_bound_holds_with_a_full_event_list() -> None:
     g = GangRecord(id="g" * 54 + "-12345678", spec=spec, state=GangState.RESERVED, owner_az=az, submitted_at=1.7e9,
                    updated_at=1.7e9, reason="é" * limits.MAX_REASON_CHARS, placement=placement,
                    idempotency_key="k" * limits.MAX_IDEMPOTENCY_KEY_LEN, restarts=100, incarnation=101, events=full)
-    r = Reservation(az=az, gang=g.id, incarnation=101, status="COMMITTED",
+    r = Reservation(az=az, gang=g.id, incarnation=101, state=HoldState.COMMITTED,
                     nodes={m.node: NodeDevices(m.gpus, m.nics) for m in placement}, epoch=2**40)
     real = len(encode(g.to_dict())) + len(encode(r.to_dict()))
     assert real <= limits.reservation_txn_bound(most, gpus, nics, spec_bytes) <= limits.MAX_RESERVATION_TXN_BYTES

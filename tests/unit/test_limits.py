@@ -8,7 +8,8 @@ import json
 import pytest
 
 from agent.topology.simulated import simulated_fabric, simulated_node
-from coordinator.core.records import GangRecord, MemberAssignment, NodeDevices, NodeRecord, Reservation, read_records
+from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord, read_records
+from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.store import KV, encode
 from phalanx import limits
 from phalanx.model import GangState
@@ -99,7 +100,7 @@ def worst_txn_bytes(members: int, gpus: int, nics: int) -> int:
     g = GangRecord(id="g" * 54 + "-12345678", spec=spec, state=GangState.RESERVED, owner_az=az, submitted_at=1.7e9,
                    updated_at=1.7e9, reason="é" * limits.MAX_REASON_CHARS, placement=placement,
                    idempotency_key="k" * limits.MAX_IDEMPOTENCY_KEY_LEN, restarts=100, incarnation=101)
-    r = Reservation(az=az, gang=g.id, incarnation=101, status="COMMITTED",
+    r = Reservation(az=az, gang=g.id, incarnation=101, state=HoldState.COMMITTED,
                     nodes={m.node: NodeDevices(m.gpus, m.nics) for m in placement}, epoch=2**40)
     return len(encode(g.to_dict())) + len(encode(r.to_dict()))
 

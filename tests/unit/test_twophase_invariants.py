@@ -28,7 +28,7 @@ from coordinator.core.twophase import (
     ParticipantState,
     Plan,
     PrepareReceived,
-    ReservationRecord,
+    Reservation,
     TwoPhaseConfig,
     WorldSnapshot,
     assert_invariants,
@@ -52,12 +52,12 @@ OTHER = {"n1": ((2,), ())}
 
 
 def rec(az: str, gang: str, inc: int = 1, state: HoldState = HoldState.COMMITTED,
-        nodes: Any = SLICE) -> ReservationRecord:
-    return ReservationRecord(az=az, gang=gang, incarnation=inc, state=state, nodes=nodes,
-                             owner_az="a", priority=0, submitted_at=1.0)
+        nodes: Any = SLICE) -> Reservation:
+    return Reservation(az=az, gang=gang, incarnation=inc, state=state, nodes=nodes, two_phase=True,
+                       owner_az="a", priority=0, submitted_at=1.0)
 
 
-def participant_from(az: str, records: list[ReservationRecord],
+def participant_from(az: str, records: list[Reservation],
                      decisions: dict[DecisionKey, Outcome]) -> ParticipantState:
     p = ParticipantState(az, TwoPhaseConfig())
     p.handle(ParticipantRecovered(
@@ -74,7 +74,7 @@ class World:
     decisions: dict[DecisionKey, Outcome] = field(default_factory=lambda: {("g1", 1): Outcome.COMMIT})
     writes: list[tuple[DecisionKey, Outcome]] = field(
         default_factory=lambda: [(("g1", 1), Outcome.COMMIT)])
-    reservations: dict[tuple[str, str], ReservationRecord] = field(default_factory=lambda: {
+    reservations: dict[tuple[str, str], Reservation] = field(default_factory=lambda: {
         ("a", "g1"): rec("a", "g1"), ("b", "g1"): rec("b", "g1")})
     plans: dict[DecisionKey, Plan] = field(default_factory=lambda: {("g1", 1): {"a": SLICE, "b": SLICE}})
     finished: set[DecisionKey] = field(default_factory=set)

@@ -77,7 +77,7 @@ from coordinator.core.twophase import (
     PrepareReceived,
     ReleaseHold,
     RequestPlacement,
-    ReservationRecord,
+    Reservation,
     RetryRequested,
     ScheduleTimeout,
     SendAbort,
@@ -164,13 +164,13 @@ class Store:
 
     decisions: dict[DecisionKey, Outcome] = field(default_factory=dict)
     decision_writes: list[tuple[DecisionKey, Outcome]] = field(default_factory=list)
-    reservations: dict[tuple[str, str], ReservationRecord] = field(default_factory=dict)
+    reservations: dict[tuple[str, str], Reservation] = field(default_factory=dict)
     attempts: dict[str, tuple[int, Plan]] = field(default_factory=dict)
     requested: dict[str, int] = field(default_factory=dict)  # incarnation the lifecycle asked for
     plans: dict[DecisionKey, Plan] = field(default_factory=dict)
     finished: set[DecisionKey] = field(default_factory=set)
 
-    def live_committed(self) -> list[tuple[str, str, ReservationRecord]]:
+    def live_committed(self) -> list[tuple[str, str, Reservation]]:
         """Holds that are committed (by a COMMIT key, or single-AZ records,
         which have none) and not finished: what the owners' view counts as
         taken."""

@@ -41,7 +41,7 @@ from coordinator.core.twophase import (
     PrepareReceived,
     PrepareTimedOut,
     ReleaseHold,
-    ReservationRecord,
+    Reservation,
     RetryDue,
     ScheduleTimeout,
     SendDecisionAck,
@@ -75,10 +75,10 @@ def local(gang: str = "g1", inc: int = 1, **kw: Any) -> PrepareReceived:
 
 def record(gang: str = "g1", inc: int = 1, state: HoldState = HoldState.PREPARED,
            nodes: dict[str, Any] | None = None, priority: int = 0, submitted_at: float = 10.0,
-           az: str = AZ) -> ReservationRecord:
-    return ReservationRecord(az=az, gang=gang, incarnation=inc, state=state,
-                             nodes=N1_01 if nodes is None else nodes, owner_az="b",
-                             priority=priority, submitted_at=submitted_at)
+           az: str = AZ) -> Reservation:
+    return Reservation(az=az, gang=gang, incarnation=inc, state=state, two_phase=True,
+                       nodes=N1_01 if nodes is None else nodes, owner_az="b",
+                       priority=priority, submitted_at=submitted_at)
 
 
 def decided(gang: str, inc: int, outcome: Outcome) -> DecisionRecord:
@@ -89,7 +89,7 @@ def ev(cls: type[Event], gang: str = "g1", inc: int = 1, **kw: Any) -> Event:
     return cls(stimulus_id=f"{cls.__name__}-{gang}-{inc}", gang=gang, incarnation=inc, **kw)  # type: ignore[call-arg]
 
 
-def participant(records: Sequence[ReservationRecord] = (), decisions: Sequence[DecisionRecord] = (),
+def participant(records: Sequence[Reservation] = (), decisions: Sequence[DecisionRecord] = (),
                 finished: Sequence[tuple[str, int]] = (), inventory: Any = None) -> ParticipantState:
     """A participant as a new leader builds it: from durable state only."""
     p = ParticipantState(AZ, CONFIG, inventory)
@@ -195,7 +195,7 @@ class Row:
     id: str
     events: Sequence[Event | tuple[float, Event]]
     expect: list[Any]
-    records: Sequence[ReservationRecord] = ()
+    records: Sequence[Reservation] = ()
     decisions: Sequence[DecisionRecord] = ()
     finished: Sequence[tuple[str, int]] = ()
     inventory: Any = None

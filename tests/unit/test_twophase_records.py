@@ -1,8 +1,8 @@
-"""Two-phase fields of ``reservations/<az>/<gang>`` (records.Reservation)."""
+"""Two-phase fields of ``reservations/<az>/<gang>`` (phalanx.reservation.Reservation)."""
 
 from __future__ import annotations
 
-from coordinator.core.records import NodeDevices, Reservation
+from phalanx.reservation import HoldState, NodeDevices, Reservation
 
 
 def test_old_and_single_az_records_read_back_as_single_az() -> None:
@@ -15,7 +15,7 @@ def test_old_and_single_az_records_read_back_as_single_az() -> None:
 
 
 def test_two_phase_records_carry_owner_and_order_and_round_trip() -> None:
-    r = Reservation("az-b", "g-2", 3, "PREPARED", {"n1": NodeDevices((4,), ())}, 9,
+    r = Reservation("az-b", "g-2", 3, HoldState.PREPARED, {"n1": NodeDevices((4,), ())}, 9,
                     two_phase=True, owner_az="az-a", priority=5, submitted_at=123.5)
     d = r.to_dict()
     assert d["two_phase"] is True and d["owner_az"] == "az-a" and d["priority"] == 5 and d["submitted_at"] == 123.5

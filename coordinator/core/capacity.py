@@ -1,0 +1,46 @@
+"""The free-capacity view: which devices of which nodes are free, from the
+nodes' topologies and the holds on them. Pure: no I/O.
+
+One function for every reader, so that the leader's placement, the owner's
+cross-AZ view and ``explain`` from etcd count a device as taken for the same
+reasons (a reservation in any state, a two-phase hold, a release not yet
+done) and as free only on a usable NIC or a listed GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from coordinator.core.placement import NodeView
+from phalanx.reservation import NodeDevices
+from phalanx.topology import NodeTopology
+
+NodeKey = tuple[str, str]
+"""(AZ, node): node names are unique within an AZ only."""
+
+
+def held(holds: Iterable[tuple[str, Mapping[str, NodeDevices]]]) -> dict[NodeKey, NodeDevices]:
+    """Every device the ``(az, node -> devices)`` holds take, per (AZ, node).
+    Overlapping holds (which the invariants forbid) simply take the union."""
+    gpus: dict[NodeKey, set[int]] = {}
+    nics: dict[NodeKey, set[str]] = {}
+    for az, nodes in holds:
+        for node, (g, n) in nodes.items():
+            gpus.setdefault((az, node), set()).update(g)
+            nics.setdefault((az, node), set()).update(n)
+    return {key: NodeDevices(tuple(sorted(gpus[key])), tuple(sorted(nics[key]))) for key in gpus}
+
+
+def free_view(nodes: Iterable[tuple[NodeTopology, bool]], taken: Mapping[NodeKey, NodeDevices]) -> list[NodeView]:
+    """A NodeView per ``(topology, ready)``, in the order given: its GPUs and
+    usable NICs less what ``taken`` (from ``held``) holds on it."""
+    out = []
+    for topo, ready in nodes:
+        used = taken.get((topo.az, topo.node), NodeDevices((), ()))
+        out.append(NodeView(
+            topology=topo,
+            free_gpus=frozenset(topo.gpu_indices) - frozenset(used.gpus),
+            free_nics=frozenset(n.name for n in topo.nics if n.usable) - frozenset(used.nics),
+            ready=ready,
+        ))
+    return out
