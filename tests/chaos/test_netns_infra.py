@@ -377,9 +377,21 @@ def test_etcd_three_members_survive_one_loss_not_two(net: NetnsCluster, tmp_path
 
     # A paused (SIGSTOPped) member is the same as a dead one to its peers.
     pause_c = Pause(etcd.process_ref("c"), seconds=1.0, after=[etcd.healthy], record=history.append)
+    pause_b = Pause(etcd.process_ref("b"), seconds=1.0, name="pause-b", record=history.append)
+    assert etcd.member_health(["c"]) == {"c": True}  # it answers before the pause...
     pause_c.inject()
-    wait_until(lambda: etcd.can_write(["a", "b"]), what="writes through a, b with c paused")
-    pause_c.heal()
+    try:
+        # ...and not while paused (its sockets stay open, nothing replies), so
+        # the pause took effect: what follows is survival of a real loss.
+        assert etcd.member_health(["c"]) == {"c": False}
+        wait_until(lambda: etcd.can_write(["a", "b"]), what="writes through a, b with c paused")
+        # A second paused member is a second loss: no quorum, a write fails.
+        pause_b.inject()
+        assert etcd.member_health(["b"]) == {"b": False}
+        assert not etcd.can_write(["a"], timeout=1.0)
+    finally:
+        pause_b.heal()  # no health check of its own: c may still be paused
+        pause_c.heal()  # then all three healthy again
     assert etcd.healthy() and etcd.can_write()
 
 

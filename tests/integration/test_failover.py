@@ -102,12 +102,14 @@ async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local
     paused.signal(signal.SIGSTOP)
     try:
         new = await c.wait_leader(AZ, not_epoch=old.epoch, timeout=60)
+        # The successor holds the leader key from here on (the old leader is
+        # stopped): every member start from now on must carry its epoch.
+        takeover_wall = time.time()
         assert new.epoch > old.epoch
         # Work continues under the successor while the old leader sleeps.
         survivor = [p for p in c.coordinators.values() if p.id != old.coordinator_id][0]
         g = await submit_with_retry(c, tiny("after", members=1, gpus=1, duration=0.3), "after-1")
         assert (await c.wait_state(g.id, TERMINAL)).state == pb.GANG_STATE_SUCCEEDED
-        takeover_wall = time.time()
         await asyncio.sleep(c.timings.lease_ttl_s * 1.5)  # well past the old TTL
     finally:
         paused.signal(signal.SIGCONT)
@@ -118,14 +120,24 @@ async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local
         await asyncio.sleep(0.1)
     assert re.search(r"(lost leadership|steps down)", paused.log()), paused.log()[-2000:]
     assert (await c.leader(AZ)).epoch == new.epoch
+    # A gang submitted once the old leader is awake again: were it still
+    # acting on its epoch, this is where its word would reach the agents.
+    woke = await submit_with_retry(c, tiny("after-wake", members=2, gpus=1, duration=0.3), "after-wake-1")
+    assert (await c.wait_state(woke.id, TERMINAL)).state == pb.GANG_STATE_SUCCEEDED
     await asyncio.sleep(1.0)
     # No etcd effect from the old epoch after the takeover...
     for r in (await c.etcd_reservations()).values():
         assert r.epoch != old.epoch or r.state is HoldState.RELEASING
-    # ...and agents acted only on epochs that were current: every member start
-    # after the takeover carries the new epoch, and the agents follow it.
-    starts = [d for ev, d in group.history if ev == "member_started" and d["wall"] > takeover_wall]
-    assert all(d["epoch"] == new.epoch for d in starts)
+    # ...and agents acted only on epochs that were current. The steady gang's
+    # members started under the old epoch (so a start's epoch is the
+    # assigning leader's, not a constant) ...
+    started = [d for ev, d in group.history if ev == "member_started"]
+    assert sorted(d["epoch"] for d in started if d["key"].startswith(f"{running.id}#")) == [old.epoch] * 2, started
+    # ... and the members of both later gangs started after the takeover,
+    # each under the new epoch (not vacuous: there must be those starts).
+    starts = [d for d in started if d["wall"] > takeover_wall]
+    assert {d["key"] for d in starts} >= {f"{g.id}#1/r0", f"{woke.id}#1/r0", f"{woke.id}#1/r1"}, started
+    assert [d for d in starts if d["epoch"] != new.epoch] == [], starts
     connects = [d["epoch"] for ev, d in group.history if ev == "connected"]
     assert connects[-1] == new.epoch and old.epoch in connects
     # The steady gang survived the failover without being fenced.

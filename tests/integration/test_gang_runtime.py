@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from agent.launcher import MemberKey
+from agent.process import member_exit_path
+from agent.shim import read_exit_record
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node
@@ -66,6 +69,22 @@ def events(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gang_pids(gang_id: str) -> set[int]:
+    """Live processes (shims and members) of a gang on this host, found by the
+    environment the agent gave them: what runs, whatever any record says."""
+    pids = set()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                environ = (p / "environ").read_bytes()
+                zombie = (p / "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z"
+            except (OSError, IndexError):
+                continue
+            if f"PHALANX_GANG={gang_id}\0".encode() in environ and not zombie:
+                pids.add(int(p.name))
+    return pids
 
 
 def live_intervals(evs: list[dict]) -> dict[str, tuple[float, float]]:
@@ -179,7 +198,14 @@ async def test_killed_member_restarts_the_whole_gang_one_incarnation_at_a_time(t
             break
         await asyncio.sleep(0.1)
     assert cur.incarnation == 2 and cur.restarts == 1 and cur.state == pb.GANG_STATE_RUNNING, cur
-    assert "exited with code -9" in cur.reason or "restart 1/2" in cur.reason or cur.reason
+    # Why it restarted, in the gang's own history (its reason now says why it
+    # is RUNNING): the killed rank, on its node, with the signal's status.
+    killed = f"rank 1 on {victim['PHALANX_NODE']} exited with code -9"
+    restarting = [e.message for e in cur.events if e.kind == "restarting"]
+    assert len(restarting) == 1 and "incarnation 1 -> 2 (restart 1 of 2)" in restarting[0] \
+        and restarting[0].endswith(f"after: {killed}"), restarting
+    exits = [(e.incarnation, e.rank, e.exit_code, e.message) for e in cur.events if e.kind == "member_exited"]
+    assert exits == [(1, 1, -9, killed)], exits
     # Agents' own records: no process of incarnation 2 started before every
     # process of incarnation 1 had exited (one host: one monotonic clock).
     evs = events(tmp_path / "hist-n0.jsonl") + events(tmp_path / "hist-n1.jsonl")
@@ -207,6 +233,7 @@ async def test_cut_off_agent_fences_and_gang_is_replaced_only_after_its_deadline
         hist = tmp_path / ("h0.jsonl" if node == "n0" else "h1.jsonl")
         if node != "n0":
             pytest.fail("best fit + name tie-break places on n0")
+        cut = time.time()  # n0 was in contact with the leader until now
         fp.write_text("agent.cut_off=on")  # n0 loses its coordinator; keeps running
         for _ in range(400):
             cur = await c.stub().GetGang(gpb.GetGangRequest(id=g.id))
@@ -222,8 +249,19 @@ async def test_cut_off_agent_fences_and_gang_is_replaced_only_after_its_deadline
         # Same host, so wall clocks agree: the new incarnation started after
         # the old member was gone, i.e. after the fence deadline.
         assert starts2[0]["wall"] > exits[0]["wall"]
-        print(f"\nfenced {fenced[0]['silent_s']:.2f}s after last valid contact (fence_after_s={c.timings.fence_after_s}); "
-              f"re-placed {starts2[0]['wall'] - exits[0]['wall']:.2f}s after the old member stopped")
+        # The deadline itself (a lower bound: a safety property, not a speed).
+        # The leader re-places a silent node's work replace_after_s =
+        # fence_after_s + replace_margin_s after its last contact with it,
+        # and that contact was at most a heartbeat or two before the cut; the
+        # margin covers that, so nothing may start before cut + fence_after_s,
+        # when n0's members could still be running on their own lease.
+        t = c.timings
+        assert t.replace_after_s == t.fence_after_s + t.replace_margin_s and t.replace_margin_s >= 2 * t.heartbeat_interval_s
+        assert starts2[0]["wall"] >= cut + t.fence_after_s, (
+            f"re-placed {starts2[0]['wall'] - cut:.2f}s after the cut, before fence_after_s={t.fence_after_s}")
+        print(f"\nfenced {fenced[0]['silent_s']:.2f}s after last valid contact (fence_after_s={t.fence_after_s}); "
+              f"re-placed {starts2[0]['wall'] - cut:.2f}s after the cut (replace_after_s={t.replace_after_s}), "
+              f"{starts2[0]['wall'] - exits[0]['wall']:.2f}s after the old member stopped")
     finally:
         for p in procs:
             p.terminate()
@@ -241,11 +279,20 @@ async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(two_agen
     k = await c.wait_state(keep.id, {pb.GANG_STATE_RUNNING})
     d = await c.wait_state(drop.id, {pb.GANG_STATE_RUNNING})
     assert k.placement[0].node == d.placement[0].node == "n0"
+    # (RUNNING: the shims run; a member's own process may follow a moment later.)
+    kept, dropped = gang_pids(keep.id), gang_pids(drop.id)
+    assert kept and dropped and not kept & dropped, (kept, dropped)
     stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     try:
         procs["n0"].send_signal(signal.SIGKILL)  # members live on in their own groups
         procs["n0"].wait(10)
         await c.stub().CancelGang(gpb.CancelGangRequest(id=drop.id))  # its reservation goes while the agent is down
+        # No agent runs on n0 now, so nothing can have stopped the member yet
+        # (the leader's release of its devices is a record in etcd, not a
+        # signal): it still runs, and whatever stops it from here on is the
+        # restarted agent (or its shim fencing, which is ruled out below).
+        assert gang_pids(drop.id) >= dropped
+        restarted = time.time()
         procs["n0"] = agent_proc(c, "n0", tmp_path / "state-n0", tmp_path / "hist-n0.jsonl")
         for _ in range(200):
             if not (await c.etcd_reservations()).get((AZ, drop.id)):
@@ -254,8 +301,25 @@ async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(two_agen
         assert (await c.etcd_reservations()).get((AZ, drop.id)) is None
         cur = await c.stub().GetGang(gpb.GetGangRequest(id=keep.id))
         assert cur.state == pb.GANG_STATE_RUNNING and cur.incarnation == 1, "adopted, not restarted"
+        # The unreserved member is stopped by the restarted agent: its
+        # processes are gone, the agent's own history says it exited STOPPED
+        # (a stop the agent asked for), and its shim's exit record says it was
+        # signalled, not fenced.
+        drop_key = f"{drop.id}#1/r0"
+        for _ in range(200):
+            exited = [e for e in events(tmp_path / "hist-n0.jsonl")
+                      if e["event"] == "member_exited" and e["key"] == drop_key and e["wall"] > restarted]
+            if exited and not gang_pids(drop.id):
+                break
+            await asyncio.sleep(0.1)
+        assert gang_pids(drop.id) == set(), "the unreserved member still runs"
+        assert [e["phase"] for e in exited] == ["STOPPED"], exited
+        record = read_exit_record(member_exit_path(tmp_path / "state-n0", MemberKey(drop.id, 1, 0)))
+        assert record is not None and record["signalled"] and not record["fenced"], record
         evs = events(tmp_path / "hist-n0.jsonl")
+        assert [e for e in evs if e["event"] == "fenced"] == [], "stopped by the agent, not by a fence"
         assert len([e for e in evs if e["event"] == "member_started" and e["key"].startswith(keep.id)]) == 1, "not duplicated"
+        assert gang_pids(keep.id) >= kept, ("the reserved member runs on, untouched", kept, gang_pids(keep.id))
         assert stray.poll() is None, "a process the agent did not start is left alone"
     finally:
         stray.kill()
