@@ -1,10 +1,20 @@
 """One AZ leader's admission decisions (pure; docs/admission.md).
 
-Input: the pending gangs owned by this AZ, the placeable nodes with their free
-devices, every node registered in the AZ (for the never-fits rule) and
-``now``. Output: one decision per pending gang, each with a short reason that
-names the rule behind it. Placement itself is
+Input: the pending gangs owned by this AZ, single- and cross-AZ alike, the
+nodes with their free devices, every registered node (for the never-fits
+rule) and ``now``. Output: one decision per pending gang, each with a short
+reason that names the rule behind it. Placement itself is
 ``coordinator.core.placement.place``.
+
+One order for every gang the AZ owns: single-AZ gangs and gangs that may span
+AZs (two-phase, docs/two-phase.md) are ranked together, so an older cross-AZ
+gang is placed before a younger single-AZ one and takes its devices from the
+free view first. What differs is only the *scope* a gang is placed in: a
+single-AZ gang sees this AZ's nodes, a cross-AZ gang every AZ's (the caller's
+view of other AZs may be stale; their participants' ledgers refuse a
+conflicting prepare). A ``Reserve`` of a cross-AZ gang starts its two-phase
+attempt with that placement; one that does not fit stays pending like any
+other gang, and the next cycle places it again.
 
 Rules, in the order they are applied to each gang (queue order: priority
 desc, first submit time asc, id):
@@ -13,7 +23,8 @@ desc, first submit time asc, id):
 2. **Never fits**: a gang that cannot be placed even if every registered node
    of the AZ were ready and empty fails at once, with the limit it breaks
    (only when the caller passes ``registered``: the leader does so once its
-   agents have had time to register).
+   agents have had time to register). A cross-AZ gang is judged against
+   every AZ's registered nodes.
 3. **Restart backoff**: a restarted gang waits out its backoff.
 4. **Placement** on the free devices, except the nodes kept for an older
    gang (rule 5).
@@ -30,7 +41,7 @@ desc, first submit time asc, id):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, MutableMapping, Sequence
+from typing import Callable, Iterable, Mapping, MutableMapping, Sequence
 
 from coordinator.core.placement import (
     FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, Unplaceable, drained, never_fits, place,
@@ -72,12 +83,46 @@ Decision = Reserve | KeepPending | FailAdmission
 PlaceFn = Callable[..., Placement | Unplaceable]
 
 
-def _take(nodes: dict[str, NodeView], placement: Placement) -> None:
+NodeKey = tuple[str, str]  # (az, node): node names are unique only within an AZ
+
+
+def _take(nodes: dict[NodeKey, NodeView], placement: Placement) -> None:
     """Remove a placement's devices from the free view (so the next gang in
     the same cycle sees them as used)."""
     for m in placement.members:
-        v = nodes[m.node]
-        nodes[m.node] = replace(v, free_gpus=v.free_gpus - set(m.gpus), free_nics=v.free_nics - set(m.nics))
+        key = (m.az, m.node)
+        v = nodes[key]
+        nodes[key] = replace(v, free_gpus=v.free_gpus - set(m.gpus), free_nics=v.free_nics - set(m.nics))
+
+
+def without(views: Sequence[NodeView], taken: Mapping[NodeKey, tuple[Iterable[int], Iterable[str]]]) -> list[NodeView]:
+    """``views`` (a free view, ``coordinator.core.capacity.free_view``) less
+    the devices in ``taken`` ((az, node) -> (gpus, nics), as
+    ``capacity.held`` gives them): placements a caller has made whose holds
+    do not show in the view yet (two-phase attempts in flight)."""
+    if not taken:
+        return list(views)
+    out = []
+    for v in views:
+        t = taken.get((v.az, v.name))
+        out.append(v if t is None else replace(v, free_gpus=v.free_gpus - set(t[0]), free_nics=v.free_nics - set(t[1])))
+    return out
+
+
+def spans_azs(gang: GangRecord) -> bool:
+    """Whether the gang is placed over every AZ (and admitted by two-phase
+    reservations) rather than over its owner AZ alone."""
+    return gang.spec.topology.may_span_azs
+
+
+def request_for(gang: GangRecord, az: str) -> PlacementRequest:
+    """The placement request of ``gang`` in its scope: this AZ, or every AZ."""
+    return PlacementRequest.from_spec(gang.id, gang.spec, azs=None if spans_azs(gang) else frozenset({az}))
+
+
+def _shown(key: NodeKey, az: str) -> str:
+    """A kept node as explain names it: this AZ's by name, another's with its AZ."""
+    return key[1] if key[0] == az else f"{key[0]}/{key[1]}"
 
 
 def shape_of(request: PlacementRequest) -> tuple:
@@ -98,19 +143,29 @@ def plan_admissions(
     place_fn: PlaceFn = place,
     index: FabricIndex | None = None,
 ) -> list[Decision]:
-    """``registered``: every node of the AZ the leader knows of (ready or
-    not); None skips the never-fits rule. ``verdicts``: a memo of never-fits
-    answers by request shape that the caller keeps while ``registered`` does
-    not change (the answer depends on nothing else)."""
-    free = {n.topology.node: n for n in nodes}
+    """``pending``: the gangs waiting for placement (PENDING, or RESERVING for
+    a cross-AZ gang between two two-phase attempts: the caller passes only
+    gangs whose owner waits for a placement). ``nodes``: this AZ's nodes and,
+    when some pending gang may span AZs, other AZs' (a node that cannot be
+    placed on now comes as not ready). ``registered``: every node the leader
+    knows of (ready or not; other AZs' for cross-AZ gangs); None skips the
+    never-fits rule. ``verdicts``: a memo of never-fits answers by request
+    shape that the caller keeps while ``registered`` does not change (the
+    answer depends on nothing else)."""
+    free: dict[NodeKey, NodeView] = {(n.az, n.name): n for n in nodes}
 
     def placed(request: PlacementRequest, views: list[NodeView]) -> Placement | Unplaceable:
         return place_fn(request, views, index) if index is not None else place_fn(request, views)
 
-    order = sorted((g for g in pending if g.state == GangState.PENDING), key=lambda g: g.order_key)
+    def scope(gang: GangRecord, unkept: bool = False) -> list[NodeView]:
+        wide = spans_azs(gang)
+        return [v for k, v in free.items() if (wide or k[0] == az) and (unkept or k not in kept)]
+
+    waiting = (GangState.PENDING, GangState.RESERVING)
+    order = sorted((g for g in pending if g.state in waiting), key=lambda g: g.order_key)
     decisions: list[Decision] = []
     head: GangRecord | None = None  # the gang nodes are kept for
-    kept: frozenset[str] = frozenset()
+    kept: frozenset[NodeKey] = frozenset()
     memo = verdicts if verdicts is not None else {}
     # Within one cycle free capacity only shrinks (and kept nodes only make
     # the view smaller), so a request shape that did not fit will not fit
@@ -123,7 +178,7 @@ def plan_admissions(
         if waited > gang.spec.policy.admission_timeout_s:
             decisions.append(FailAdmission(gang, f"not admitted within admission_timeout_s={gang.spec.policy.admission_timeout_s:g}s"))
             continue
-        request = PlacementRequest.from_spec(gang.id, gang.spec, azs=frozenset({az}))
+        request = request_for(gang, az)
         shape = shape_of(request)
         if registered is not None:
             verdict = memo.get(shape)
@@ -138,8 +193,7 @@ def plan_admissions(
             continue
         result = failed.get(shape)
         if result is None:
-            views = [v for name, v in free.items() if name not in kept]
-            result = placed(request, views)
+            result = placed(request, scope(gang))
         if isinstance(result, Placement):
             _take(free, result)
             decisions.append(Reserve(gang, result, result.reason))
@@ -147,22 +201,25 @@ def plan_admissions(
         failed[shape] = result
         if head is not None:
             # Would it fit but for the nodes kept for the head?
-            unkept = placed(request, list(free.values()))
+            unkept = placed(request, scope(gang, unkept=True))
             if isinstance(unkept, Placement):
+                shown = ", ".join(sorted(_shown(k, az) for k in kept))
                 why = (f"held back by the backfill rule: the only room for it is on nodes kept for older gang {head.id} "
-                       f"({', '.join(sorted(kept))}), which has waited past backfill_window_s={backfill_window_s:g}s")
+                       f"({shown}), which has waited past backfill_window_s={backfill_window_s:g}s")
                 decisions.append(KeepPending(gang, why, result.shortfalls, held_by=head.id, rule=why, **where))
                 continue
         if head is None and waited > backfill_window_s:
-            empty = placed(request, drained(free.values()))
+            empty = placed(request, drained(scope(gang, unkept=True)))
             if isinstance(empty, Placement):
-                head, kept = gang, frozenset(empty.nodes())
+                head, kept = gang, frozenset((m.az, m.node) for m in empty.members)
+                shown = sorted(_shown(k, az) for k in kept)
                 why = (f"waited {waited:.0f}s, past backfill_window_s={backfill_window_s:g}s: nodes "
-                       f"{', '.join(sorted(kept))} are kept for it until it fits (gangs behind it may use the others)")
+                       f"{', '.join(shown)} are kept for it until it fits (gangs behind it may use the others)")
                 decisions.append(KeepPending(gang, f"{result.reason}; {why}", result.shortfalls,
-                                             keeps=tuple(sorted(kept)), rule=why, **where))
+                                             keeps=tuple(shown), rule=why, **where))
                 continue
-            why = ("it would not fit even if this AZ's ready nodes were empty, so it keeps no nodes and holds back "
+            where_ = "the ready nodes of every AZ" if spans_azs(gang) else "this AZ's ready nodes"
+            why = (f"it would not fit even if {where_} were empty, so it keeps no nodes and holds back "
                    "no gang behind it")
             decisions.append(KeepPending(gang, f"{result.reason}; {why}", result.shortfalls, rule=why, **where))
             continue

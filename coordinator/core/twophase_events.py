@@ -246,19 +246,15 @@ class GangSubmitted(GangEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class PlacementMade(GangEvent):
-    """Result of ``RequestPlacement``."""
+    """The AZ leader's admission cycle placed this attempt: its one order of
+    every pending gang (docs/admission.md) reached this gang and found room.
+    Fed only while the owner is UNPLACED at ``incarnation``; the cycle has
+    taken the plan's devices from its free view already."""
 
     plan: Plan
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "plan", normalize_plan(self.plan))
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlacementFailed(GangEvent):
-    """Placement found no room; ``reason`` is the shortfall as text."""
-
-    reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -284,14 +280,6 @@ class VoteReceived(GangEvent):
 @dataclass(frozen=True, kw_only=True)
 class VotesTimedOut(GangEvent):
     """The vote deadline timer of this incarnation."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class RetryRequested(Event):
-    """The queue asks an unplaced gang to try placement again (capacity
-    changed)."""
-
-    gang: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -493,15 +481,6 @@ class ScheduleTimeout(Effect):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RequestPlacement(Effect):
-    """Compute a plan for this attempt; answer ``PlacementMade`` or
-    ``PlacementFailed``."""
-
-    gang: str
-    incarnation: int
-
-
-@dataclass(frozen=True, kw_only=True)
 class DispatchGang(Effect):
     """The record is durably COMMITTED: send the assignments to the agents of
     ``nodes`` (they re-check the record themselves, docs/design.md §9.3)."""
@@ -523,7 +502,9 @@ class MarkGangReserved(Effect):
 
 @dataclass(frozen=True, kw_only=True)
 class MarkGangPending(Effect):
-    """Lifecycle: the gang waits (PENDING) for room; ``reason`` for explain."""
+    """Lifecycle: the gang waits (PENDING) for the admission cycle to place
+    this incarnation; ``reason`` for explain. The driver wakes the cycle: a
+    gang that became placeable is placed by the next one, not by a timer."""
 
     gang: str
     incarnation: int
@@ -546,7 +527,7 @@ ParticipantEvent = (
     | InventoryChanged | GangForgotten | ParticipantRecovered
 )
 OwnerEvent = (
-    GangSubmitted | PlacementMade | PlacementFailed | AttemptWritten | AttemptWriteFailed
+    GangSubmitted | PlacementMade | AttemptWritten | AttemptWriteFailed
     | VoteReceived | VotesTimedOut | DecisionCreated | DecisionCreateFailed | DecisionObserved
-    | RetryDue | RetryRequested | GangFinished | OwnerRecovered
+    | RetryDue | GangFinished | OwnerRecovered
 )

@@ -1,11 +1,15 @@
 """The owner side of two-phase reservations: one per gang, run by the leader
 of the AZ the gang was submitted to.
 
-place -> record the attempt -> prepare every participant AZ -> collect votes
+wait for the admission cycle to place it -> record the attempt -> prepare
+every participant AZ -> collect votes
 -> create the decision key (the commit point) -> tell participants -> finish,
 or, after an ABORT, back off and retry with a *new* incarnation that keeps the
 gang's original priority and submission time (so its place in the conflict
-order never gets worse). ``handle(event, now)`` mutates this object and
+order never gets worse). Placement is not the owner's to ask for: the AZ
+leader's admission cycle orders every pending gang it owns, single- and
+cross-AZ, in one (priority, submit time, id) order (docs/admission.md) and
+feeds ``PlacementMade`` to an UNPLACED owner whose gang it placed. ``handle(event, now)`` mutates this object and
 returns effects; no I/O, no clock.
 
 The one rule the participants rely on: an owner never sends Prepare for
@@ -35,11 +39,8 @@ from coordinator.core.twophase_events import (
     MarkGangPending,
     MarkGangReserved,
     OwnerRecovered,
-    PlacementFailed,
     PlacementMade,
-    RequestPlacement,
     RetryDue,
-    RetryRequested,
     ScheduleTimeout,
     SendAbort,
     SendCommit,
@@ -56,8 +57,7 @@ class OwnerPhase(str, enum.Enum):
     """Where one gang's admission stands, for this owner leader."""
 
     NEW = "NEW"
-    PLACING = "PLACING"          # RequestPlacement sent
-    UNPLACED = "UNPLACED"        # no room; waits for RetryRequested from the queue
+    UNPLACED = "UNPLACED"        # waits for the admission cycle's PlacementMade
     PERSISTING = "PERSISTING"    # WriteAttempt sent; no Prepare out yet
     PREPARING = "PREPARING"      # Prepares out, collecting votes
     DECIDING = "DECIDING"        # CreateDecision sent, outcome not yet known
@@ -121,10 +121,6 @@ class OwnerState:
                 return self._on_submitted(event, now)
             case PlacementMade():
                 return self._on_placement_made(event, now)
-            case PlacementFailed():
-                return self._on_placement_failed(event, now)
-            case RetryRequested():
-                return self._on_retry_requested(event, now)
             case AttemptWritten():
                 return self._on_attempt_written(event, now)
             case AttemptWriteFailed():
@@ -183,42 +179,33 @@ class OwnerState:
         return self._start_attempt(ev.stimulus_id, ev.incarnation)
 
     def _start_attempt(self, stimulus_id: str, incarnation: int) -> list[Effect]:
-        self.phase = OwnerPhase.PLACING
+        """Wait for placement at ``incarnation``. No timer: the admission
+        cycle places the gang when it is its turn and it fits (each cycle
+        runs on a wake: capacity freed, a node registered, another AZ's
+        inventory changed), so a gang that does not fit is simply still
+        pending and spins on nothing."""
+        self.phase = OwnerPhase.UNPLACED
         self.incarnation = incarnation
         self.plan = None
         self.votes = {}
         self.vote_deadline = None
         self.pending_outcome = None
         self.decision = None
-        return [RequestPlacement(stimulus_id=stimulus_id, gang=self.gang, incarnation=incarnation)]
+        return [MarkGangPending(stimulus_id=stimulus_id, gang=self.gang, incarnation=incarnation,
+                                reason="waiting for the admission cycle to place it")]
 
     def _on_placement_made(self, ev: PlacementMade, now: float) -> list[Effect]:
-        if self.phase is not OwnerPhase.PLACING or ev.incarnation != self.incarnation:
+        if self.phase is not OwnerPhase.UNPLACED or ev.incarnation != self.incarnation:
             return []
         if not ev.plan:
-            return self._unplaced(ev.stimulus_id, "placement returned an empty plan")
+            # A driver bug rather than a shortfall; stay unplaced (no
+            # incarnation was recorded or sent, so the number is unused).
+            self.last_reason = "placement returned an empty plan"
+            return [MarkGangPending(stimulus_id=ev.stimulus_id, gang=self.gang,
+                                    incarnation=self.incarnation, reason=self.last_reason)]
         self.plan = ev.plan
         self.phase = OwnerPhase.PERSISTING
         return [self._write_attempt(ev.stimulus_id)]
-
-    def _on_placement_failed(self, ev: PlacementFailed, now: float) -> list[Effect]:
-        if self.phase is not OwnerPhase.PLACING or ev.incarnation != self.incarnation:
-            return []
-        return self._unplaced(ev.stimulus_id, ev.reason)
-
-    def _unplaced(self, stimulus_id: str, reason: str) -> list[Effect]:
-        # No retry timer: spinning on a full cluster helps nobody. The queue
-        # sends RetryRequested when capacity changes. No incarnation was
-        # recorded or sent, so the same number is reused then.
-        self.phase = OwnerPhase.UNPLACED
-        self.last_reason = reason
-        return [MarkGangPending(stimulus_id=stimulus_id, gang=self.gang,
-                                incarnation=self.incarnation, reason=reason)]
-
-    def _on_retry_requested(self, ev: RetryRequested, now: float) -> list[Effect]:
-        if self.phase is not OwnerPhase.UNPLACED:
-            return []
-        return self._start_attempt(ev.stimulus_id, self.incarnation)
 
     def _write_attempt(self, stimulus_id: str) -> WriteAttempt:
         assert self.plan is not None
@@ -309,7 +296,7 @@ class OwnerState:
     def _on_decision(self, stimulus_id: str, incarnation: int, outcome: Outcome,
                      now: float) -> list[Effect]:
         self._decided.setdefault(incarnation, outcome)
-        open_phases = (OwnerPhase.PLACING, OwnerPhase.UNPLACED, OwnerPhase.PERSISTING,
+        open_phases = (OwnerPhase.UNPLACED, OwnerPhase.PERSISTING,
                        OwnerPhase.PREPARING, OwnerPhase.DECIDING)
         if incarnation != self.incarnation or self.decision is not None or self.phase not in open_phases:
             return []

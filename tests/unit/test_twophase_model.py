@@ -71,14 +71,12 @@ from coordinator.core.twophase import (
     OwnerState,
     ParticipantRecovered,
     ParticipantState,
-    PlacementFailed,
     PlacementMade,
     Plan,
     PrepareReceived,
     ReleaseHold,
-    RequestPlacement,
+    RetryDue,
     Reservation,
-    RetryRequested,
     ScheduleTimeout,
     SendAbort,
     SendCommit,
@@ -240,7 +238,10 @@ class Sim:
         for e in effects:
             if isinstance(e, (WriteHold, MarkCommitted, ReleaseHold, CreateDecision, WriteAttempt)):
                 self.inflight.append(Item("store", az, role, gang, e, life))
-            elif isinstance(e, RequestPlacement):
+            elif isinstance(e, MarkGangPending):
+                # The owner waits for placement: its leader's admission cycle
+                # runs on the wake this effect causes (the cycle's answer is
+                # in flight like any other; it may find no room).
                 self.inflight.append(Item("placement", az, role, gang, e, life))
             elif isinstance(e, ScheduleTimeout):
                 self.timers.append((e.at, az, life, role, gang, e.event))
@@ -272,7 +273,7 @@ class Sim:
                 self.reserved_log.append((e.gang, e.incarnation))
             elif isinstance(e, DispatchGang):
                 self.dispatched.add((e.az, (e.gang, e.incarnation)))
-            elif isinstance(e, (SendDecisionAck, MarkGangPending, MarkGangFailed)):
+            elif isinstance(e, (SendDecisionAck, MarkGangFailed)):
                 pass
             else:  # pragma: no cover - a new effect type the driver must learn
                 raise AssertionError(f"unhandled effect {e!r}")
@@ -300,7 +301,9 @@ class Sim:
             result = self.execute(item.az, item.payload)  # type: ignore[arg-type]
             self.inflight.append(dataclasses.replace(item, kind="result", payload=result))
         elif item.kind == "placement":
-            self.route(item, self.place(item.payload))  # type: ignore[arg-type]
+            placed = self.place(item.payload)  # type: ignore[arg-type]
+            if placed is not None:
+                self.route(item, placed)
         else:
             self.route(item, item.payload)  # type: ignore[arg-type]
 
@@ -366,16 +369,18 @@ class Sim:
                     WriteAttempt: AttemptWriteFailed}
         return failures[type(e)](**kw)  # type: ignore[arg-type]
 
-    def place(self, e: RequestPlacement) -> Event:
-        """Placement over the owner's view (etcd): the gang's fixed plan, or
-        the shortfall if a COMMITTED gang holds part of it."""
-        blockers = self.blockers(self.gangs[e.gang])
-        if blockers:
-            return PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                   reason=f"devices committed to {', '.join(blockers)}")
-        spec = self.gangs[e.gang]
+    def place(self, e: MarkGangPending) -> Event | None:
+        """The owner AZ's admission cycle over its view: the gang's fixed
+        plan, or nothing (still pending: a later wake places it) when a
+        COMMITTED gang holds part of it or the owner no longer waits for
+        this incarnation."""
+        owner = self.owners.get(e.gang)
+        if owner is None or owner.phase is not OwnerPhase.UNPLACED or owner.incarnation != e.incarnation:
+            return None
+        if self.blockers(self.gangs[e.gang]):
+            return None
         return PlacementMade(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                             plan=spec.plan)
+                             plan=self.gangs[e.gang].plan)
 
     def fire(self, index: int) -> None:
         at, az, life, role, gang, event = self.timers.pop(index)
@@ -468,10 +473,14 @@ class Sim:
                                                 incarnation=inc))
 
     def poke_unplaced(self) -> None:
-        """The queue: capacity changed, let waiting gangs try again."""
+        """Capacity changed: the owners' leaders run an admission cycle (a
+        wake), which places the gangs waiting for placement that now fit."""
         for gang, owner in list(self.owners.items()):
-            if owner.phase is OwnerPhase.UNPLACED:
-                self.feed_owner(gang, RetryRequested(stimulus_id=self.sid("poke"), gang=gang))
+            if owner.phase is OwnerPhase.UNPLACED and self.up[self.gangs[gang].owner_az]:
+                az = self.gangs[gang].owner_az
+                self.inflight.append(Item("placement", az, "owner", gang, MarkGangPending(
+                    stimulus_id=self.sid("wake"), gang=gang, incarnation=owner.incarnation, reason="woken"),
+                    self.life[az]))
         for gang, lg in list(self.locals.items()):
             if lg.phase is LocalPhase.WAITING:
                 self.request_local(gang, lg.incarnation)
@@ -499,7 +508,8 @@ class Sim:
             lg.phase = LocalPhase.BACKOFF
             az = self.gangs[vote.gang].owner_az
             self.timers.append((self.now + 1.0, az, self.life[az], "local", vote.gang,
-                                RetryRequested(stimulus_id=self.sid("local-retry"), gang=vote.gang)))
+                                RetryDue(stimulus_id=self.sid("local-retry"), gang=vote.gang,
+                                         incarnation=lg.incarnation)))
 
     def check(self) -> None:
         """The core's invariants, plus the one about the local path that the
