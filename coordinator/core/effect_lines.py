@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from phalanx.reservation import HoldState
+
 # Effects that change nothing durable: messages, timers, in-memory notes.
 CHATTY = frozenset({
     "SendPrepare", "SendVote", "SendCommit", "SendAbort", "SendFinish", "SendDecisionAck",
@@ -35,7 +37,8 @@ def _what(name: str, e: Any) -> str:
     to = getattr(e, "to_az", "")
     match name:
         case "WriteHold":
-            return f"write {'COMMITTED' if getattr(e, 'commit', False) else 'PREPARED'} hold of {g} in {getattr(e, 'az', '?')}"
+            state = HoldState.COMMITTED if getattr(e, "commit", False) else HoldState.PREPARED
+            return f"write {state.value} hold of {g} in {getattr(e, 'az', '?')}"
         case "MarkCommitted":
             return f"mark the hold of {g} in {getattr(e, 'az', '?')} COMMITTED"
         case "ReleaseHold":
