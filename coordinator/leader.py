@@ -22,7 +22,7 @@ from typing import Any, Callable
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, peer_auth, progress
-from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions
+from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions, without
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
@@ -107,7 +107,8 @@ class AzLeader:
         # Never-fits answers by request shape, valid while the registered
         # nodes do not change (keyed by the FabricIndex they were built with).
         self._verdicts: dict[tuple, str] = {}
-        self._verdicts_for: FabricIndex | None = None
+        # (the index, other AZs' node-record version) the memo was built for
+        self._verdicts_for: tuple[FabricIndex, int] | None = None
         self.led_since = mono()  # reset once rebuilt: when this leadership began to act
         self.wake = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -151,7 +152,7 @@ class AzLeader:
             try:
                 while not self.stopped.is_set():
                     waker = asyncio.create_task(self.wake.wait())
-                    done, _ = await asyncio.wait({waker, lost}, timeout=0.25, return_when=asyncio.FIRST_COMPLETED)
+                    done, _ = await asyncio.wait({waker, lost}, timeout=self.t.cycle_wait_s, return_when=asyncio.FIRST_COMPLETED)
                     waker.cancel()
                     if lost in done:
                         raise LeaseLost("lease lost")
@@ -224,7 +225,7 @@ class AzLeader:
                 return
             except StoreUnavailable as exc:
                 log.info("rebuild of %s (epoch %d): %s; retrying", self.az, self.epoch, exc)
-                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+                await asyncio.sleep(self.t.store_retry_pause_s)
 
     async def rebuild(self) -> None:
         # All reads first: an etcd error leaves this leader's state untouched.
@@ -406,7 +407,7 @@ class AzLeader:
                 kv = await self.store.get(self.keys.gang(gang_id))
                 break
             except StoreUnavailable:
-                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+                await asyncio.sleep(self.t.store_retry_pause_s)
         if kv is None:
             log.info("submission %s did not apply (reply lost)", gang_id)
             return
@@ -548,8 +549,7 @@ class AzLeader:
             await self.twophase.adopt_orphans()
         except StoreUnavailable as exc:
             log.info("owner-AZ loss check: %s", exc)
-        pending = [g for g in self.gangs.values() if g.state == GangState.PENDING and g.id not in self._inflight
-                   and not is_two_phase(g)]
+        pending = self.waiting_gangs()
         if not pending:
             return
         started = time.perf_counter()
@@ -558,7 +558,14 @@ class AzLeader:
         now = self.wall()
         sem = asyncio.Semaphore(self.config.reserve_parallelism)
         for d in decisions:
-            if isinstance(d, Reserve):
+            if isinstance(d, Reserve) and is_two_phase(d.gang):
+                # A cross-AZ gang's turn came and it fits: its two-phase
+                # attempt starts now with this placement (the plan took the
+                # devices from its free view; attempt_devices keeps them out
+                # of later cycles' views until its holds show).
+                with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):
+                    self.twophase.place_attempt(d.gang, d.placement, str(current().get("stimulus") or ""))
+            elif isinstance(d, Reserve):
                 # Hold the devices in memory now, so later decisions (this
                 # cycle or the next) never see them free; undone on failure.
                 r = self._reservation_for(d.gang, d.placement)
@@ -577,8 +584,19 @@ class AzLeader:
                 with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):
                     if d.never_fits:
                         log.info("gang %s fails at once: %s", d.gang.id, d.reason)
+                    reason = d.reason
+                    last = self.twophase.last_reason(d.gang.id) if is_two_phase(d.gang) and not d.never_fits else ""
+                    if last:
+                        reason += f"; last: {last}"  # why its last two-phase attempt did not get in
                     self._inflight.add(d.gang.id)
-                    self._spawn(self._fail_admission(d.gang, d.reason), f"timeout-{d.gang.id}")
+                    self._spawn(self._fail_admission(d.gang, reason), f"timeout-{d.gang.id}")
+
+    def waiting_gangs(self) -> list[GangRecord]:
+        """The gangs the admission plan orders, in one queue: single-AZ gangs
+        PENDING here and cross-AZ gangs whose two-phase owner waits for a
+        placement; none with a write in flight."""
+        return [g for g in self.gangs.values() if g.id not in self._inflight
+                and (self.twophase.awaits_placement(g) if is_two_phase(g) else g.state == GangState.PENDING)]
 
     def publish_view(self) -> None:
         """Set the metrics' gauges of this leader's view (pending gangs by
@@ -589,7 +607,11 @@ class AzLeader:
         for g in self.gangs.values():
             if g.state != GangState.PENDING:
                 continue
-            c = "two_phase" if is_two_phase(g) else self.pending_classes.get(g.id, "no_room")
+            # A cross-AZ gang waits in the one queue like any other until its
+            # turn comes; while its two-phase attempt runs (or backs off) it
+            # counts apart.
+            attempting = is_two_phase(g) and not self.twophase.awaits_placement(g)
+            c = "two_phase" if attempting else self.pending_classes.get(g.id, "no_room")
             classes[g.id] = c
             pending.append(c)
         self.pending_classes = classes  # forget gangs no longer pending
@@ -618,15 +640,27 @@ class AzLeader:
     def _plan(self, pending: list[GangRecord]) -> list:
         """plan_admissions on the live view (pure; the cycle and explain both
         call it, so explain reports exactly what the next cycle decides)."""
-        if self._verdicts_for is not self.index:
-            self._verdicts, self._verdicts_for = {}, self.index
-        registered = self.registered_topologies() if self.judges_never_fits() else None
+        inventory = (self.index, self.twophase.remote_version)
+        if self._verdicts_for is None or self._verdicts_for[0] is not self.index or self._verdicts_for[1] != inventory[1]:
+            self._verdicts, self._verdicts_for = {}, inventory
+        wide = any(is_two_phase(g) for g in pending)
+        registered = None
+        if self.judges_never_fits():
+            registered = self.registered_topologies() + (self.twophase.other_azs_registered() if wide else [])
         views = self.placeable_nodes()
         # Nodes that cannot be placed on now (not ready, no session here) go
         # in as not ready: placement skips them, shortfalls count them.
         up = {v.name for v in views}
         views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
                   for name, n in self.nodes.items() if name not in up]
+        if wide:
+            # Cross-AZ gangs are placed over every AZ: the others as the
+            # watch shows them (no etcd request; stale at worst, which the
+            # participants' ledgers catch).
+            views += self.twophase.other_azs_view()
+        # Devices of two-phase attempts placed by earlier cycles whose holds
+        # may not show yet are not free for anyone.
+        views = without(views, self.twophase.attempt_devices())
         return plan_admissions(pending, views, self.wall(), az=self.az,
                                backfill_window_s=self.t.backfill_window_s, registered=registered,
                                verdicts=self._verdicts, index=self.index)
@@ -696,7 +730,7 @@ class AzLeader:
                 res = await self.store.txn([], [Get(gkey), Get(rkey)])
                 break
             except StoreUnavailable:
-                await asyncio.sleep(min(0.2, self.t.etcd_timeout_s))
+                await asyncio.sleep(self.t.store_retry_pause_s)
         gkvs, rkvs = res.results
         if gkvs:
             cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
@@ -1003,15 +1037,13 @@ class AzLeader:
         self.wake.set()
 
     # ------------------------------------------------------------ liveness
-    HEARTBEAT_PERSIST_S = 5.0
-
     async def _persist_heartbeats(self) -> None:
         """Heartbeats live in memory; their wall time is written to the node
-        records coarsely (every HEARTBEAT_PERSIST_S, batched), so `phalanx
+        records coarsely (every Timings.heartbeat_persist_s, batched), so `phalanx
         nodes` on any replica shows a recent last_heartbeat without a write
         per heartbeat."""
         now_m, now_w = self.mono(), self.wall()
-        if now_m - self._last_persist < self.HEARTBEAT_PERSIST_S:
+        if now_m - self._last_persist < self.t.heartbeat_persist_s:
             return
         self._last_persist = now_m
         ops = []
@@ -1020,7 +1052,7 @@ class AzLeader:
             if rec is None or not rec.ready or conn.closed:
                 continue
             seen_wall = now_w - (now_m - conn.last_seen)
-            if seen_wall - rec.last_heartbeat < self.HEARTBEAT_PERSIST_S / 2:
+            if seen_wall - rec.last_heartbeat < self.t.heartbeat_persist_s / 2:
                 continue
             new = dataclasses.replace(rec, ready=True, last_heartbeat=seen_wall, reason="")
             ops.append((node, new))
@@ -1078,9 +1110,10 @@ class AzLeader:
         """Why a gang this leader owns is not (yet) admitted, from the
         leader's own view: a single-AZ gang by a dry run of the same
         admission plan the next cycle runs (so what it says is what the cycle
-        does, rule and all), a cross-AZ gang from its two-phase owner state
-        and the global view its placement uses. None: not a waiting gang of
-        this leader (the caller answers from etcd)."""
+        does, rule and all; that plan orders cross-AZ gangs with it), a
+        cross-AZ gang from its two-phase owner state and the global view the
+        plan places it on. None: not a waiting gang of this leader (the
+        caller answers from etcd)."""
         self.check_valid()
         await self._until_rebuilt()
         g = self.gangs.get(gang_id)
@@ -1096,9 +1129,7 @@ class AzLeader:
         if g.id in self._inflight:
             return Explanation(f"{head}: the leader is writing its reservation (or its failure) now",
                                "a write for this gang is in flight at the leader")
-        pending = [x for x in self.gangs.values() if x.state == GangState.PENDING and not is_two_phase(x)
-                   and (x.id not in self._inflight)]
-        decisions = self._plan(pending)
+        decisions = self._plan(self.waiting_gangs())
         pos, d = next((i, d) for i, d in enumerate(decisions, 1) if d.gang.id == g.id)
         if isinstance(d, Reserve):
             return Explanation(
@@ -1130,12 +1161,13 @@ class AzLeader:
         request = PlacementRequest.from_spec(g.id, g.spec)
         verdict = never_fits(request, registered) if not grace else ""
         if verdict:
-            return Explanation(f"{head}: {verdict}; the owner fails it on its next placement attempt", owner,
+            return Explanation(f"{head}: {verdict}; the leader fails it on its next admission cycle", owner,
                                never_fits=True)
         result = place(request, views)
         if isinstance(result, Placement):
             if o is not None and o.phase is OwnerPhase.UNPLACED:
-                what = "the owner retries placement about once a second while it is unplaced"
+                what = ("the leader's next admission cycle places it when its turn in the queue of "
+                        f"{self.az} comes (older or higher-priority gangs first)")
             elif o is not None and o.phase is OwnerPhase.BACKOFF:
                 what = "its last attempt was aborted; the owner tries again after its retry backoff"
             else:

@@ -46,8 +46,6 @@ MAX_PER_SWEEP = 200
 # Compares + operations per txn: half of etcd's --max-txn-ops (128), so a
 # batch never meets the limit whatever the number of AZs.
 TXN_BUDGET = 64
-# Pause between sweeps while a backlog drains (a sweep hit MAX_PER_SWEEP).
-BACKLOG_PAUSE_S = 1.0
 
 
 class GangCollector:
@@ -90,7 +88,7 @@ class GangCollector:
                 if await self.sweep() >= MAX_PER_SWEEP:
                     # A backlog: keep draining at a bounded pace instead of
                     # MAX_PER_SWEEP a minute, which a busy fleet outruns.
-                    pause = BACKLOG_PAUSE_S
+                    pause = self.l.t.gc_backlog_pause_s
             except StoreUnavailable as exc:
                 # Every write is fenced and guarded: the next sweep retries.
                 log.info("gang collection in %s: %s", self.az, exc)

@@ -39,7 +39,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from coordinator.core import events as ev
 from coordinator.core import capacity, progress
 from coordinator.core.effect_lines import effect_line
-from coordinator.core.placement import NodeView, Placement, PlacementRequest, never_fits, place
+from coordinator.core.placement import NodeView, Placement
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeRecord, read_records
 from coordinator.core.twophase import (
     AbortReceived,
@@ -73,12 +73,9 @@ from coordinator.core.twophase import (
     OwnerState,
     ParticipantRecovered,
     ParticipantState,
-    PlacementFailed,
     PlacementMade,
     PrepareReceived,
     ReleaseHold,
-    RequestPlacement,
-    RetryRequested,
     ScheduleTimeout,
     SendAbort,
     SendCommit,
@@ -150,7 +147,8 @@ class TwoPhaseDriver:
         t = leader.t
         self.cfg = TwoPhaseConfig(
             vote_timeout_s=t.vote_timeout_s, prepare_timeout_s=t.prepare_timeout_s,
-            retry_backoff_s=0.3, retry_backoff_max_s=4.0, store_retry_s=0.5,
+            retry_backoff_s=t.twophase_retry_backoff_s, retry_backoff_max_s=t.twophase_retry_backoff_max_s,
+            store_retry_s=t.twophase_store_retry_s,
         )
         self.peer_channel = peer_channel
         self.participant = ParticipantState(self.az, self.cfg)
@@ -168,8 +166,16 @@ class TwoPhaseDriver:
         self.leader_seen: dict[str, float] = {}
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
         self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
-        self._last_retry = 0.0
         self._last_eval = 0.0
+        # Other AZs as the cluster-root watch shows them (read at recovery,
+        # then kept from the watch): the admission cycle's global view costs
+        # no etcd request. Possibly stale; the participants' ledgers refuse
+        # a conflicting prepare.
+        self.remote_nodes: dict[tuple[str, str], NodeRecord] = {}  # (az, node)
+        self.remote_holds: dict[tuple[str, str], Reservation] = {}  # (az, gang): any reservation there
+        self.remote_version = 0  # changes when another AZ's registered nodes do (never-fits memo)
+        self.led: set[str] = set()  # AZs whose leader key exists
+        self.dec_by_key: dict[tuple[str, int], Outcome] = {}  # decisions read at recovery
         self._published: dict[tuple[str, int], dict] = {}  # last member summary written per (gang, inc)
         self._publishing: set[tuple[str, int]] = set()
         self._last_leader_poll = 0.0
@@ -246,7 +252,10 @@ class TwoPhaseDriver:
                 case DispatchGang():
                     self._spawn(self._dispatch(e), f"dispatch-{e.gang}")
                 case MarkGangPending():
+                    # The owner waits for placement: the next admission
+                    # cycle places it (one order with single-AZ gangs).
                     self.l.pending_reason[e.gang] = e.reason
+                    self.l.wake.set()
                 case _:
                     self._spawn(self._do(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
 
@@ -278,8 +287,6 @@ class TwoPhaseDriver:
                 await self._write_attempt(e)
             case SendCommit() | SendAbort():
                 await self._send_decision(e)
-            case RequestPlacement():
-                await self._place(e)
             case MarkGangReserved():
                 await self._mark_reserved(e)
             case MarkGangFailed():
@@ -297,7 +304,7 @@ class TwoPhaseDriver:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(StoreUnavailable),
                 stop=stop_after_attempt(5) | stop_after_delay(self.l.t.lease_ttl_s),
-                wait=wait_incrementing(start=0.2, increment=0.2),
+                wait=wait_incrementing(start=self.l.t.store_retry_pause_s, increment=self.l.t.store_retry_pause_s),
                 reraise=True,
             ):
                 with attempt:
@@ -663,77 +670,79 @@ class TwoPhaseDriver:
                               "is not the current leader of its AZ")
 
     # --------------------------------------------------------- placement
-    async def _place(self, e: RequestPlacement) -> None:
-        g = self.l.gangs.get(e.gang)
-        if g is None or g.state.terminal:
-            self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason="gang gone"))
-            return
-        try:
-            nodes, registered, _ = await self.snapshot()
-            self._rt(e.gang)
-        except StoreUnavailable as exc:
-            self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason=f"cannot read the global view: {exc}"))
-            return
-        request = PlacementRequest.from_spec(g.id, g.spec)
-        result = place(request, nodes)
-        if isinstance(result, Placement):
-            self.placements[(e.gang, e.incarnation)] = result
-            self.feed_owner(e.gang, PlacementMade(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                  plan=result.by_az()))
-            return
-        # Never fits (docs/admission.md): not even on every node registered
-        # in any AZ, ready or not, were they empty. Fail it now rather than
-        # retry it until its admission timeout. Nothing is held for it
-        # (it was never placed), so the failure needs no abort.
-        verdict = never_fits(request, registered) if self.l.judges_never_fits() else ""
-        self.feed_owner(e.gang, PlacementFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                reason=verdict or result.reason))
-        if verdict and g.id not in self.l._inflight and g.state == GangState.PENDING:
-            log.info("gang %s fails at once: %s", g.id, verdict)
-            self.l._inflight.add(g.id)
-            self._spawn(self.l._fail_admission(g, verdict), f"never-fits-{g.id}")
+    def awaits_placement(self, g: GangRecord) -> bool:
+        """Whether the admission cycle places ``g`` now: a cross-AZ gang
+        whose owner waits for the placement of an attempt (UNPLACED: fresh,
+        recovered, or the next incarnation after an aborted one's backoff)."""
+        o = self.owners.get(g.id)
+        return (o is not None and o.phase is OwnerPhase.UNPLACED and o.incarnation >= g.incarnation
+                and g.state in (GangState.PENDING, GangState.RESERVING))
 
-    async def global_view(self) -> list[NodeView]:
-        """This AZ from the leader's live view; other AZs from etcd (node
-        records of ready nodes minus every reservation there): possibly
-        stale, which participants' ledgers catch."""
-        return (await self.snapshot())[0]
+    def place_attempt(self, g: GangRecord, placement: Placement, stimulus_id: str) -> None:
+        """The cycle reserved ``placement`` for cross-AZ gang ``g``: its
+        two-phase attempt starts now with it (the cycle has taken its
+        devices from the free view; attempt_devices keeps them out of later
+        cycles' views until the holds show)."""
+        o = self.owners.get(g.id)
+        if o is None or o.phase is not OwnerPhase.UNPLACED:
+            return
+        self.placements[(g.id, o.incarnation)] = placement
+        self.feed_owner(g.id, PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
+                                            plan=placement.by_az()))
+
+    def last_reason(self, gang: str) -> str:
+        """Why the gang's last two-phase attempt ended as it did ("" if none)."""
+        o = self.owners.get(gang)
+        return o.last_reason if o is not None else ""
+
+    def attempt_devices(self) -> dict[capacity.NodeKey, Any]:
+        """(az, node) -> devices of the attempts this leader's owners placed
+        and have not ended. The cycle that placed one took them from its
+        free view; later cycles must not see them free either before the
+        holds show (this AZ's participant hold is written only after the
+        attempt record, other AZs' reach the watch later still). Where the
+        holds already show, the two overlap, which costs nothing."""
+        live = (OwnerPhase.PERSISTING, OwnerPhase.PREPARING, OwnerPhase.DECIDING, OwnerPhase.RESERVED)
+        return capacity.held((az, nodes) for o in self.owners.values() if o.phase in live and o.plan
+                             for az, nodes in o.plan.items())
+
+    def other_azs_view(self) -> list[NodeView]:
+        """Other AZs' nodes from the watched records (no etcd request): every
+        device minus every reservation there, of any state; ready only while
+        the node's record says so and its AZ has a leader (an AZ without one
+        cannot vote). Possibly stale, which the participants' ledgers catch."""
+        taken = capacity.held((az, r.nodes) for (az, _), r in self.remote_holds.items())
+        return capacity.free_view(((rec.topology, rec.ready and key[0] in self.led)
+                                   for key, rec in self.remote_nodes.items()), taken)
+
+    def other_azs_registered(self) -> list[NodeTopology]:
+        """Every other AZ's registered node (ready or not), for never-fits."""
+        return [rec.topology for rec in self.remote_nodes.values()]
 
     async def snapshot(self) -> tuple[list[NodeView], list[NodeTopology], set[str]]:
-        """One read for placement and its explanation: the global view
-        (nodes that cannot be placed on, not ready or in an AZ without a
-        leader, are included as not ready, so shortfalls count them), every
+        """For explain: the global view cross-AZ gangs are placed on (this
+        AZ's live view, other AZs' from the watch; nodes that cannot be
+        placed on come as not ready, so shortfalls count them), every
         registered node's topology in every AZ (for never-fits), and the AZs
-        that have a leader now."""
-        snap = await self.store.txn([], [Get(self.keys.nodes(), prefix=True), Get(self.keys.reservations(), prefix=True),
-                                         Get(self.keys.leaders(), prefix=True)])
-        led = {kv.key[len(self.keys.leaders()):] for kv in snap.results[2]}
-        # An unreadable reservation is skipped (the rebuild logged it): its
-        # AZ's participant still holds its devices and votes NO.
-        taken = capacity.held((r.az, r.nodes) for r in read_records(snap.results[1], Reservation.from_dict)[0])
+        that have a leader now. No etcd request."""
         views = list(self.l.placeable_nodes())
         placeable = {v.name for v in views}
-        registered: list[NodeTopology] = []
-        for kv in snap.results[0]:
-            rec = NodeRecord.from_dict(kv.json())
-            topo = rec.topology
-            registered.append(topo)
-            if topo.az == self.az:
-                if topo.node not in placeable:
-                    views.append(NodeView(topology=topo, free_gpus=frozenset(), free_nics=frozenset(), ready=False))
-                continue
-            # (an AZ without a leader cannot vote: not offered)
-            views += capacity.free_view([(topo, rec.ready and topo.az in led)], taken)
-        return views, registered, led
+        views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
+                  for name, n in self.l.nodes.items() if name not in placeable]
+        views += self.other_azs_view()
+        registered = self.l.registered_topologies() + self.other_azs_registered()
+        return views, registered, self.led | {self.az}
 
     # ------------------------------------------------------------ dispatch
     async def _node_record(self, az: str, node: str) -> NodeRecord | None:
         """A node's record: this AZ's from the leader's view, another AZ's
-        from etcd (the rank-0 node's address and ports, for the rendezvous)."""
+        from the watched records, else from etcd (the rank-0 node's address
+        and ports, for the rendezvous)."""
         if az == self.az:
             return self.l.nodes.get(node)
+        cached = self.remote_nodes.get((az, node))
+        if cached is not None:
+            return cached
         kv = await self.store.get(self.keys.node(az, node))
         return NodeRecord.from_dict(kv.json()) if kv is not None else None
 
@@ -926,11 +935,23 @@ class TwoPhaseDriver:
         # reads"): no range reply grows with the number of gangs. Records
         # that cannot be read are skipped (the rebuild has logged them).
         rev = await self.store.revision()
-        res_kvs, _ = await self.store.get_prefix_paged(k.reservations(self.az), revision=rev)
+        all_res_kvs, _ = await self.store.get_prefix_paged(k.reservations(), revision=rev)
         dec_kvs, _ = await self.store.get_prefix_paged(k.decisions(), revision=rev)
         gang_kvs, _ = await self.store.get_prefix_paged(k.gangs(), revision=rev)
         sum_kvs, _ = await self.store.get_prefix_paged(k.member_summaries(), revision=rev)
+        # Other AZs' nodes, reservations and leaders: the admission cycle's
+        # global view, kept from the watch from here on (other_azs_view).
+        node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
+        leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         self.revision = rev
+        mine = k.reservations(self.az)
+        res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
+        for kv in all_res_kvs:
+            if not kv.key.startswith(mine):
+                self._on_other_reservation(kv.key, kv)
+        for kv in node_kvs:
+            self._on_other_node(kv.key, kv)
+        self.led = {kv.key[len(k.leaders()):] for kv in leader_kvs}
         gangs = {g.id: g for g in read_records(gang_kvs, GangRecord.from_dict)[0]}
         for g in gangs.values():
             if not g.state.terminal and g.owner_az != self.az:
@@ -981,7 +1002,7 @@ class TwoPhaseDriver:
             self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
             return
         plan = _plan_of(g) if g.placement else None
-        decision = getattr(self, "dec_by_key", {}).get((g.id, g.incarnation))
+        decision = self.dec_by_key.get((g.id, g.incarnation))
         self._spawn(self._recover_owner(g, plan, decision), f"owner-recover-{g.id}")
 
     async def _recover_owner(self, g: GangRecord, plan: Any, decision: Outcome | None) -> None:
@@ -997,7 +1018,10 @@ class TwoPhaseDriver:
                                              incarnation=g.incarnation, plan=plan, decision=decision, finished=finished))
 
     def tick(self) -> None:
-        """Called from the leader's cycle."""
+        """Called from the leader's cycle, before its admission plan: owners
+        for new cross-AZ gangs (they then wait, UNPLACED, for that plan to
+        place them: no placement of their own, no retry timer; the
+        admission timeout is the plan's rule 1, as for every gang)."""
         now = self.now()
         for g in list(self.l.gangs.values()):
             if not is_two_phase(g):
@@ -1008,22 +1032,12 @@ class TwoPhaseDriver:
                     continue
                 self.start_owner(g)
                 continue
-            waited = self.l.wall() - g.submitted_at
-            if (o.phase in (OwnerPhase.UNPLACED, OwnerPhase.BACKOFF) and g.id not in self.l._inflight
-                    and waited > g.spec.policy.admission_timeout_s and g.state in (GangState.PENDING, GangState.RESERVING)):
-                # Nothing is held for it (unplaced, or its last attempt ABORTed).
-                self.l._inflight.add(g.id)
-                why = f"not admitted within admission_timeout_s={g.spec.policy.admission_timeout_s:g}s"
-                if o.last_reason:
-                    why += f"; last: {o.last_reason}"
-                self._spawn(self.l._fail_admission(g, why), f"timeout-{g.id}")
-                continue
             if o.phase is OwnerPhase.RESERVED and (g.state.terminal or g.state == GangState.RESTARTING
                                                    or g.incarnation > o.incarnation):
                 self.feed_owner(g.id, GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation))
             if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
                 self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
-        if now - self._last_eval > 0.5:
+        if now - self._last_eval > self.l.t.member_evaluate_interval_s:
             # Member summaries may arrive while a write of the gang is in
             # flight (then _evaluate skips them): re-evaluate owned cross-AZ
             # gangs periodically; it writes only on a transition.
@@ -1037,11 +1051,6 @@ class TwoPhaseDriver:
                 del self.owners[gang]
                 self.l.pending_reason.pop(gang, None)
                 self.placements = {k: v for k, v in self.placements.items() if k[0] != gang}
-        if now - self._last_retry > 1.0:
-            self._last_retry = now
-            for gang, o in list(self.owners.items()):
-                if o.phase is OwnerPhase.UNPLACED:
-                    self.feed_owner(gang, RetryRequested(stimulus_id=f"retry:{gang}", gang=gang))
         for g in list(self.gang_cache.values()):
             self._maybe_finish(g)
         for (gang, inc) in list(self.local_reports):
@@ -1068,11 +1077,17 @@ class TwoPhaseDriver:
                         except Exception:  # noqa: BLE001 - one bad record must not stop the watch
                             log.exception("two-phase watch: cannot handle %s", ev.kv.key)
             except Compacted:
-                log.warning("two-phase watch compacted; resuming from now")
-                rev = (await self.store.revision()) + 1
+                log.warning("two-phase watch compacted; other AZs' inventory read again, resuming from now")
+                while True:
+                    try:
+                        rev = (await self._reread_other_azs()) + 1
+                        break
+                    except StoreUnavailable as exc:
+                        log.info("two-phase watch: cannot read other AZs' inventory (%s); retrying", exc)
+                        await asyncio.sleep(self.l.t.store_retry_pause_s)
             except StoreUnavailable as exc:
                 log.info("two-phase watch broke (%s); resuming from %d", exc, rev)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(self.l.t.store_retry_pause_s)
 
     def _on_watch(self, ev: Any) -> None:
         k = self.keys
@@ -1113,8 +1128,89 @@ class TwoPhaseDriver:
             az = key[len(k.leaders()):]
             if ev.kind == "put":
                 self.leader_seen[az] = -1.0  # has a leader
+                if az not in self.led:
+                    self.led.add(az)
+                    self.l.wake.set()  # its nodes may be placed on again
             else:
                 self.leader_seen[az] = self.now()  # leaderless since now
+                self.led.discard(az)
+        elif key.startswith(k.nodes()):
+            self._on_other_node(key, ev.kv if ev.kind == "put" else None)
+        elif key.startswith(k.reservations()):
+            self._on_other_reservation(key, ev.kv if ev.kind == "put" else None)
+
+    # ------------------------------------------------- other AZs' inventory
+    def _other_az_key(self, key: str, prefix: str) -> tuple[str, str] | None:
+        """(az, name) of ``<prefix><az>/<name>`` in another AZ; None for this
+        AZ's keys (the leader's own view has them) or a malformed key."""
+        az, _, name = key[len(prefix):].partition("/")
+        if not az or not name or az == self.az:
+            return None
+        return az, name
+
+    def _on_other_node(self, key: str, kv: Any) -> None:
+        """Another AZ's node record was written (``kv``) or deleted (None).
+        Wakes the admission cycle when what placement sees of it changes."""
+        at = self._other_az_key(key, self.keys.nodes())
+        if at is None:
+            return
+        old = self.remote_nodes.get(at)
+        if kv is None:
+            if self.remote_nodes.pop(at, None) is not None:
+                self.remote_version += 1
+            return
+        try:
+            rec = NodeRecord.from_dict(kv.json(), kv.mod_revision)
+        except UNREADABLE as exc:
+            log.warning("two-phase %s: skipped unreadable node record %s: %r", self.az, key[:200], exc)
+            return
+        self.remote_nodes[at] = rec
+        if old is None or old.topology != rec.topology:
+            self.remote_version += 1
+        if old is None or old.ready != rec.ready or old.topology != rec.topology:
+            self.l.wake.set()
+
+    def _on_other_reservation(self, key: str, kv: Any) -> None:
+        """Another AZ's reservation was written (``kv``) or deleted (None):
+        a delete frees devices there, so the admission cycle wakes."""
+        at = self._other_az_key(key, self.keys.reservations())
+        if at is None:
+            return
+        if kv is None:
+            if self.remote_holds.pop(at, None) is not None:
+                self.l.wake.set()
+            return
+        try:
+            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+        except UNREADABLE as exc:
+            # Its devices stay as they were in this view (taken, if it was
+            # readable before); the AZ's own leader holds them anyway.
+            log.warning("two-phase %s: skipped unreadable reservation %s: %r", self.az, key[:200], exc)
+            return
+        old = self.remote_holds.get(at)
+        self.remote_holds[at] = r
+        if old is not None and dict(old.nodes) != dict(r.nodes):
+            self.l.wake.set()
+
+    async def _reread_other_azs(self) -> int:
+        """After a compacted watch: the events in between are lost, so read
+        other AZs' nodes, reservations and leaders again; returns the
+        revision read at (the watch resumes after it)."""
+        k = self.keys
+        rev = await self.store.revision()
+        node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
+        res_kvs, _ = await self.store.get_prefix_paged(k.reservations(), revision=rev)
+        leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
+        self.remote_nodes.clear()
+        self.remote_holds.clear()
+        for kv in node_kvs:
+            self._on_other_node(kv.key, kv)
+        for kv in res_kvs:
+            self._on_other_reservation(kv.key, kv)
+        self.led = {kv.key[len(k.leaders()):] for kv in leader_kvs}
+        self.remote_version += 1
+        self.l.wake.set()
+        return rev
 
     def forget(self, gang: str) -> None:
         """``gangs/<gang>`` was deleted (retention): drop what this leader
@@ -1143,7 +1239,7 @@ class TwoPhaseDriver:
         ``owner_adopt_after_s`` (fenced txn guarded by the gang record's
         mod_revision: at most one leader wins each gang)."""
         now = self.now()
-        if now - self._last_leader_poll < 1.0:
+        if now - self._last_leader_poll < self.l.t.owner_loss_poll_s:
             return
         self._last_leader_poll = now
         kvs, _ = await self.store.get_prefix(self.keys.leaders())

@@ -86,6 +86,37 @@ class Timings:
     # The leader sets its view's gauges (pending gangs, reservations, nodes,
     # GPUs) at most this often: they cost a pass over its gangs and nodes.
     metrics_view_interval_s: float = 1.0
+    # The longest an AZ leader's loop waits for a wake (a submission, freed
+    # capacity, a registration, another AZ's inventory on the watch) before
+    # it runs a cycle anyway: liveness, start barriers and restart backoffs
+    # end on the clock, not on an event. Admission itself never waits for it.
+    cycle_wait_s: float = 0.25
+    # Two-phase owner (docs/two-phase.md): after an ABORT the next
+    # incarnation waits base * 2^(attempts-1), capped, before the admission
+    # cycle may place it again (an older gang that won a conflict gets to
+    # commit first; its loser does not spin on it).
+    twophase_retry_backoff_s: float = 0.3
+    twophase_retry_backoff_max_s: float = 4.0
+    # Two-phase owner: an attempt record or decision key whose write failed
+    # is written again after this pause.
+    twophase_store_retry_s: float = 0.5
+    # An owner re-evaluates its running cross-AZ gangs from the participants'
+    # member summaries this often (a summary that arrives while a write of
+    # the gang is in flight is skipped by that evaluation).
+    member_evaluate_interval_s: float = 0.5
+    # Heartbeats live in the leader's memory; their wall time is written to
+    # the node records (``phalanx nodes``' last_heartbeat) at most this often.
+    heartbeat_persist_s: float = 5.0
+    # How often a leader reads leader/ to find AZs without a leader (owner-AZ
+    # loss, owner_adopt_after_s).
+    owner_loss_poll_s: float = 1.0
+    # Pause before an etcd call that timed out is tried again where the
+    # caller must learn the answer (rebuild, a lost reply's outcome, a read
+    # of the two-phase driver, its broken watch).
+    store_retry_pause_s: float = 0.2
+    # While a backlog of finished gangs drains, the pause between two sweeps
+    # of the collector (instead of gc_interval_s).
+    gc_backlog_pause_s: float = 1.0
 
     @property
     def leader_validity_s(self) -> float:
@@ -180,6 +211,29 @@ class Timings:
         rule(self.gang_retention_s > floor,
              "gang_retention_s must exceed both 3*lease_ttl_s + fence_after_s (client submit retries) and "
              f"fence_after_s + replace_margin_s + prepare_timeout_s (holds of a finished gang) ({self.gang_retention_s} <= {floor:g})")
+        # The cycle checks liveness: a silent node is noticed within one
+        # heartbeat of node_not_ready_after_s.
+        rule(self.cycle_wait_s <= self.heartbeat_interval_s,
+             f"cycle_wait_s must be at most heartbeat_interval_s ({self.cycle_wait_s} > {self.heartbeat_interval_s})")
+        rule(self.twophase_retry_backoff_s <= self.twophase_retry_backoff_max_s,
+             "twophase_retry_backoff_s must be at most twophase_retry_backoff_max_s "
+             f"({self.twophase_retry_backoff_s} > {self.twophase_retry_backoff_max_s})")
+        # A decision whose create failed is written again before the
+        # participants resolve their PREPARED holds in doubt (safe either
+        # way; this keeps a store hiccup from costing the attempt).
+        rule(self.twophase_store_retry_s < self.prepare_timeout_s - self.vote_timeout_s,
+             "twophase_store_retry_s must be below prepare_timeout_s - vote_timeout_s "
+             f"({self.twophase_store_retry_s} >= {self.prepare_timeout_s - self.vote_timeout_s:g})")
+        rule(self.heartbeat_persist_s >= self.heartbeat_interval_s,
+             "heartbeat_persist_s must be at least heartbeat_interval_s (a persist more often than heartbeats "
+             f"arrive writes the same time twice) ({self.heartbeat_persist_s} < {self.heartbeat_interval_s})")
+        rule(self.owner_loss_poll_s < self.owner_adopt_after_s,
+             f"owner_loss_poll_s must be below owner_adopt_after_s ({self.owner_loss_poll_s} >= {self.owner_adopt_after_s})")
+        rule(self.store_retry_pause_s <= self.etcd_timeout_s,
+             f"store_retry_pause_s must be at most etcd_timeout_s ({self.store_retry_pause_s} > {self.etcd_timeout_s})")
+        rule(self.gc_backlog_pause_s <= self.gc_interval_s,
+             f"gc_backlog_pause_s must be at most the collector's sweep interval min(60, gang_retention_s/10) "
+             f"({self.gc_backlog_pause_s} > {self.gc_interval_s:g})")
         if errors:
             raise ConfigError("invalid timings: " + "; ".join(errors))
         return self
