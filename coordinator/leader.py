@@ -140,8 +140,12 @@ class AzLeader:
         """Lead until the lease is lost or a fenced write fails."""
         bind(az=self.az, epoch=self.epoch)  # this task's lines, and its spawned tasks'
         try:
-            await self._rebuild_while_valid()
-            await self.twophase.recover()
+            # The takeover is a stimulus too: what rebuild and recovery decide
+            # (and the tasks they spawn, e.g. finishing a gang whose members
+            # ended meanwhile) logs and records its id.
+            with log_context(stimulus=new_stimulus(self.az)):
+                await self._rebuild_while_valid()
+                await self.twophase.recover()
             self.led_since = self.mono()
             self.rebuilt.set()
             self._spawn(self.twophase.watch(), "twophase-watch")
