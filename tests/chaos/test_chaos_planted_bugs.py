@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from chaos.checker import INVARIANTS
 from chaos.history import History, load
 from chaos.run import RunResult, run_scenario
 from chaos.scenarios import scenario
@@ -23,12 +24,14 @@ from tests.chaos.test_chaos_scenarios import assert_nothing_left, report
 pytestmark = pytest.mark.chaos
 
 
-def run_planted(name: str, tmp_path: Path) -> tuple[RunResult, History]:
+def run_planted(name: str, invariant: int, tmp_path: Path) -> tuple[RunResult, History]:
+    """Run the planted bug ``name``; exactly ``invariant`` must fail."""
     r = run_scenario(scenario(name), seed=1, out_dir=tmp_path)
     assert r.error == "", r.error
     assert r.verdict is not None
     assert not r.verdict.ok, f"the planted bug {name} went unnoticed:\n" + report(r)
     assert r.as_expected
+    assert [x.name for x in r.verdict.results if not x.passed] == [INVARIANTS[invariant]], report(r)
     return r, load(r.run_dir)
 
 
@@ -42,7 +45,7 @@ def test_checker_reports_a_member_started_under_a_stale_epoch(tmp_path: Path) ->
     token check while that leader is SIGSTOPped and replaced; the agent reads
     another epoch in leader/a and starts the member anyway. Invariant 6 must
     name the member and the dead epoch it started under."""
-    r, h = run_planted("stale-epoch-accepted", tmp_path)
+    r, h = run_planted("stale-epoch-accepted", 6, tmp_path)
     assert any("SIGSTOPped" in d for d in notes(h, "stale-epoch-start-a")), report(r)
     stale = [v for v in r.verdict.result(6).violations if "after that leadership ended" in v.what]  # type: ignore[union-attr]
     assert stale, report(r)
@@ -60,7 +63,7 @@ def test_checker_reports_a_reservation_written_without_the_fence(tmp_path: Path)
     still valid; its etcd requests are held until its lease has expired (the
     standby paused, so no successor yet) and the txn, fence compare dropped,
     commits. Invariant 6 must name reservations/a/<gang> and the dead epoch."""
-    r, h = run_planted("fence-compare-skipped", tmp_path)
+    r, h = run_planted("fence-compare-skipped", 6, tmp_path)
     detail = next((d for d in notes(h, "stale-leader-write-a") if "reached leader.before_reserve" in d), "")
     assert detail, report(r)
     epoch = int(re.search(r"\(epoch (\d+)\)", detail).group(1))  # type: ignore[union-attr]
@@ -77,7 +80,7 @@ def test_checker_reports_a_two_phase_decision_written_twice(tmp_path: Path) -> N
     the COMMIT, a plain Put, lands on top. Invariant 8 must name
     decisions/<gang>/<inc> of a cross-AZ gang the workload submitted, with
     both writes."""
-    r, h = run_planted("decision-overwrite", tmp_path)
+    r, h = run_planted("decision-overwrite", 8, tmp_path)
     assert any("counts its votes" in d for d in notes(h, "decision-overwrite")), report(r)
     twice = [v for v in r.verdict.result(8).violations if "written twice" in v.what]  # type: ignore[union-attr]
     assert twice, report(r)
