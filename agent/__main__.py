@@ -23,6 +23,7 @@ from pathlib import Path
 
 from agent.launcher import agent_identity
 from agent.session import Agent
+from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import timings_from_arg
 from phalanx.ports import DEFAULT_PORTS, parse_port_range
 from phalanx.store import Store
@@ -34,8 +35,6 @@ log = logging.getLogger("agent")
 PLAINTEXT_WARNING = ("--insecure: connecting to coordinators in plaintext (no --tls-dir): anyone on the path can pose "
                      "as this node's coordinator or as this node")
 ETCD_PLAINTEXT_WARNING = "--insecure: reaching etcd in plaintext (no --etcd-tls-dir)"
-TLS_REQUIRED = "--tls-dir: required (pass --insecure to connect in plaintext)"
-ETCD_TLS_REQUIRED = "--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,34 +70,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""))
     p.add_argument("--history", default="")
     p.add_argument("--print-topology", action="store_true", help="discover, print the topology as JSON and exit")
-    p.add_argument("--tls-dir", default="",
-                   help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key "
-                        "(phalanx certs issue --role agent --name NODE --node NODE); the leader must present a "
-                        "coordinator certificate of this cluster; required unless --insecure")
-    p.add_argument("--etcd-tls-dir", default="",
-                   help="reach etcd over TLS as this cluster's agent user: DIR holds ca.crt, client.crt and client.key "
-                        "(phalanx certs etcd-user); required unless --insecure")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
-    p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
+    add_credential_flags(p, etcd_user="agent",
+                         tls_help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key "
+                                  "(phalanx certs issue --role agent --name NODE --node NODE); the leader must present a "
+                                  "coordinator certificate of this cluster")
     p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
                    help="serve /metrics here (127.0.0.1:0 picks a port; default off); with --tls-dir HTTPS, "
                         "scrapers need a client certificate of the cluster's CA (docs/metrics.md)")
-    p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
-                   help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
+    add_log_flags(p)
     return p
 
 
 def required_flags_error(a: argparse.Namespace) -> str | None:
     """The one-line error for a missing credential flag without --insecure
     (--print-topology talks to nobody and needs none)."""
-    if a.insecure or a.print_topology:
-        return None
-    if not a.tls_dir:
-        return TLS_REQUIRED
-    if not a.etcd_tls_dir:
-        return ETCD_TLS_REQUIRED
-    return None
+    return None if a.print_topology else missing_credentials(a, plaintext="connect in plaintext")
 
 
 def etcd_tls_files(a: argparse.Namespace) -> TlsFiles | None:

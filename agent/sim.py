@@ -21,6 +21,7 @@ from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.metrics import AgentMetrics
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
+from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import Timings, timings_from_arg
 from phalanx.ports import DEFAULT_PORTS, parse_port_range, split_port_range
 from phalanx.store import Store
@@ -34,8 +35,6 @@ log = logging.getLogger("agent.sim")
 PLAINTEXT_WARNING = ("--insecure: simulated agents connect to coordinators in plaintext (no --tls-dir): anyone on the "
                      "path can pose as their coordinator or as these nodes")
 ETCD_PLAINTEXT_WARNING = "--insecure: simulated agents reach etcd in plaintext (no --etcd-tls-dir)"
-TLS_REQUIRED = "--tls-dir: required (pass --insecure to connect in plaintext)"
-ETCD_TLS_REQUIRED = "--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)"
 
 
 def node_tls(tls_dir: Path | None, nodes: list[str], cluster: str) -> dict[str, TlsFiles]:
@@ -212,26 +211,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rendezvous-ports", default="%d-%d" % DEFAULT_PORTS,
                    help="FIRST-LAST: the ports of this process's nodes for MASTER_PORT, split into one disjoint slice "
                         "per node (processes sharing a host need disjoint ranges; default %(default)s)")
-    p.add_argument("--tls-dir", default="",
-                   help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key for every simulated "
-                        "node (phalanx certs issue --role agent --name NODE --node NODE); required unless --insecure")
-    p.add_argument("--etcd-tls-dir", default="",
-                   help="reach etcd over TLS as this cluster's agent user: DIR holds ca.crt, client.crt and client.key "
-                        "(phalanx certs etcd-user); required unless --insecure")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
-    p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "WARNING"))
+    add_credential_flags(p, etcd_user="agent",
+                         tls_help="connect to leaders over TLS: DIR holds ca.crt and agent-NODE.crt/.key for every "
+                                  "simulated node (phalanx certs issue --role agent --name NODE --node NODE)")
+    add_log_flags(p, level="WARNING")
     p.add_argument("--metrics-listen", default="", metavar="HOST:PORT",
                    help="serve the metrics of all these agents here (127.0.0.1:0 picks a port; default off); with "
                         "--tls-dir HTTPS, scrapers need a client certificate of the cluster's CA (docs/metrics.md)")
-    p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
-                   help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
     a = p.parse_args(argv)
-    if not a.insecure and not a.tls_dir:
-        print(f"error: {TLS_REQUIRED}", file=sys.stderr)
-        return 2
-    if not a.insecure and not a.etcd_tls_dir:
-        print(f"error: {ETCD_TLS_REQUIRED}", file=sys.stderr)
+    missing = missing_credentials(a, plaintext="connect in plaintext")
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
         return 2
     # Many nodes in one process: each agent binds its node (agent/session.py).
     logfmt.configure(a.log_level, a.log_format, "agent-sim", static={"id": f"agents-{a.az}", "az": a.az},

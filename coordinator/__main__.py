@@ -16,6 +16,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 
+from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import ConfigError, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, load_policy
 from coordinator.server import Coordinator
@@ -30,8 +31,6 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     return parse_all(argv)[0]
 
 
-TLS_REQUIRED = "--tls-dir: required (pass --insecure to serve plaintext)"
-ETCD_TLS_REQUIRED = "--etcd-tls-dir: required (pass --insecure to reach etcd in plaintext)"
 
 
 def parse_all(argv: list[str] | None = None) -> tuple[CoordinatorConfig, TlsFiles | None]:
@@ -53,14 +52,9 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--advertise", default="")
     p.add_argument("--timings", default=os.environ.get("PHALANX_TIMINGS", ""),
                    help="JSON object of timing overrides, or 'fast' (validated together at start-up)")
-    p.add_argument("--tls-dir", default="",
-                   help="serve only TLS with client certificates: DIR holds ca.crt and coordinator-ID.crt/.key "
-                        "(phalanx certs init/issue --role coordinator --name ID); required unless --insecure")
-    p.add_argument("--etcd-tls-dir", default="",
-                   help="reach etcd over TLS as this cluster's coordinator user: DIR holds ca.crt, client.crt and "
-                        "client.key (phalanx certs etcd-user); required unless --insecure")
-    p.add_argument("--insecure", action="store_true",
-                   help="allow plaintext where --tls-dir / --etcd-tls-dir is not given (each logs a warning)")
+    add_credential_flags(p, etcd_user="coordinator",
+                         tls_help="serve only TLS with client certificates: DIR holds ca.crt and coordinator-ID.crt/.key "
+                                  "(phalanx certs init/issue --role coordinator --name ID)")
     p.add_argument("--policy", default="",
                    help="YAML file of what GangService allows each role (max_priority per role; docs/security.md); "
                         "needs --tls-dir; validated at start-up")
@@ -72,9 +66,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--metrics-listen", default="",
                    help="serve /metrics at HOST:PORT (127.0.0.1:0 picks a port; default off); with --tls-dir only "
                         "HTTPS with a client certificate of the cluster's CA (docs/metrics.md)")
-    p.add_argument("--log-level", default=os.environ.get("PHALANX_LOG_LEVEL", "INFO"))
-    p.add_argument("--log-format", default=os.environ.get("PHALANX_LOG_FORMAT", "text"), choices=logfmt.FORMATS,
-                   help="text, or json: one JSON object per line with az, epoch, gang, stimulus... (docs/logging.md)")
+    add_log_flags(p)
     a = p.parse_args(argv)
     logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
     timings = timings_from_arg(a.timings)
@@ -83,10 +75,9 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         listen=a.listen, advertise=a.advertise, timings=timings,
         token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy, metrics_listen=a.metrics_listen,
     ).validate()
-    if not a.insecure and not a.tls_dir:
-        raise ConfigError(TLS_REQUIRED)
-    if not a.insecure and not a.etcd_tls_dir:
-        raise ConfigError(ETCD_TLS_REQUIRED)
+    missing = missing_credentials(a, plaintext="serve plaintext")
+    if missing:
+        raise ConfigError(missing)
     tls = TlsFiles.issued(a.tls_dir, "coordinator", a.id) if a.tls_dir else None
     try:
         etcd_tls = etcd_files(a.etcd_tls_dir) if a.etcd_tls_dir else None
