@@ -12,12 +12,13 @@ leader starts from etcd and the agents' re-registrations.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
@@ -148,8 +149,8 @@ class AzLeader:
                 await self.twophase.recover()
             self.led_since = self.mono()
             self.rebuilt.set()
-            self._spawn(self.twophase.watch(), "twophase-watch")
-            self._spawn(self.collector.run(), "gang-collector")
+            self.spawn(self.twophase.watch(), "twophase-watch")
+            self.spawn(self.collector.run(), "gang-collector")
             log.info("leader of %s (epoch %d): %d gangs, %d finished, %d reservations, %d nodes", self.az, self.epoch,
                      len(self.gangs), len(self.collector.finished), len(self.reservations), len(self.nodes))
             lost = asyncio.create_task(self.session.lost.wait())
@@ -192,7 +193,12 @@ class AzLeader:
             conn.queue.put_nowait(None)
         self.conns.clear()
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    # The leader's public face: what the two-phase driver, the collector
+    # and the server use (docs/design.md §19.6). Nothing outside this class
+    # touches its private members (tests/unit/test_no_private_reach.py).
+    def spawn(self, coro: Any, name: str) -> None:
+        """Run ``coro`` as a task of this leadership: cancelled when it stops,
+        and a NotLeader or LeaseLost it raises ends the leadership."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.add(task)
 
@@ -214,6 +220,27 @@ class AzLeader:
         if self.stopped.is_set():
             raise NotLeader(f"no longer leader of {self.az}")
         self.session.check()
+
+    def busy(self, gang_id: str) -> bool:
+        """Whether a write for the gang is in flight here: then nothing else
+        decides about it (admission skips it, evaluation waits for the next
+        report or tick), so two decisions never race on one record."""
+        return gang_id in self._inflight
+
+    @contextlib.contextmanager
+    def acting_on(self, gang_id: str) -> Iterator[None]:
+        """Mark the gang busy for the duration of a write made outside this
+        class (the two-phase driver's RESERVED write)."""
+        self._inflight.add(gang_id)
+        try:
+            yield
+        finally:
+            self._inflight.discard(gang_id)
+
+    def rendezvous_settled(self, gang_id: str) -> None:
+        """The write carrying the port ``rendezvous_for`` picked for the gang
+        is done (or failed): the pick no longer holds the port for others."""
+        self._picking.pop(gang_id, None)
 
     # -------------------------------------------------------------- rebuild
     async def _rebuild_while_valid(self) -> None:
@@ -276,7 +303,7 @@ class AzLeader:
             self.liveness[n.name] = NodeLiveness(last_contact=now, ready=False)
 
     # --------------------------------------------------------------- writes
-    async def _write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = (),
+    async def write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = (),
                           events: list = ()) -> GangRecord:
         """Fenced write of a gang record guarded by its last revision;
         ``events`` (and any waiting in _unwritten_events) are appended to its
@@ -338,7 +365,7 @@ class AzLeader:
     # ----------------------------------------------------------- submission
     async def submit(self, spec: GangSpec, idempotency_key: str, owner: str = "") -> tuple[GangRecord, bool]:
         self.check_valid()
-        await self._until_rebuilt()
+        await self.until_rebuilt()
         await failpoints.hit("leader.before_submit")
         self.check_valid()
         k = self.keys
@@ -370,7 +397,7 @@ class AzLeader:
             # reply was lost. The client is told UNAVAILABLE and may retry with
             # its idempotency key (which finds the gang, below); if it never
             # does, the gang must still be admitted, so learn the outcome.
-            self._spawn(self._learn_submit_outcome(gang_id), f"learn-submit-{gang_id}")
+            self.spawn(self._learn_submit_outcome(gang_id), f"learn-submit-{gang_id}")
             raise
         if not res.succeeded:
             if idempotency_key and res.results[1]:
@@ -440,7 +467,7 @@ class AzLeader:
         self.check_valid()
         # Before rebuild() the reservations are unknown: cancelling then would
         # strand the gang's reservation.
-        await self._until_rebuilt()
+        await self.until_rebuilt()
         g = self.gangs.get(gang_id)
         if g is None:
             kv = await self.store.get(self.keys.gang(gang_id))
@@ -453,10 +480,10 @@ class AzLeader:
         if g.state.terminal:
             raise FailedPrecondition(f"id: gang {gang_id} is already {g.state.name}; nothing to cancel")
         reason = reason or "cancelled by user"
-        return await self._finish(g, GangState.CANCELLED, reason,
+        return await self.finish(g, GangState.CANCELLED, reason,
                                   [ev.cancelled(self.wall(), self.epoch, g.incarnation, by, reason)])
 
-    async def _finish(self, g: GangRecord, state: GangState, reason: str, events: list = ()) -> GangRecord:
+    async def finish(self, g: GangRecord, state: GangState, reason: str, events: list = ()) -> GangRecord:
         """Tear an incarnation down: to a terminal state, or to RESTARTING.
         Its devices stay held (reservation RELEASING) until every member is
         known to be gone, so they are never handed to another gang (or to the
@@ -478,7 +505,7 @@ class AzLeader:
         events = list(events)
         if state.terminal:
             events.append(ev.finished(self.wall(), self.epoch, g.incarnation, state.name, reason))
-        written = await self._write_gang(new, g, ops, events=events)
+        written = await self.write_gang(new, g, ops, events=events)
         if r is not None:
             if releasing is not None:
                 self.reservations[g.id] = releasing
@@ -489,7 +516,7 @@ class AzLeader:
             self.members.pop((g.id, inc), None)
         # Stop (or tell agents to forget) the members of this incarnation.
         for node in {m.node for m in g.placement}:
-            self._send(node, Revoke(g.id, inc, reason))
+            self.send(node, Revoke(g.id, inc, reason))
         held = "" if r is None else ("; devices held until its members are gone" if releasing is not None
                                      else "; devices released")
         log.info("gang %s#%d -> %s: %s%s", g.id, inc, state.name, reason, held, extra={"gang": g.id, "incarnation": inc})
@@ -509,7 +536,7 @@ class AzLeader:
             not_before=self.wall() + backoff, updated_at=self.wall(),
             reason=f"restart {g.restarts + 1}/{g.spec.policy.max_restarts} after: {g.reason}",
         )
-        await self._write_gang(new, g, ops)
+        await self.write_gang(new, g, ops)
         self._drop_reservation(g.id)
         self.members.pop((g.id, g.incarnation), None)
         log.info("gang %s restarts as incarnation %d in %.1fs", g.id, new.incarnation, backoff,
@@ -577,7 +604,7 @@ class AzLeader:
                 self.ledger.hold(r)
                 self._inflight.add(d.gang.id)
                 with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):  # the reserve task's lines
-                    self._spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
+                    self.spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
             elif isinstance(d, KeepPending):
                 self.pending_classes[d.gang.id] = pending_class(d, now)
                 why = self.queue_reason(d)
@@ -593,7 +620,7 @@ class AzLeader:
                     if last:
                         reason += f"; last: {last}"  # why its last two-phase attempt did not get in
                     self._inflight.add(d.gang.id)
-                    self._spawn(self._fail_admission(d.gang, reason), f"timeout-{d.gang.id}")
+                    self.spawn(self._fail_admission(d.gang, reason), f"timeout-{d.gang.id}")
 
     def waiting_gangs(self) -> list[GangRecord]:
         """The gangs the admission plan orders, in one queue: single-AZ gangs
@@ -695,7 +722,7 @@ class AzLeader:
                                       f"{sum(len(d.gpus) for d in r.nodes.values())} GPUs on {len(r.nodes)} nodes of {self.az} in one write")]
                 await failpoints.hit("leader.before_reserve")
                 try:
-                    written = await self._write_gang(new, g, [Put(key, r.to_dict())], [absent(key)], events=events)
+                    written = await self.write_gang(new, g, [Put(key, r.to_dict())], [absent(key)], events=events)
                 except StoreUnavailable:
                     # Outcome unknown: the txn may have committed although
                     # its reply was lost. Keep the devices held and learn the
@@ -717,8 +744,8 @@ class AzLeader:
         self.pending_reason.pop(g.id, None)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
-        self._dispatch(written)
-        self._spawn(self._mark_starting(written), f"starting-{g.id}")
+        self.dispatch(written)
+        self.spawn(self.mark_starting(written), f"starting-{g.id}")
 
     async def _learn_reserve_outcome(self, g: GangRecord, r: Reservation) -> GangRecord | None:
         """After a reservation txn with an unknown outcome: read the gang and
@@ -747,23 +774,27 @@ class AzLeader:
         log.info("reservation of %s did not apply (reply lost); devices released", g.id)
         return None
 
-    async def _mark_starting(self, g: GangRecord) -> None:
+    async def mark_starting(self, g: GangRecord) -> None:
+        """RESERVED -> STARTING once its assignments went out (a no-op if the
+        record moved on meanwhile), then evaluate what members reported."""
         cur = self.gangs.get(g.id)
         if cur is None or cur.state != GangState.RESERVED or cur.incarnation != g.incarnation:
             return
-        await self._write_gang(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.wall()), cur)
+        await self.write_gang(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.wall()), cur)
         log.info("gang %s#%d -> STARTING: assignments sent to agents", g.id, g.incarnation,
                  extra={"gang": g.id, "incarnation": g.incarnation})
-        await self._evaluate(g.id)
+        await self.evaluate(g.id)
 
     async def _fail_admission(self, g: GangRecord, reason: str) -> None:
         try:
-            await self._finish(g, GangState.FAILED, reason)
+            await self.finish(g, GangState.FAILED, reason)
         finally:
             self._inflight.discard(g.id)
 
     # ------------------------------------------------------------ dispatch
-    def _dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
+    def dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
+        """Send this AZ's members of ``g`` their assignments (only to
+        ``only_node`` and not ``skip_ranks`` when an agent re-registers)."""
         if not g.placement:
             return
         rank0 = g.placement[0]
@@ -788,7 +819,7 @@ class AzLeader:
                 if m.rank in skip_ranks:
                     continue
                 sent.add(node)
-                self._send(node, Assign(
+                self.send(node, Assign(
                     gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
                     local_rank=local_rank, local_world_size=len(ms), gpus=tuple(m.gpus), nics=tuple(m.nics),
                     command=tuple(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
@@ -823,7 +854,8 @@ class AzLeader:
         self._picking[g.id] = (node, port)  # the caller drops it once its write is done
         return (rank0.address if rank0 is not None else "") or node, port
 
-    def _send(self, node: str, msg: Assign | Revoke) -> None:
+    def send(self, node: str, msg: Assign | Revoke) -> None:
+        """Queue a message on the node's session (dropped if it has none)."""
         conn = self.conns.get(node)
         if conn is not None and not conn.closed:
             # The decision's stimulus id travels with it: the agent's lines
@@ -835,7 +867,7 @@ class AzLeader:
         """An agent connected: record its node (fenced write), then reconcile
         what it runs against committed reservations."""
         self.check_valid()
-        await self._until_rebuilt()
+        await self.until_rebuilt()
         node = conn.node
         old = self.conns.get(node)
         if old is not None and old is not conn:
@@ -873,7 +905,7 @@ class AzLeader:
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
             if (g is None or committed is None or not committed.holds(m.gang, m.incarnation)
                     or g.state.terminal or g.state == GangState.RESTARTING):
-                self._send(node, Revoke(m.gang, m.incarnation, "no committed reservation for this member"))
+                self.send(node, Revoke(m.gang, m.incarnation, "no committed reservation for this member"))
                 if g is not None and g.incarnation == m.incarnation:
                     # Torn down while the agent was away: the member still
                     # holds its devices until the agent reports it stopped.
@@ -892,7 +924,7 @@ class AzLeader:
             if not missing:
                 continue
             if g.state in (GangState.RESERVED, GangState.STARTING) and not is_two_phase(g):
-                self._dispatch(g, only_node=node, skip_ranks=have)
+                self.dispatch(g, only_node=node, skip_ranks=have)
             elif g.state == GangState.RUNNING:
                 for rank in missing:
                     self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(
@@ -903,13 +935,13 @@ class AzLeader:
                     self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(MemberPhase.STOPPED, 0, "gone", node)
         await self.twophase.on_register(node, reported)
         for key_ in reported:
-            await self._evaluate(key_[0])
+            await self.evaluate(key_[0])
         for g in list(self.gangs.values()):
             if any(m.node == node for m in g.placement):
-                await self._evaluate(g.id)
+                await self.evaluate(g.id)
         self.wake.set()
 
-    async def _until_rebuilt(self) -> None:
+    async def until_rebuilt(self) -> None:
         """Wait for rebuild(); NotLeader if this leadership ends first."""
         if not self.rebuilt.is_set():
             waits = {asyncio.ensure_future(self.rebuilt.wait()), asyncio.ensure_future(self.stopped.wait())}
@@ -957,7 +989,7 @@ class AzLeader:
         if g is None or g.incarnation != m.incarnation:
             return
         self.members.setdefault((m.gang, m.incarnation), {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
-        await self._evaluate(m.gang)
+        await self.evaluate(m.gang)
 
     def on_disconnect(self, conn: AgentConn) -> None:
         if self.conns.get(conn.node) is conn:
@@ -967,7 +999,10 @@ class AzLeader:
                 live.ready = False
         conn.closed = True
 
-    async def _evaluate(self, gang_id: str) -> None:
+    async def evaluate(self, gang_id: str) -> None:
+        """Decide on the gang from what its members reported: a run-time
+        transition, or once a torn-down incarnation is gone, its requeue or
+        release. Skipped while the gang is busy."""
         g = self.gangs.get(gang_id)
         if g is None or gang_id in self._inflight:
             return
@@ -1011,9 +1046,9 @@ class AzLeader:
         self._inflight.add(g.id)
         try:
             if to.terminal or to == GangState.RESTARTING:
-                await self._finish(g, to, reason, events)
+                await self.finish(g, to, reason, events)
             else:
-                await self._write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
+                await self.write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
                 log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, to.name, reason,
                          extra={"gang": g.id, "incarnation": g.incarnation})
         except Conflict as exc:
@@ -1024,7 +1059,7 @@ class AzLeader:
         if to.terminal or to == GangState.RESTARTING:
             g2 = self.gangs.get(g.id)
             if g2 is not None and (g2.state.terminal or g2.state == GangState.RESTARTING):
-                await self._evaluate(g.id)
+                await self.evaluate(g.id)
 
     async def _release(self, g: GangRecord) -> None:
         key = self.keys.reservation(self.az, g.id)
@@ -1107,7 +1142,7 @@ class AzLeader:
                         for m in g.placement:
                             if m.node == node and m.az == self.az:
                                 reports[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)", node)
-                        await self._evaluate(g.id)
+                        await self.evaluate(g.id)
 
     # ---------------------------------------------------------------- view
     async def explain(self, gang_id: str) -> "Explanation | None":
@@ -1119,7 +1154,7 @@ class AzLeader:
         plan places it on. None: not a waiting gang of this leader (the
         caller answers from etcd)."""
         self.check_valid()
-        await self._until_rebuilt()
+        await self.until_rebuilt()
         g = self.gangs.get(gang_id)
         if g is None or g.state not in (GangState.PENDING, GangState.RESERVING):
             return None

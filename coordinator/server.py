@@ -82,7 +82,7 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
         if leader is None or leader.stopped.is_set():
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
         try:
-            await leader._until_rebuilt()
+            await leader.until_rebuilt()
         except NotLeader as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return leader.twophase

@@ -194,7 +194,7 @@ class TwoPhaseDriver:
         return self.l.mono()
 
     def _spawn(self, coro: Any, name: str) -> None:
-        self.l._spawn(coro, name)
+        self.l.spawn(coro, name)
 
     def feed_participant(self, ev: Event) -> None:
         if self.l.stopped.is_set():
@@ -292,7 +292,7 @@ class TwoPhaseDriver:
             case MarkGangFailed():
                 g = self.l.gangs.get(e.gang)
                 if g is not None and not g.state.terminal:
-                    await self.l._finish(g, GangState.FAILED, e.reason)
+                    await self.l.finish(g, GangState.FAILED, e.reason)
             case _:
                 log.error("two-phase: unhandled effect %r", e)
 
@@ -469,34 +469,32 @@ class TwoPhaseDriver:
             self._rt(e.gang)
             placed = ev.placed(self.l.wall(), self.l.epoch, e.incarnation, placement,
                                f"two-phase across {', '.join(sorted(p.azs()))}: {p.reason}")
-            await self.l._write_gang(new, g, events=[placed])
+            await self.l.write_gang(new, g, events=[placed])
         except (Conflict, StoreUnavailable) as exc:
             self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                        reason=str(exc)))
             return
         finally:
-            self.l._picking.pop(e.gang, None)
+            self.l.rendezvous_settled(e.gang)
         self.feed_owner(e.gang, AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
 
     async def _mark_reserved(self, e: MarkGangReserved) -> None:
         g = self.l.gangs.get(e.gang)
         if g is None or g.incarnation != e.incarnation or g.state != GangState.RESERVING:
             return
-        self.l._inflight.add(g.id)
         try:
-            reserved = ev.reserved(self.l.wall(), self.l.epoch, g.incarnation,
-                                   f"committed in every AZ of its plan ({', '.join(sorted({m.az for m in g.placement}))})")
-            written = await self.l._write_gang(g.evolve(state=GangState.RESERVED, reason="committed in every AZ of its plan",
-                                                        updated_at=self.l.wall()), g, events=[reserved])
+            with self.l.acting_on(g.id):
+                reserved = ev.reserved(self.l.wall(), self.l.epoch, g.incarnation,
+                                       f"committed in every AZ of its plan ({', '.join(sorted({m.az for m in g.placement}))})")
+                written = await self.l.write_gang(g.evolve(state=GangState.RESERVED, reason="committed in every AZ of its plan",
+                                                           updated_at=self.l.wall()), g, events=[reserved])
         except Conflict as exc:
             log.info("gang %s: %s", e.gang, exc)
             return
-        finally:
-            self.l._inflight.discard(g.id)
         self._rt(e.gang)
         self._report_requests(e.gang, e.incarnation, "owner")
         self.l.pending_reason.pop(e.gang, None)
-        self._spawn(self.l._mark_starting(written), f"starting-{e.gang}")
+        self._spawn(self.l.mark_starting(written), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
     async def _peer_call(self, az: str, gang: str, method: str, req: Any) -> Any:
@@ -769,7 +767,7 @@ class TwoPhaseDriver:
                 self._maybe_finish(g)
                 return
         log.info("two-phase %s: dispatching %s#%d to %s", self.az, g.id, g.incarnation, sorted(e.nodes))
-        self.l._dispatch(g)
+        self.l.dispatch(g)
 
     async def on_register(self, node: str, reported: dict[tuple[str, int], set[int]]) -> None:
         """An agent (re)connected: members of committed cross-AZ holds on its
@@ -786,7 +784,7 @@ class TwoPhaseDriver:
             have = reported.get((gang, hold.incarnation), set()) | done
             mine = {m.rank for m in g.placement if m.node == node}
             if mine - have:
-                self.l._dispatch(g, only_node=node, skip_ranks=have)
+                self.l.dispatch(g, only_node=node, skip_ranks=have)
 
     async def _fresh_gang(self, gang: str) -> GangRecord | None:
         kv = await self._read(self.keys.gang(gang))
@@ -883,7 +881,7 @@ class TwoPhaseDriver:
         reps = self.l.members.setdefault((gang, g.incarnation), {})
         for r, d in body.get("members", {}).items():
             reps[int(r)] = progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
-        self._spawn(self.l._evaluate(gang), f"evaluate-{gang}")
+        self._spawn(self.l.evaluate(gang), f"evaluate-{gang}")
 
     # --------------------------------------------------------- finishing
     def _maybe_finish(self, g: GangRecord) -> None:
@@ -903,7 +901,7 @@ class TwoPhaseDriver:
         if key_ not in self.revoked_at:
             self.revoked_at[key_] = now
             for node in hold.nodes:
-                self.l._send(node, Revoke(g.id, inc, g.reason or "gang over"))
+                self.l.send(node, Revoke(g.id, inc, g.reason or "gang over"))
         reps = self.local_reports.get(key_, {})
         local_ranks = [m.rank for m in g.placement if m.az == self.az]
         if g.incarnation != inc:
@@ -1043,8 +1041,8 @@ class TwoPhaseDriver:
             # gangs periodically; it writes only on a transition.
             self._last_eval = now
             for g in list(self.l.gangs.values()):
-                if is_two_phase(g) and g.id not in self.l._inflight and g.state not in (GangState.PENDING, GangState.RESERVING):
-                    self._spawn(self.l._evaluate(g.id), f"evaluate-{g.id}")
+                if is_two_phase(g) and not self.l.busy(g.id) and g.state not in (GangState.PENDING, GangState.RESERVING):
+                    self._spawn(self.l.evaluate(g.id), f"evaluate-{g.id}")
         for gang, o in list(self.owners.items()):
             if gang not in self.l.gangs and o.phase.settled:
                 # Ended (or adopted elsewhere) and nothing in flight: forget it.
@@ -1262,7 +1260,7 @@ class TwoPhaseDriver:
             new = g.evolve(owner_az=self.az, updated_at=self.l.wall(),
                            reason=f"adopted by {self.az}: {g.owner_az} has had no leader for over {self.l.t.owner_adopt_after_s:g}s")
             try:
-                await self.l._write_gang(new, g, events=[ev.adopted(self.l.wall(), self.l.epoch, g.incarnation, new.reason)])
+                await self.l.write_gang(new, g, events=[ev.adopted(self.l.wall(), self.l.epoch, g.incarnation, new.reason)])
                 log.warning("adopted gang %s from leaderless AZ %s", g.id, g.owner_az)
                 self.l.wake.set()
             except Conflict:

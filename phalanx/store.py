@@ -643,7 +643,7 @@ class Store:
         log.info("etcd client certificate renewed (user %s): new calls use it", user)
         self.user = user
 
-    def _pin(self) -> tuple[_Member, int, int]:
+    def pin(self) -> tuple[_Member, int, int]:
         if not self._members:
             raise RuntimeError("Store is not connected (use `async with Store(...)` or `await store.connect()`)")
         if self.tls is not None:
@@ -651,7 +651,7 @@ class Store:
         index, generation = self._rotation.pin()
         return self._members[index], index, generation
 
-    def _member_failed(self, index: int, generation: int, why: str) -> None:
+    def member_failed(self, index: int, generation: int, why: str) -> None:
         """A call pinned to ``(index, generation)`` got no answer from that
         member. Later calls go elsewhere; watches open on it are broken off
         (their callers resume on the new member)."""
@@ -668,11 +668,11 @@ class Store:
     # Stubs of the current member (tests and maintenance calls).
     @property
     def _kv(self) -> egrpc.KVStub:
-        return self._pin()[0].kv
+        return self.pin()[0].kv
 
     @property
     def _lease(self) -> egrpc.LeaseStub:
-        return self._pin()[0].lease
+        return self.pin()[0].lease
 
     # -- error translation (docs/style.md §6): one table, at the boundary
     def _translate(self, exc: grpc.aio.AioRpcError, what: str, key: str | Callable[[], str] = "") -> Exception:
@@ -723,7 +723,7 @@ class Store:
         may simply be slow; moving would also break every open watch). A
         member that really stopped answering is found by the next short call
         or lease keepalive."""
-        member, index, generation = self._pin()
+        member, index, generation = self.pin()
         for resend in range(AUTH_OLD_RESENDS + 1):
             try:
                 return await method(member)(req, timeout=timeout or self.timeout, metadata=_METADATA)
@@ -732,7 +732,7 @@ class Store:
                     continue  # refused before anything was applied: safe to send again (_AUTH_OLD_REVISION)
                 blame = exc.code() in _FAILOVER and (blame_timeout or exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED)
                 if blame:
-                    self._member_failed(index, generation, f"{what}: {exc.code().name}")
+                    self.member_failed(index, generation, f"{what}: {exc.code().name}")
                 raise self._translate(exc, f"{what} (at {member.endpoint})", key) from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
@@ -764,7 +764,7 @@ class Store:
         resends = 0
         while True:
             req = epb.RangeRequest(key=start, range_end=end, keys_only=keys_only, limit=size, revision=revision)
-            member, index, generation = self._pin()
+            member, index, generation = self.pin()
             what = f"range {prefix} (page of {size} from {start[len(prefix.encode()):][:64]!r}, at {member.endpoint})"
             started = time.perf_counter()
             try:
@@ -781,7 +781,7 @@ class Store:
                 # As _call with blame_timeout=False: a slow range read is not
                 # held against the member.
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._member_failed(index, generation, f"range {prefix}: {exc.code().name}")
+                    self.member_failed(index, generation, f"range {prefix}: {exc.code().name}")
                 raise self._translate(exc, what, prefix) from None
             if not revision:
                 revision = resp.header.revision
@@ -884,7 +884,7 @@ class Store:
         if not exact:
             create.range_end = prefix_end(prefix)
         req = epb.WatchRequest(create_request=create)
-        member, index, generation = self._pin()
+        member, index, generation = self.pin()
         call = member.watch.Watch(metadata=_METADATA)
         opened = _OpenWatch(call)
         self._watches[index].add(opened)
@@ -914,10 +914,10 @@ class Store:
             if opened.abandoned:
                 raise StoreUnavailable(f"watch on {prefix} left unresponsive etcd member {member.endpoint}") from None
             if exc.code() in _FAILOVER:
-                self._member_failed(index, generation, f"watch {prefix}: {exc.code().name}")
+                self.member_failed(index, generation, f"watch {prefix}: {exc.code().name}")
             raise self._translate(exc, f"watch {prefix} (at {member.endpoint})", prefix) from None
         except asyncio.CancelledError:
-            # _member_failed cancelled the call (grpc.aio raises
+            # member_failed cancelled the call (grpc.aio raises
             # CancelledError for a locally cancelled call): a broken stream
             # to the caller, unless its own task is being cancelled too.
             task = asyncio.current_task()
@@ -943,7 +943,7 @@ class LeaseKeepAlive:
 
     async def ping(self, timeout: float) -> int:
         """Returns the remaining TTL (0 = the lease is gone)."""
-        member, index, generation = self.store._pin()
+        member, index, generation = self.store.pin()
         if self._call is not None and self._index != index:
             self.close()
         try:
@@ -965,7 +965,7 @@ class LeaseKeepAlive:
             short = isinstance(exc, asyncio.TimeoutError) and timeout < self.store.timeout
             if (code is None or code in _FAILOVER) and not short:
                 why = code.name if code is not None else type(exc).__name__
-                self.store._member_failed(index, generation, f"lease keepalive: {why}")
+                self.store.member_failed(index, generation, f"lease keepalive: {why}")
             if isinstance(exc, StoreUnavailable):
                 raise
             raise StoreUnavailable(f"lease keepalive failed (at {member.endpoint}): {exc!r}") from None
