@@ -1,21 +1,57 @@
-"""Model test of two-phase reservations (hypothesis stateful, docs/style.md §14).
+"""Model test of two-phase reservations and the one admission order
+(hypothesis stateful, docs/style.md §14).
 
 A small world: three AZ leaders (each one ``ParticipantState`` plus the
 ``OwnerState`` of every cross-AZ gang submitted to it, plus a stand-in for the
-single-AZ admission path that reserves through the same ledger), 2-4 gangs
-competing for overlapping devices, and, standing in for etcd, a dict store
-with the write semantics the driver must give (create-if-absent decisions,
-guarded hold writes, compare-deletes, fencing by leader life). Everything the
-leaders send is an item in flight; the rules deliver items in any order, duplicate
-and drop RPCs, fail store writes, fire timers (moving time forward), crash
-and restart leaders (a restarted leader knows only what the store holds), and
-finish or restart admitted gangs. After every step the invariant checker runs
-on the whole world. At teardown every fault heals, everything in flight is
-delivered and every timer fires; then the world must be quiescent (every hold
-resolved, nothing stranded, every owner settled) within a bounded number of
-deliveries, and every gang must be admitted unless a COMMITTED gang holds part
-of its devices. That last check is the no-livelock property: the oldest gang
-that can fit always gets in.
+single-AZ reservation txn that reserves through the same ledger), 2-4 gangs
+competing for few devices, and, standing in for etcd, a dict store with the
+write semantics the driver must give (create-if-absent decisions, guarded hold
+writes, compare-deletes, fencing by leader life). Every AZ leader's admission
+cycle is the real ``plan_admissions`` over the real placement: it ranks the
+AZ's waiting single-AZ gangs and UNPLACED cross-AZ owners in one (priority,
+submit time, id) order, a single-AZ ``Reserve`` becomes the reservation
+request, a cross-AZ one the owner's ``PlacementMade``, a ``FailAdmission`` (the
+admission timeout) ends the gang. Everything the leaders send is an item in
+flight; the rules deliver items in any order, duplicate and drop RPCs, fail
+store writes, fire timers and let time pass (moving past admission timeouts,
+restart backoffs and the backfill window), crash and restart leaders (a
+restarted leader knows only what the store holds), cancel gangs in any phase
+(PENDING, with a two-phase attempt in flight, RESERVED), and finish or restart
+admitted gangs. After every step the invariant checker runs on the whole
+world, plus the checks of this world: no device held by two gangs (the core's
+checker), one decision per (gang, incarnation), a gang told "reserved" by the
+single-AZ path has its COMMITTED record, a cancelled or timed-out gang is
+never admitted at a later incarnation, and the order invariant below. At
+teardown every fault heals, everything in flight is delivered, every timer
+fires and time passes until no cycle has anything left to do; then the world
+must be quiescent (every hold resolved, nothing stranded, every owner
+settled, a cancelled or failed gang holding nothing anywhere) within a bounded
+number of deliveries, and every gang still waiting must be one that the last
+cycle could not place (or held back for an older gang's kept nodes). That is
+the no-livelock property: the oldest gang that can fit always gets in.
+
+The order invariant (issue #14: a cross-AZ gang older than a single-AZ gang is
+not overtaken by it when both need the same devices), checked on every cycle:
+whenever AZ X's cycle admits a single-AZ gang S while an older (or
+higher-priority) cross-AZ gang C that X owns and that waits for placement
+stays pending, C could not have been placed on that cycle's view with S's
+devices (and those of every gang younger than C) given back: the real
+``place`` on the view less only the placements of gangs ranked before C
+fails, unless ``plan_admissions`` names the rule that keeps C waiting
+(restart backoff, another gang's kept nodes, the nodes kept for C itself).
+What it covers: the owner AZ's own cycle, for a C whose owner is UNPLACED.
+What it does not cover, and what the code does instead:
+- a single-AZ gang of a *participant* AZ Y, admitted by Y's cycle after X
+  placed C but before C's Prepare reaches Y: Y's view does not know of C's
+  attempt, Y's single-AZ reservation is COMMITTED at once, and C's Prepare
+  then gets NO ("devices committed to gang S"); C's attempt aborts and C
+  retries after its backoff. The ledger's conflict order guarantees that no
+  device is granted twice, not that C goes first there. (Once C's Prepare is
+  held at Y, a younger single-AZ request for those devices is refused:
+  "conflict with older gang".)
+- a C between two attempts (BACKOFF after an ABORT) is not in the queue, so a
+  younger single-AZ gang may take its devices then; C's place in the
+  participants' conflict order is kept (its priority and first submit time).
 """
 
 from __future__ import annotations
@@ -36,7 +72,20 @@ from hypothesis.stateful import (
     rule,
 )
 
-from coordinator.core.ordering import gang_order_key
+from coordinator.core import capacity
+from coordinator.core.admission import (
+    Decision,
+    FailAdmission,
+    KeepPending,
+    Reserve,
+    plan_admissions,
+    request_for,
+    spans_azs,
+    without,
+)
+from coordinator.core.ordering import gang_order_key, is_older
+from coordinator.core.placement import NodeView, Placement, place
+from coordinator.core.records import GangRecord
 from coordinator.core.twophase import (
     AbortReceived,
     AttemptWriteFailed,
@@ -75,7 +124,6 @@ from coordinator.core.twophase import (
     Plan,
     PrepareReceived,
     ReleaseHold,
-    RetryDue,
     Reservation,
     ScheduleTimeout,
     SendAbort,
@@ -92,46 +140,73 @@ from coordinator.core.twophase import (
     assert_invariants,
     normalize_plan,
 )
-from coordinator.core.twophase_model import slice_devices
+from phalanx.model import GangState
+from phalanx.spec import GangSpec, Policy, Resources, Topology
+from phalanx.topology import Gpu, Nic, NodeTopology
 
 AZS = ("a", "b", "c")
 NODES = ("n1", "n2")
 GPUS = (0, 1, 2, 3)
 NICS = ("mlx0", "mlx1")
 INVENTORY: dict[str, NodeDevices] = {node: (GPUS, NICS) for node in NODES}
+TOPOLOGY: tuple[NodeTopology, ...] = tuple(
+    NodeTopology(node=node, az=az, region="r", spine=f"s-{az}", leaf=f"l-{az}-{node}",
+                 gpus=tuple(Gpu(index=i, model="H100") for i in GPUS),
+                 nics=tuple(Nic(name=n) for n in NICS))
+    for az in AZS for node in NODES)
 CONFIG = TwoPhaseConfig(vote_timeout_s=5.0, prepare_timeout_s=12.0, retry_backoff_s=1.0,
                         retry_backoff_max_s=4.0, store_retry_s=1.0, max_attempts=None)
+BACKFILL_WINDOW_S = 15.0  # within reach of a run's time, so that runs reach rule 5 (kept nodes)
+RESTART_BACKOFF_S = 1.0  # a resubmitted gang's not_before (rule 3)
+CYCLE_WAIT_S = 1.0  # the leader's periodic cycle, after a refused single-AZ request
 DRAIN_LIMIT = 20_000
 # What a step can do. "network" first: it is what hypothesis tries first and
 # shrinks towards, and runs need deliveries to get anywhere.
-ACTIONS = ("network", "network", "timer", "timer", "crash", "restart", "finish", "resubmit")
+ACTIONS = ("network", "network", "timer", "timer", "tick", "crash", "restart", "finish",
+           "resubmit", "cancel")
 FAULTS = ("duplicate", "drop", "store-failure", "crash")
 
-Role = Literal["participant", "owner", "local"]
-Kind = Literal["msg", "store", "result", "placement"]
+Role = Literal["participant", "owner", "local", "cycle"]
+Kind = Literal["msg", "store", "result", "cycle"]
 
 
 @dataclass(frozen=True)
-class GangSpec:
+class WorldGang:
     gang: str
     owner_az: str
     priority: int
     submitted_at: float
-    plan: Plan
+    members: int
+    gpus: int  # per member
+    nics: int  # RDMA NICs per member
+    admission_timeout_s: float
     local: bool = False
-    """Single-AZ gang admitted by the local path (``PrepareReceived(local=
-    True)`` to its own AZ's participant), not by an ``OwnerState``."""
+    """Single-AZ gang: placed on its own AZ's nodes and reserved by the
+    single-AZ path (``PrepareReceived(local=True)`` to its own AZ's
+    participant), not by an ``OwnerState``."""
+
+    def record(self, incarnation: int, not_before: float) -> GangRecord:
+        """The gang record the leader's cycle plans (PENDING; a cross-AZ gang
+        between attempts is RESERVING in etcd, which the plan treats alike)."""
+        spec = GangSpec(name=self.gang, members=self.members,
+                        resources=Resources(gpus=self.gpus, rdma_nics=self.nics),
+                        priority=self.priority,
+                        policy=Policy(admission_timeout_s=self.admission_timeout_s),
+                        topology=Topology(allow_cross_az=not self.local))
+        return GangRecord(id=self.gang, spec=spec, state=GangState.PENDING, owner_az=self.owner_az,
+                          submitted_at=self.submitted_at, updated_at=self.submitted_at,
+                          incarnation=incarnation, not_before=not_before)
 
 
 class LocalPhase(enum.Enum):
-    """The single-AZ admission the lead's leader runs, reduced to what the
-    ledger sees of it."""
+    """The single-AZ admission the gang's leader runs, reduced to what the
+    cycle and the ledger see of it."""
 
-    REQUESTING = "REQUESTING"
-    BACKOFF = "BACKOFF"
-    WAITING = "WAITING"  # blocked by a COMMITTED gang: waits for a finish
+    PENDING = "PENDING"  # in the cycle's queue
+    REQUESTING = "REQUESTING"  # the reservation txn (stand-in) is in flight
     RESERVED = "RESERVED"
     FINISHED = "FINISHED"
+    ENDED = "ENDED"  # cancelled or timed out (store.ended says which)
 
 
 @dataclass
@@ -145,13 +220,14 @@ class Item:
     """Something in flight. ``msg``: an RPC (droppable) or watch notification
     (not droppable: etcd watches resume, and a restarted leader re-reads);
     ``store``: a write a leader issued, applied only if that leader life is
-    still current (fencing); ``result``/``placement``: the answer to one."""
+    still current (fencing); ``result``: the answer to one; ``cycle``: a wake
+    of the AZ leader's admission cycle (in process: dies with the leader)."""
 
     kind: Kind
     az: str
     role: Role
     gang: str | None
-    payload: Event | Effect
+    payload: Event | Effect | None
     life: int | None = None
     droppable: bool = False
 
@@ -167,23 +243,14 @@ class Store:
     requested: dict[str, int] = field(default_factory=dict)  # incarnation the lifecycle asked for
     plans: dict[DecisionKey, Plan] = field(default_factory=dict)
     finished: set[DecisionKey] = field(default_factory=set)
-
-    def live_committed(self) -> list[tuple[str, str, Reservation]]:
-        """Holds that are committed (by a COMMIT key, or single-AZ records,
-        which have none) and not finished: what the owners' view counts as
-        taken."""
-        out = []
-        for (az, gang), rec in self.reservations.items():
-            key = (gang, rec.incarnation)
-            decision = self.decisions.get(key)
-            committed = decision is Outcome.COMMIT or (decision is None and rec.state is HoldState.COMMITTED)
-            if committed and key not in self.finished:
-                out.append((az, gang, rec))
-        return out
+    # From the gang record: terminal gangs (CANCELLED / FAILED) at the
+    # incarnation they ended in, and each gang's restart backoff.
+    ended: dict[str, tuple[str, int]] = field(default_factory=dict)
+    not_before: dict[str, float] = field(default_factory=dict)
 
 
 class Sim:
-    def __init__(self, gangs: list[GangSpec]) -> None:
+    def __init__(self, gangs: list[WorldGang]) -> None:
         self.gangs = {g.gang: g for g in gangs}
         self.now = 0.0
         self.store = Store()
@@ -193,16 +260,19 @@ class Sim:
         self.owners: dict[str, OwnerState] = {}
         self.locals: dict[str, LocalGang] = {}  # single-AZ gangs whose AZ leader is up
         self.inflight: list[Item] = []
-        self.timers: list[tuple[float, str, int, Role, str | None, Event]] = []
+        self.timers: list[tuple[float, str, int, Role, str | None, Event | None]] = []
         self.reserved_log: list[DecisionKey] = []
         self.dispatched: set[tuple[str, DecisionKey]] = set()
+        self.last_plan: dict[str, list[Decision]] = {}  # each AZ's latest cycle, for teardown
+        self.cycles = 0
         self._ids = itertools.count()
         for az in AZS:
             self.participants[az] = ParticipantState(az, CONFIG, INVENTORY)
         for spec in gangs:
             self.store.requested[spec.gang] = 1
             if spec.local:
-                self.request_local(spec.gang, 1)
+                self.locals[spec.gang] = LocalGang(1, LocalPhase.PENDING)
+                self.wake(spec.owner_az)
                 continue
             self.owners[spec.gang] = OwnerState(spec.gang, spec.owner_az, spec.priority,
                                                 spec.submitted_at, CONFIG)
@@ -232,6 +302,16 @@ class Sim:
         if owner is not None:
             self.perform(self.gangs[gang].owner_az, "owner", gang, owner.handle(event, self.now))
 
+    def wake(self, az: str) -> None:
+        """Wake AZ ``az``'s admission cycle (one wake pending at a time, as
+        the leader's wake event)."""
+        if self.up[az] and not any(it.kind == "cycle" and it.az == az for it in self.inflight):
+            self.inflight.append(Item("cycle", az, "cycle", None, None, self.life[az]))
+
+    def wake_all(self) -> None:
+        for az in AZS:
+            self.wake(az)
+
     def perform(self, az: str, role: Role, gang: str | None, effects: list[Effect]) -> None:
         """The driver: turn effects into items in flight, timers and logs."""
         life = self.life[az]
@@ -240,9 +320,8 @@ class Sim:
                 self.inflight.append(Item("store", az, role, gang, e, life))
             elif isinstance(e, MarkGangPending):
                 # The owner waits for placement: its leader's admission cycle
-                # runs on the wake this effect causes (the cycle's answer is
-                # in flight like any other; it may find no room).
-                self.inflight.append(Item("placement", az, role, gang, e, life))
+                # runs on the wake this effect causes (and may find no room).
+                self.wake(az)
             elif isinstance(e, ScheduleTimeout):
                 self.timers.append((e.at, az, life, role, gang, e.event))
             elif isinstance(e, SendPrepare):
@@ -299,11 +378,11 @@ class Sim:
             return  # fenced: the issuing leader life is gone
         elif item.kind == "store":
             result = self.execute(item.az, item.payload)  # type: ignore[arg-type]
+            if isinstance(result, HoldReleased):
+                self.wake_all()  # capacity freed: every AZ's cycle may place on it
             self.inflight.append(dataclasses.replace(item, kind="result", payload=result))
-        elif item.kind == "placement":
-            placed = self.place(item.payload)  # type: ignore[arg-type]
-            if placed is not None:
-                self.route(item, placed)
+        elif item.kind == "cycle":
+            self.cycle(item.az)
         else:
             self.route(item, item.payload)  # type: ignore[arg-type]
 
@@ -369,18 +448,121 @@ class Sim:
                     WriteAttempt: AttemptWriteFailed}
         return failures[type(e)](**kw)  # type: ignore[arg-type]
 
-    def place(self, e: MarkGangPending) -> Event | None:
-        """The owner AZ's admission cycle over its view: the gang's fixed
-        plan, or nothing (still pending: a later wake places it) when a
-        COMMITTED gang holds part of it or the owner no longer waits for
-        this incarnation."""
-        owner = self.owners.get(e.gang)
-        if owner is None or owner.phase is not OwnerPhase.UNPLACED or owner.incarnation != e.incarnation:
-            return None
-        if self.blockers(self.gangs[e.gang]):
-            return None
-        return PlacementMade(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                             plan=self.gangs[e.gang].plan)
+    # ------------------------------------------------------------ admission
+
+    def waiting(self, az: str) -> list[GangRecord]:
+        """What ``AzLeader.waiting_gangs`` passes: the AZ's single-AZ gangs
+        PENDING and its cross-AZ gangs whose owner waits UNPLACED; ended
+        gangs are terminal and in no queue."""
+        out = []
+        for gang, spec in self.gangs.items():
+            if spec.owner_az != az or gang in self.store.ended:
+                continue
+            if spec.local:
+                lg = self.locals.get(gang)
+                if lg is not None and lg.phase is LocalPhase.PENDING:
+                    out.append(spec.record(lg.incarnation, self.store.not_before.get(gang, 0.0)))
+            else:
+                owner = self.owners.get(gang)
+                if owner is not None and owner.phase is OwnerPhase.UNPLACED:
+                    out.append(spec.record(owner.incarnation, self.store.not_before.get(gang, 0.0)))
+        return out
+
+    def view(self, az: str) -> list[NodeView]:
+        """The cycle's view, built as ``AzLeader._plan`` builds it: this AZ's
+        nodes less every hold of its participant (PREPARED or COMMITTED,
+        written or not) and every record not yet deleted; other AZs' nodes
+        less their records (the watch; here never stale), ready only while
+        their leader is up; then less the devices of this AZ's owners'
+        attempts in flight (``attempt_devices``)."""
+        participant = self.participants[az]
+        slices = [(az, h.nodes) for h in participant.holds.values()]
+        slices += [(raz, r.nodes) for (raz, _), r in self.store.reservations.items()]
+        views = capacity.free_view(((t, t.az == az or self.up[t.az]) for t in TOPOLOGY),
+                                   capacity.held(slices))
+        live = (OwnerPhase.PERSISTING, OwnerPhase.PREPARING, OwnerPhase.DECIDING, OwnerPhase.RESERVED)
+        attempts = capacity.held((paz, nodes) for g, o in self.owners.items()
+                                 if self.gangs[g].owner_az == az and o.phase in live and o.plan
+                                 for paz, nodes in o.plan.items())
+        return without(views, attempts)
+
+    def cycle(self, az: str) -> None:
+        """One run of AZ ``az``'s admission cycle: the driver's tick (an
+        owner RESERVED for an incarnation the gang record says is over
+        finishes), then the real plan over the waiting gangs, and its
+        decisions performed."""
+        for gang, owner in list(self.owners.items()):
+            if self.gangs[gang].owner_az == az and owner.phase is OwnerPhase.RESERVED \
+                    and (gang, owner.incarnation) in self.store.finished:
+                self.feed_owner(gang, GangFinished(stimulus_id=self.sid("over"), gang=gang,
+                                                   incarnation=owner.incarnation))
+        pending = self.waiting(az)
+        if not pending:
+            self.last_plan[az] = []
+            return
+        self.cycles += 1
+        views = self.view(az)
+        decisions = plan_admissions(pending, views, self.now, az=az, backfill_window_s=BACKFILL_WINDOW_S,
+                                    registered=TOPOLOGY)
+        self.check_order(az, views, decisions)
+        self.last_plan[az] = decisions
+        for d in decisions:
+            gang, inc = d.gang.id, d.gang.incarnation
+            if isinstance(d, Reserve):
+                plan = normalize_plan(d.placement.by_az())
+                if self.gangs[gang].local:
+                    self.request_local(gang, inc, plan[az])
+                else:
+                    self.feed_owner(gang, PlacementMade(stimulus_id=self.sid("placed"), gang=gang,
+                                                        incarnation=inc, plan=plan))
+            elif isinstance(d, FailAdmission):
+                self.end(gang, "FAILED", inc)
+
+    def check_order(self, az: str, views: list[NodeView], decisions: list[Decision]) -> None:
+        """The order invariant (module docstring) on one cycle's decisions."""
+        # The world's own order key, not the record's: a cycle that ranked
+        # by anything else would show here.
+        key = {g: gang_order_key(w.priority, w.submitted_at, g) for g, w in self.gangs.items()}
+        keys = [key[d.gang.id] for d in decisions]
+        assert keys == sorted(keys), f"{az}: cycle decided out of order: {[d.gang.id for d in decisions]}"
+        for c in decisions:
+            if not (isinstance(c, KeepPending) and spans_azs(c.gang)) or c.rule:
+                continue
+            overtaken = [s.gang.id for s in decisions if isinstance(s, Reserve) and not spans_azs(s.gang)
+                         and is_older(key[c.gang.id], key[s.gang.id])]
+            if not overtaken:
+                continue
+            # Give back the devices of every gang younger than C (S among
+            # them): only older gangs' placements may stand in its way.
+            before = [d.placement for d in decisions
+                      if isinstance(d, Reserve) and is_older(key[d.gang.id], key[c.gang.id])]
+            taken = capacity.held((m.az, {m.node: (m.gpus, m.nics)}) for p in before for m in p.members)
+            placed = place(request_for(c.gang, az), without(views, taken))
+            assert not isinstance(placed, Placement), (
+                f"{az}: single-AZ {overtaken} admitted while older cross-AZ {c.gang.id} waits "
+                f"({c.reason!r}) though it fits: {placed.reason}")
+
+    def end(self, gang: str, how: str, inc: int) -> None:
+        """The gang record turns terminal (CANCELLED, or FAILED by the
+        admission timeout) at incarnation ``inc``: durable first, then the
+        watchers learn it (participants release what they hold of it)."""
+        self.store.ended[gang] = (how, inc)
+        self.store.finished.add((gang, inc))
+        lg = self.locals.get(gang)
+        if lg is not None:
+            lg.phase = LocalPhase.ENDED
+        event = GangFinished(stimulus_id=self.sid(how.lower()), gang=gang, incarnation=inc)
+        self.feed_owner(gang, event)  # RESERVED: finishes now; an attempt in flight: at a later tick
+        for az in AZS:
+            self.send(az, "participant", None, event, droppable=False)
+        self.wake_all()
+
+    def cancel(self, gang: str) -> None:
+        """``phalanx cancel``, in whatever phase the gang is (served by its
+        owner AZ's leader, which must be up)."""
+        lg = self.locals.get(gang)
+        inc = lg.incarnation if lg is not None else self.owners[gang].incarnation
+        self.end(gang, "CANCELLED", inc)
 
     def fire(self, index: int) -> None:
         at, az, life, role, gang, event = self.timers.pop(index)
@@ -388,15 +570,19 @@ class Sim:
             return  # timers live in the leader's memory
         self.now = max(self.now, at)
         if role == "participant":
+            assert event is not None
             self.feed_participant(az, event)
-        elif role == "local":
-            assert gang is not None
-            lg = self.locals.get(gang)
-            if lg is not None and lg.phase is LocalPhase.BACKOFF:
-                self.request_local(gang, lg.incarnation)
+        elif role == "cycle":
+            self.wake(az)
         else:
-            assert gang is not None
+            assert gang is not None and event is not None
             self.feed_owner(gang, event)
+
+    def tick(self, seconds: float) -> None:
+        """Time passes; every leader runs its periodic cycle (which is where
+        admission timeouts, restart backoffs and the backfill window act)."""
+        self.now += seconds
+        self.wake_all()
 
     # ------------------------------------------------------------ faults
 
@@ -422,21 +608,26 @@ class Sim:
                        for (g, n), o in s.decisions.items()],
             finished=sorted(s.finished),
         ), self.now))
+        self.wake(az)
         for gang, spec in self.gangs.items():
             if spec.owner_az != az:
                 continue
             if spec.local:
-                # The local path re-reads its gang: reserved if its COMMITTED
-                # record is there and not finished, else it asks again.
+                # The leader re-reads its gang: reserved if its COMMITTED
+                # record is there and not finished, else pending again.
                 inc = s.requested[gang]
                 rec = s.reservations.get((az, gang))
-                if (gang, inc) in s.finished:
+                if gang in s.ended:
+                    self.locals[gang] = LocalGang(s.ended[gang][1], LocalPhase.ENDED)
+                elif (gang, inc) in s.finished:
                     self.locals[gang] = LocalGang(inc, LocalPhase.FINISHED)
                 elif rec is not None and rec.incarnation == inc and rec.state is HoldState.COMMITTED:
                     self.locals[gang] = LocalGang(inc, LocalPhase.RESERVED)
                 else:
-                    self.request_local(gang, inc)
+                    self.locals[gang] = LocalGang(inc, LocalPhase.PENDING)
                 continue
+            if gang in s.ended:
+                continue  # terminal: the driver starts no owner (participants release on the watch)
             owner = OwnerState(gang, az, spec.priority, spec.submitted_at, CONFIG)
             self.owners[gang] = owner
             inc, plan = s.attempts.get(gang, (0, None))  # type: ignore[assignment]
@@ -460,41 +651,36 @@ class Sim:
             self.feed_owner(gang, event)
         for az in AZS:  # participants watch gangs/ too
             self.send(az, "participant", None, event, droppable=False)
-        self.poke_unplaced()
+        self.wake_all()
 
     def resubmit(self, gang: str) -> None:
+        """The next incarnation, after the restart backoff (rule 3); the
+        first submit time is kept."""
         lg = self.locals.get(gang)
         inc = (lg.incarnation if lg is not None else self.owners[gang].incarnation) + 1
         self.store.requested[gang] = inc
+        self.store.not_before[gang] = self.now + RESTART_BACKOFF_S
         if lg is not None:
-            self.request_local(gang, inc)
+            self.locals[gang] = LocalGang(inc, LocalPhase.PENDING)
+            self.wake(self.gangs[gang].owner_az)
         else:
             self.feed_owner(gang, GangSubmitted(stimulus_id=self.sid("resubmit"), gang=gang,
                                                 incarnation=inc))
 
-    def poke_unplaced(self) -> None:
-        """Capacity changed: the owners' leaders run an admission cycle (a
-        wake), which places the gangs waiting for placement that now fit."""
-        for gang, owner in list(self.owners.items()):
-            if owner.phase is OwnerPhase.UNPLACED and self.up[self.gangs[gang].owner_az]:
-                az = self.gangs[gang].owner_az
-                self.inflight.append(Item("placement", az, "owner", gang, MarkGangPending(
-                    stimulus_id=self.sid("wake"), gang=gang, incarnation=owner.incarnation, reason="woken"),
-                    self.life[az]))
-        for gang, lg in list(self.locals.items()):
-            if lg.phase is LocalPhase.WAITING:
-                self.request_local(gang, lg.incarnation)
-
     # ------------------------------------------------------------ local path
 
-    def request_local(self, gang: str, inc: int) -> None:
-        """The single-AZ path asks its own participant (in process)."""
+    def request_local(self, gang: str, inc: int, nodes: dict[str, NodeDevices]) -> None:
+        """A single-AZ ``Reserve``. Stand-in for the leader's one fenced
+        reservation txn: the real leader claims the devices in its own
+        ledger and writes a COMMITTED record; here the claim is the own
+        participant's ``local`` prepare (COMMITTED at once, never preempted),
+        so the two kinds of gang meet in one ledger, as the driver's check
+        of single-AZ reservations against prepares makes them meet."""
         spec = self.gangs[gang]
         self.locals[gang] = LocalGang(inc, LocalPhase.REQUESTING)
         self.feed_participant(spec.owner_az, PrepareReceived(
             stimulus_id=self.sid("local"), gang=gang, incarnation=inc, owner_az=spec.owner_az,
-            priority=spec.priority, submitted_at=spec.submitted_at,
-            nodes=spec.plan[spec.owner_az], local=True))
+            priority=spec.priority, submitted_at=spec.submitted_at, nodes=nodes, local=True))
 
     def on_local_answer(self, vote: VoteReceived) -> None:
         lg = self.locals.get(vote.gang)
@@ -502,36 +688,50 @@ class Sim:
             return
         if vote.yes:
             lg.phase = LocalPhase.RESERVED
-        elif self.blockers(self.gangs[vote.gang]):
-            lg.phase = LocalPhase.WAITING
-        else:
-            lg.phase = LocalPhase.BACKOFF
-            az = self.gangs[vote.gang].owner_az
-            self.timers.append((self.now + 1.0, az, self.life[az], "local", vote.gang,
-                                RetryDue(stimulus_id=self.sid("local-retry"), gang=vote.gang,
-                                         incarnation=lg.incarnation)))
+            return
+        # Refused (a parked older prepare the view does not show): pending
+        # again, placed by the periodic cycle.
+        lg.phase = LocalPhase.PENDING
+        az = self.gangs[vote.gang].owner_az
+        self.timers.append((self.now + CYCLE_WAIT_S, az, self.life[az], "cycle", None, None))
+
+    # ------------------------------------------------------------ checks
 
     def check(self) -> None:
-        """The core's invariants, plus the one about the local path that the
-        core cannot see: a single-AZ gang told "reserved" has its COMMITTED
-        record in etcd (agents start members only on that record)."""
+        """The core's invariants, plus what only this world sees: a
+        single-AZ gang told "reserved" has its COMMITTED record in etcd
+        (agents start members only on that record); one decision write per
+        (gang, incarnation); a cancelled or timed-out gang is never admitted
+        at a later incarnation than the one it ended in."""
         assert_invariants(self.snapshot())
         for gang, lg in self.locals.items():
             if lg.phase is LocalPhase.RESERVED:
                 rec = self.store.reservations.get((self.gangs[gang].owner_az, gang))
                 assert rec is not None and rec.incarnation == lg.incarnation \
                     and rec.state is HoldState.COMMITTED, f"local {gang} reserved without its record"
+        keys = [k for k, _ in self.store.decision_writes]
+        assert len(keys) == len(set(keys)), f"two decisions for one attempt: {self.store.decision_writes}"
+        for gang, (how, inc) in self.store.ended.items():
+            late = [n for g, n in self.reserved_log if g == gang and n > inc]
+            late += [n for _, (g, n) in self.dispatched if g == gang and n > inc]
+            assert not late, f"{how} gang {gang} (at {inc}) admitted again at {late}"
+            lg = self.locals.get(gang)
+            assert lg is None or lg.phase is LocalPhase.ENDED, f"{how} local {gang} is {lg.phase.value}"
 
-    def blockers(self, spec: GangSpec) -> list[str]:
-        """COMMITTED gangs holding part of ``spec``'s devices."""
-        return sorted({gang for az, gang, rec in self.store.live_committed()
-                       if gang != spec.gang and az in spec.plan
-                       and slice_devices(spec.plan[az]) & slice_devices(rec.nodes)})
+    def check_settled(self) -> None:
+        """At quiescence: a cancelled or timed-out gang holds nothing, in
+        etcd or in any participant's ledger."""
+        for gang, (how, _) in self.store.ended.items():
+            records = [az for (az, g) in self.store.reservations if g == gang]
+            holds = [az for az, p in self.participants.items() if gang in p.holds]
+            assert not records and not holds, f"{how} gang {gang} still holds: etcd {records}, ledgers {holds}"
 
     # ------------------------------------------------------------ teardown
 
     def drain(self) -> int:
-        """Heal, then deliver everything and fire every timer, in order."""
+        """Heal, then deliver everything and fire every timer, in order;
+        when nothing is left, let time pass (restart backoffs end) and run
+        every cycle until a round of them changes nothing."""
         for az in AZS:
             if not self.up[az]:
                 self.restart(az)
@@ -542,61 +742,79 @@ class Sim:
                 earliest = min(range(len(self.timers)), key=lambda i: self.timers[i][0])
                 self.fire(earliest)
             else:
-                return steps
+                backoff = [t for t in self.store.not_before.values() if t > self.now]
+                if backoff:
+                    self.now = max(backoff)
+                # The last word on who waits: every AZ's cycle on the
+                # quiescent world; done when it starts nothing.
+                for az in AZS:
+                    self.cycle(az)
+                if not self.inflight and not self.timers and not backoff:
+                    return steps
         raise AssertionError(
             f"not quiescent after {DRAIN_LIMIT} deliveries (livelock?): owners "
             + ", ".join(f"{g}={o.phase.value}@{o.incarnation}" for g, o in self.owners.items()))
 
     def check_liveness(self) -> None:
-        """Every gang is admitted, or a COMMITTED gang holds part of its
-        devices. In particular the oldest gang is never starved by younger
-        ones that are merely PREPARED."""
+        """Every gang is admitted (or finished, cancelled, timed out), or the
+        last cycle of its AZ, on the quiescent view, kept it pending because
+        it does not fit (checked again with the real placement) or because
+        an older gang keeps the nodes it needs. In particular the oldest gang
+        is never starved by younger ones that are merely PREPARED."""
         order = sorted(self.gangs.values(),
                        key=lambda g: gang_order_key(g.priority, g.submitted_at, g.gang))
         for rank, spec in enumerate(order):
+            if spec.gang in self.store.ended:
+                continue
             if spec.local:
                 lg = self.locals[spec.gang]
                 state, inc, why = lg.phase.value, lg.incarnation, ""
                 admitted = lg.phase in (LocalPhase.RESERVED, LocalPhase.FINISHED)
-                waiting = lg.phase is LocalPhase.WAITING
             else:
                 owner = self.owners[spec.gang]
                 state, inc, why = owner.phase.value, owner.incarnation, owner.last_reason
                 admitted = owner.phase in (OwnerPhase.RESERVED, OwnerPhase.FINISHED)
-                waiting = owner.phase is OwnerPhase.UNPLACED
-            assert admitted or (waiting and self.blockers(spec)), (
-                f"{'oldest ' if rank == 0 else ''}gang {spec.gang} is {state} at incarnation "
-                f"{inc} ({why!r}) though no COMMITTED gang blocks it")
+            if admitted:
+                continue
+            d = next((d for d in self.last_plan.get(spec.owner_az, ()) if d.gang.id == spec.gang), None)
+            assert isinstance(d, KeepPending), (
+                f"{'oldest ' if rank == 0 else ''}gang {spec.gang} is {state} at incarnation {inc} "
+                f"({why!r}) and not in its AZ's queue: {d!r}")
+            assert not d.rule.startswith("restart backoff"), d
+            if d.held_by:
+                continue
+            placed = place(request_for(d.gang, spec.owner_az), self.view(spec.owner_az))
+            assert not isinstance(placed, Placement), (
+                f"{'oldest ' if rank == 0 else ''}gang {spec.gang} waits ({d.reason!r}) though it fits")
 
 
 # ---------------------------------------------------------------- strategies
 
 
 @st.composite
-def gang_specs(draw: st.DrawFn) -> list[GangSpec]:
-    """2-4 gangs over few devices, so that most of them overlap somewhere.
-    About a quarter are single-AZ gangs on the local path, competing for the
-    same ledger as the cross-AZ ones."""
-    count = draw(st.integers(2, 4))
+def gang_specs(draw: st.DrawFn) -> list[WorldGang]:
+    """2-4 gangs over few devices (3 AZs of two 4-GPU nodes), so that most
+    of them compete somewhere. About a third are single-AZ gangs, ranked in
+    the same queue and reserving through the same ledger as the cross-AZ
+    ones; some have an admission timeout that time may pass."""
+    count = draw(st.integers(2, 5))
     specs = []
     for i in range(count):
-        owner_az = draw(st.sampled_from(AZS))
-        local = draw(st.integers(0, 3)) == 0
-        if local:
-            azs = [owner_az]
-        else:
-            azs = draw(st.lists(st.sampled_from(AZS), min_size=1, max_size=3, unique=True))
-        plan: dict[str, dict[str, NodeDevices]] = {}
-        for az in azs:
-            node = draw(st.sampled_from(NODES))
-            gpus = draw(st.lists(st.sampled_from(GPUS), min_size=1, max_size=2, unique=True))
-            nics = draw(st.lists(st.sampled_from(NICS), max_size=1, unique=True))
-            plan[az] = {node: (tuple(gpus), tuple(nics))}
-        specs.append(GangSpec(
-            gang=f"g{i}", owner_az=owner_az,
+        local = draw(st.integers(0, 2)) == 0
+        specs.append(WorldGang(
+            # Half the gangs are owned by "a": one AZ's cycle then ranks
+            # several gangs of both kinds together.
+            gang=f"g{i}", owner_az=draw(st.sampled_from(("a", "a", "a") + AZS[1:])),
             priority=draw(st.integers(0, 1)),
             submitted_at=float(draw(st.integers(0, 3))),  # ties: gang id decides
-            plan=normalize_plan(plan), local=local,
+            members=draw(st.integers(1, 2) if local else st.integers(1, 6)),
+            # Cross-AZ gangs often want whole nodes, single-AZ ones any
+            # part: the younger small gang that fits where the older big one
+            # does not is the case the order invariant is about.
+            gpus=draw(st.integers(1, 4) if local else st.sampled_from((1, 2, 4, 4))),
+            nics=draw(st.integers(0, 1)),
+            admission_timeout_s=draw(st.sampled_from((1e6, 1e6, 20.0, 8.0))),
+            local=local,
         ))
     return specs
 
@@ -612,7 +830,7 @@ class TwoPhaseWorld(RuleBasedStateMachine):
     faults: frozenset[str]
 
     @initialize(gangs=gang_specs(), faults=st.frozensets(st.sampled_from(FAULTS)))
-    def start(self, gangs: list[GangSpec], faults: frozenset[str]) -> None:
+    def start(self, gangs: list[WorldGang], faults: frozenset[str]) -> None:
         self.sim = Sim(gangs)
         self.faults = faults
 
@@ -661,6 +879,12 @@ class TwoPhaseWorld(RuleBasedStateMachine):
         if self.sim.timers:
             self.sim.fire(rnd.randrange(len(self.sim.timers)))
 
+    def _tick(self, count: int, rnd: random.Random) -> None:
+        """Time passes (``count`` / 5 seconds: up to 8, past the backfill
+        window and, over a few ticks, the admission timeouts); every leader
+        runs its periodic cycle."""
+        self.sim.tick(count / 5)
+
     def _crash(self, count: int, rnd: random.Random) -> None:
         """An AZ leader dies: its participant and the owners it runs lose all
         memory; its writes still in flight are fenced."""
@@ -676,17 +900,30 @@ class TwoPhaseWorld(RuleBasedStateMachine):
 
     def _finish(self, count: int, rnd: random.Random) -> None:
         """An admitted gang ends; its holds must now be released."""
-        gangs = sorted([g for g, o in self.sim.owners.items() if o.phase is OwnerPhase.RESERVED]
+        gangs = sorted([g for g, o in self.sim.owners.items()
+                        if o.phase is OwnerPhase.RESERVED and g not in self.sim.store.ended]
                        + [g for g, lg in self.sim.locals.items() if lg.phase is LocalPhase.RESERVED])
         if gangs:
             self.sim.finish(rnd.choice(gangs))
 
     def _resubmit(self, count: int, rnd: random.Random) -> None:
         """A finished gang restarts (whole-gang teardown, new incarnation)."""
-        gangs = sorted([g for g, o in self.sim.owners.items() if o.phase is OwnerPhase.FINISHED]
+        gangs = sorted([g for g, o in self.sim.owners.items()
+                        if o.phase is OwnerPhase.FINISHED and g not in self.sim.store.ended]
                        + [g for g, lg in self.sim.locals.items() if lg.phase is LocalPhase.FINISHED])
         if gangs:
             self.sim.resubmit(rnd.choice(gangs))
+
+    def _cancel(self, count: int, rnd: random.Random) -> None:
+        """A user cancels a gang its owner AZ's leader serves, in any phase
+        but a finished one: pending, with a two-phase attempt or a
+        single-AZ reservation in flight, backing off, or reserved."""
+        s = self.sim
+        live = [g for g, o in s.owners.items() if o.phase is not OwnerPhase.FINISHED]
+        live += [g for g, lg in s.locals.items() if lg.phase is not LocalPhase.FINISHED]
+        gangs = sorted(g for g in live if g not in s.store.ended)
+        if gangs:
+            s.cancel(rnd.choice(gangs))
 
     @invariant()
     def invariants_hold(self) -> None:
@@ -699,6 +936,7 @@ class TwoPhaseWorld(RuleBasedStateMachine):
         self.sim.drain()
         self.sim.check()
         assert_invariants(self.sim.snapshot(), quiescent=True)
+        self.sim.check_settled()
         self.sim.check_liveness()
         # Every COMMITTED record was handed to the agents exactly as committed.
         for (az, gang), rec in self.sim.store.reservations.items():
