@@ -46,9 +46,9 @@ What it does not cover, and what the code does instead:
   attempt, Y's single-AZ reservation is COMMITTED at once, and C's Prepare
   then gets NO ("devices committed to gang S"); C's attempt aborts and C
   retries after its backoff. The ledger's conflict order guarantees that no
-  device is granted twice, not that C goes first there. (Once C's Prepare is
-  held at Y, a younger single-AZ request for those devices is refused:
-  "conflict with older gang".)
+  device is granted twice, not that C goes first there. (Once C's hold is at
+  Y, Y's cycle no longer offers those devices: its view subtracts every
+  participant hold.)
 - a C between two attempts (BACKOFF after an ABORT) is not in the queue, so a
   younger single-AZ gang may take its devices then; C's place in the
   participants' conflict order is kept (its priority and first submit time).
