@@ -67,8 +67,6 @@ def _what(name: str, e: Any) -> str:
             return f"schedule {type(fired).__name__} for {_who(fired)}"
         case "MarkGangPending":
             return f"note {g} pending: {getattr(e, 'reason', '')}"
-        case "RequestPlacement":
-            return f"place {g}"
     return f"{name} for {g}"
 
 
