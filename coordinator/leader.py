@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
-from coordinator.core import capacity, peer_auth, progress
+from coordinator.core import capacity, lifecycle, peer_auth, progress
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions, without
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
@@ -475,13 +475,10 @@ class AzLeader:
                 raise NotFound(f"id: no gang {gang_id!r} (finished gangs are deleted "
                                f"gang_retention_s={self.t.gang_retention_s:g}s after they end)")
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-            if g.owner_az != self.az:
-                raise FailedPrecondition(f"gang {gang_id} is owned by {g.owner_az}, not {self.az}")
-        if g.state.terminal:
-            raise FailedPrecondition(f"id: gang {gang_id} is already {g.state.name}; nothing to cancel")
-        reason = reason or "cancelled by user"
-        return await self.finish(g, GangState.CANCELLED, reason,
-                                  [ev.cancelled(self.wall(), self.epoch, g.incarnation, by, reason)])
+        verdict = lifecycle.cancel(g, self.az, reason, by, self.wall(), self.epoch)
+        if isinstance(verdict, lifecycle.CancelRefused):
+            raise FailedPrecondition(verdict.message)
+        return await self.finish(g, GangState.CANCELLED, verdict.reason, list(verdict.events))
 
     async def finish(self, g: GangRecord, state: GangState, reason: str, events: list = ()) -> GangRecord:
         """Tear an incarnation down: to a terminal state, or to RESTARTING.
@@ -491,21 +488,16 @@ class AzLeader:
         one incarnation of a gang is ever alive."""
         k = self.keys
         inc = g.incarnation
-        live_nodes = self._live_member_nodes(g)
-        ops: list = [] if state == GangState.RESTARTING else [Delete(k.name(g.spec.name))]
         r = self.reservations.get(g.id)
-        releasing: Reservation | None = None
-        if r is not None:
-            if live_nodes:
-                releasing = Reservation(r.az, r.gang, r.incarnation, HoldState.RELEASING, r.nodes, self.epoch)
-                ops.append(Put(k.reservation(self.az, g.id), releasing.to_dict()))
-            else:
-                ops.append(Delete(k.reservation(self.az, g.id)))
-        new = g.evolve(state=state, reason=reason, updated_at=self.wall())
-        events = list(events)
-        if state.terminal:
-            events.append(ev.finished(self.wall(), self.epoch, g.incarnation, state.name, reason))
-        written = await self.write_gang(new, g, ops, events=events)
+        t = lifecycle.teardown(g, state, reason, events, r, lifecycle.live_member_nodes(g, self.members.get((g.id, inc), {})),
+                               self.wall(), self.epoch)
+        ops: list = [Delete(k.name(g.spec.name))] if t.free_name else []
+        releasing = t.releasing
+        if releasing is not None:
+            ops.append(Put(k.reservation(self.az, g.id), releasing.to_dict()))
+        elif t.delete_reservation:
+            ops.append(Delete(k.reservation(self.az, g.id)))
+        written = await self.write_gang(t.record, g, ops, events=list(t.events))
         if r is not None:
             if releasing is not None:
                 self.reservations[g.id] = releasing
@@ -515,7 +507,7 @@ class AzLeader:
             self.gangs.pop(g.id, None)
             self.members.pop((g.id, inc), None)
         # Stop (or tell agents to forget) the members of this incarnation.
-        for node in {m.node for m in g.placement}:
+        for node in t.revoke_nodes:
             self.send(node, Revoke(g.id, inc, reason))
         held = "" if r is None else ("; devices held until its members are gone" if releasing is not None
                                      else "; devices released")
@@ -526,33 +518,15 @@ class AzLeader:
         """RESTARTING -> PENDING as the next incarnation, once every member of
         the old one is gone; keeps the first submit time (so it stays at the
         head of the queue) and waits out the restart backoff."""
-        ops: list = []
-        if g.id in self.reservations:
-            ops.append(Delete(self.keys.reservation(self.az, g.id)))
-        backoff = self.t.restart_backoff(g.restarts)
-        # (No event: "restarting" was recorded when the restart was decided.)
-        new = g.evolve(
-            state=GangState.PENDING, incarnation=g.incarnation + 1, restarts=g.restarts + 1, placement=(), span=None,
-            not_before=self.wall() + backoff, updated_at=self.wall(),
-            reason=f"restart {g.restarts + 1}/{g.spec.policy.max_restarts} after: {g.reason}",
-        )
+        q = lifecycle.requeue(g, self.wall(), self.t, has_reservation=g.id in self.reservations)
+        ops: list = [Delete(self.keys.reservation(self.az, g.id))] if q.delete_reservation else []
+        new, backoff = q.record, q.backoff_s
         await self.write_gang(new, g, ops)
         self._drop_reservation(g.id)
         self.members.pop((g.id, g.incarnation), None)
         log.info("gang %s restarts as incarnation %d in %.1fs", g.id, new.incarnation, backoff,
                  extra={"gang": g.id, "incarnation": new.incarnation})
         self.wake.set()
-
-    def _live_member_nodes(self, g: GangRecord) -> set[str]:
-        reports = self.members.get((g.id, g.incarnation), {})
-        nodes = set()
-        for m in g.placement:
-            rep = reports.get(m.rank)
-            if rep is None or rep.phase.live:
-                # unknown counts as live: we may have assigned it already
-                if g.state in (GangState.RESERVED, GangState.STARTING, GangState.RUNNING, GangState.RESTARTING) or rep is not None:
-                    nodes.add(m.node)
-        return nodes
 
     def _drop_reservation(self, gang_id: str) -> None:
         self.reservations.pop(gang_id, None)
@@ -903,10 +877,10 @@ class AzLeader:
             g = self.gangs.get(m.gang)
             committed = self.reservations.get(m.gang)
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
-            if (g is None or committed is None or not committed.holds(m.gang, m.incarnation)
-                    or g.state.terminal or g.state == GangState.RESTARTING):
+            verdict = lifecycle.reported_member(g, committed, m.gang, m.incarnation)
+            if verdict is not lifecycle.Reported.ADOPT:
                 self.send(node, Revoke(m.gang, m.incarnation, "no committed reservation for this member"))
-                if g is not None and g.incarnation == m.incarnation:
+                if verdict is lifecycle.Reported.REVOKE_AND_TRACK:
                     # Torn down while the agent was away: the member still
                     # holds its devices until the agent reports it stopped.
                     reported.setdefault(key_, set()).add(m.rank)
@@ -916,23 +890,15 @@ class AzLeader:
             self.members.setdefault(key_, {})[m.rank] = report
         # Reservations on this node whose members the agent does not report.
         for g in list(self.gangs.values()):
-            mine = [m for m in g.placement if m.node == node and m.az == self.az]
-            if not mine:
-                continue
             have = reported.get((g.id, g.incarnation), set())
-            missing = {m.rank for m in mine} - have
-            if not missing:
+            u = lifecycle.unreported_members(g, node, self.az, have, two_phase=is_two_phase(g))
+            if u is None:
                 continue
-            if g.state in (GangState.RESERVED, GangState.STARTING) and not is_two_phase(g):
+            if u.redispatch:
                 self.dispatch(g, only_node=node, skip_ranks=have)
-            elif g.state == GangState.RUNNING:
-                for rank in missing:
-                    self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(
-                        MemberPhase.FAILED, -1, "member vanished (agent restarted without it)", node)
-            elif g.state.terminal or g.state == GangState.RESTARTING:
-                # RELEASING: the agent does not run them any more.
-                for rank in missing:
-                    self.members.setdefault((g.id, g.incarnation), {})[rank] = progress.MemberReport(MemberPhase.STOPPED, 0, "gone", node)
+            else:
+                # A running gang's member vanished; a torn-down one's is gone.
+                self.members.setdefault((g.id, g.incarnation), {}).update(u.reports)
         await self.twophase.on_register(node, reported)
         for key_ in reported:
             await self.evaluate(key_[0])
@@ -1007,56 +973,44 @@ class AzLeader:
         if g is None or gang_id in self._inflight:
             return
         reports = self.members.get((g.id, g.incarnation), {})
-        if g.state.terminal or g.state == GangState.RESTARTING:
+        if lifecycle.torn_down(g.state):
             # Torn down: act once no member of this incarnation can be alive.
-            if any(reports.get(m.rank, progress.MemberReport(MemberPhase.RUNNING)).phase.live for m in g.placement):
+            then = lifecycle.after_teardown(g, reports, has_reservation=g.id in self.reservations,
+                                            two_phase=is_two_phase(g))
+            if then is None:
                 return
-            self._inflight.add(gang_id)
             try:
-                if g.state == GangState.RESTARTING:
-                    await self._requeue(g)
-                elif g.id in self.reservations:
-                    await self._release(g)
-                elif is_two_phase(g):
-                    self.gangs.pop(g.id, None)  # participants release their own holds
+                with self.acting_on(gang_id):
+                    if then is lifecycle.AfterTeardown.REQUEUE:
+                        await self._requeue(g)
+                    elif then is lifecycle.AfterTeardown.RELEASE:
+                        await self._release(g)
+                    else:
+                        self.gangs.pop(g.id, None)  # participants release their own holds
             except Conflict as exc:
                 log.info("gang %s: %s", gang_id, exc)
-            finally:
-                self._inflight.discard(gang_id)
             return
-        tr = progress.evaluate(g.state, len(g.placement), reports)
-        if tr is None:
-            return
-        await self._transition(g, tr.to, tr.reason, all_started=tr.all_started)
-
-    async def _transition(self, g: GangRecord, to: GangState, reason: str, *, all_started: bool = False) -> None:
-        """Apply a run-time transition; a failure restarts the whole gang
-        while restarts remain (docs/design.md §10.3)."""
-        failed = to == GangState.FAILED
-        if to == GangState.FAILED and g.restarts < g.spec.policy.max_restarts:
-            to = GangState.RESTARTING
         now = self.wall()
-        events: list = []
-        if failed:
-            events += ev.member_exits(now, self.epoch, g.incarnation, self.members.get((g.id, g.incarnation), {}))
-        if to == GangState.RESTARTING:
-            events.append(ev.restarting(now, self.epoch, g.incarnation, g.restarts + 1, g.spec.policy.max_restarts, reason))
-        elif all_started:
-            events.append(ev.started(now, self.epoch, g.incarnation, len(g.placement)))
-        self._inflight.add(g.id)
+        step = lifecycle.member_progress(g, reports, now, self.epoch)
+        if step is not None:
+            await self._transition(g, step, now)
+
+    async def _transition(self, g: GangRecord, step: lifecycle.RunTimeStep, now: float) -> None:
+        """Perform a run-time step the core decided (lifecycle.run_time_step:
+        the restart policy and the events already applied)."""
+        to, reason = step.to, step.reason
         try:
-            if to.terminal or to == GangState.RESTARTING:
-                await self.finish(g, to, reason, events)
-            else:
-                await self.write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=events)
-                log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, to.name, reason,
-                         extra={"gang": g.id, "incarnation": g.incarnation})
+            with self.acting_on(g.id):
+                if step.teardown:
+                    await self.finish(g, to, reason, list(step.events))
+                else:
+                    await self.write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=list(step.events))
+                    log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, to.name, reason,
+                             extra={"gang": g.id, "incarnation": g.incarnation})
         except Conflict as exc:
             log.info("gang %s: %s", g.id, exc)
-        finally:
-            self._inflight.discard(g.id)
         # A teardown may already allow the release (no live members).
-        if to.terminal or to == GangState.RESTARTING:
+        if step.teardown:
             g2 = self.gangs.get(g.id)
             if g2 is not None and (g2.state.terminal or g2.state == GangState.RESTARTING):
                 await self.evaluate(g.id)
@@ -1107,42 +1061,40 @@ class AzLeader:
         start_timeout_s is torn down (all-or-nothing at run time too)."""
         now = self.wall()
         for g in list(self.gangs.values()):
-            if g.state not in (GangState.RESERVED, GangState.STARTING) or g.id in self._inflight:
-                continue
-            if now - g.updated_at <= g.spec.policy.start_timeout_s:
+            if self.busy(g.id):
                 continue
             reports = self.members.get((g.id, g.incarnation), {})
-            started = sum(1 for r in reports.values() if r.phase in (MemberPhase.RUNNING, MemberPhase.SUCCEEDED))
-            await self._transition(g, GangState.FAILED, f"start barrier: {started} of {len(g.placement)} members started within start_timeout_s={g.spec.policy.start_timeout_s:g}s")
+            why = lifecycle.start_barrier(g, reports, now)
+            if why is not None:
+                await self._transition(g, lifecycle.run_time_step(g, GangState.FAILED, why, reports, now, self.epoch), now)
 
     async def _check_liveness(self) -> None:
         now = self.mono()
         for node, live in list(self.liveness.items()):
-            silent = now - live.last_contact
             rec = self.nodes.get(node)
-            if live.ready and silent > self.t.node_not_ready_after_s:
+            v = lifecycle.node_verdict(node, last_contact=live.last_contact, ready=live.ready,
+                                       record_ready=None if rec is None else rec.ready, now=now,
+                                       not_ready_after_s=self.t.node_not_ready_after_s,
+                                       replace_after_s=self.t.replace_after_s)
+            if v.close_session:
                 live.ready = False
                 conn = self.conns.pop(node, None)
                 if conn is not None:
                     conn.closed = True
                     conn.queue.put_nowait(None)
-            if rec is not None and rec.ready and not live.ready and silent > self.t.node_not_ready_after_s:
-                new = dataclasses.replace(rec, ready=False, reason=f"no heartbeat for {silent:.1f}s")
+            if rec is not None and v.not_ready_reason:
+                new = dataclasses.replace(rec, ready=False, reason=v.not_ready_reason)
                 self.check_valid()
                 res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
                 self.nodes[node] = dataclasses.replace(new, mod_revision=res.revision)
                 log.warning("node %s not ready: %s", node, new.reason, extra={"node": node})
-            if silent > self.t.replace_after_s and not live.ready:
+            if v.lost_reason:
                 # Past the node's fence deadline its agent has stopped every
                 # member: fail gangs that had members there and free devices.
-                await self.twophase.on_node_lost(node, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)")
-                for g in list(self.gangs.values()):
-                    if any(m.node == node and m.az == self.az for m in g.placement):
-                        reports = self.members.setdefault((g.id, g.incarnation), {})
-                        for m in g.placement:
-                            if m.node == node and m.az == self.az:
-                                reports[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, f"node {node} lost (silent {silent:.0f}s, past its fence deadline)", node)
-                        await self.evaluate(g.id)
+                await self.twophase.on_node_lost(node, v.lost_reason)
+                for g, stopped in lifecycle.lost_member_reports(list(self.gangs.values()), node, self.az, v.lost_reason):
+                    self.members.setdefault((g.id, g.incarnation), {}).update(stopped)
+                    await self.evaluate(g.id)
 
     # ---------------------------------------------------------------- view
     async def explain(self, gang_id: str) -> "Explanation | None":
