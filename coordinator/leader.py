@@ -27,7 +27,8 @@ from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
-from coordinator.core.records import DeviceLedger, GangRecord, MemberAssignment, NodeRecord, holds_for_unreadable, read_records
+from coordinator.core.records import (UNREADABLE, DeviceLedger, GangRecord, IdempotencyRecord, MemberAssignment, NameRecord,
+                                      NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from coordinator.core.twophase_owner import OwnerPhase
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
@@ -37,7 +38,7 @@ from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.logfmt import bind, current, log_context, new_stimulus
-from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, FailedPrecondition, NotFound, NotLeader
+from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, DataLoss, FailedPrecondition, NotFound, NotLeader
 from phalanx.model import GangState, MemberPhase
 from phalanx.spec import GangSpec
 from phalanx.topology import NodeTopology
@@ -380,10 +381,10 @@ class AzLeader:
             events=ev.append((), [ev.submitted(now, self.epoch, owner, spec.queue, spec.priority).stamped(stimulus)]),
         )
         compares = [absent(k.name(spec.name))]
-        ops = [Put(k.name(spec.name), {"id": gang_id})]
+        ops = [Put(k.name(spec.name), NameRecord(gang_id).to_dict())]
         if idempotency_key:
             compares.append(absent(k.idempotency(idempotency_key)))
-            ops.append(Put(k.idempotency(idempotency_key), {"id": gang_id}))
+            ops.append(Put(k.idempotency(idempotency_key), IdempotencyRecord(gang_id).to_dict()))
         self.check_valid()
         try:
             res = await self.store.fenced_txn(
@@ -413,7 +414,11 @@ class AzLeader:
                     return existing, False
             name_kvs = res.results[0]
             if name_kvs:
-                raise AlreadyExists(f"name: a live gang named {spec.name!r} exists ({name_kvs[0].json().get('id')})")
+                try:
+                    holder = NameRecord.from_dict(name_kvs[0].json()).id
+                except UNREADABLE:
+                    holder = "its name record cannot be read"  # still taken: the key exists
+                raise AlreadyExists(f"name: a live gang named {spec.name!r} exists ({holder})")
             raise Conflict(f"submission of {spec.name!r} raced with another write; retry with the same idempotency key")
         rec = rec.evolve(mod_revision=res.revision)
         self.gangs[gang_id] = rec
@@ -453,7 +458,13 @@ class AzLeader:
         kv = await self.store.get(self.keys.idempotency(key))
         if kv is None:
             return None
-        gkv = await self.store.get(self.keys.gang(kv.json()["id"]))
+        try:
+            created = IdempotencyRecord.from_dict(kv.json()).id
+        except UNREADABLE as exc:
+            # The cluster's fault, not the caller's; the key stays taken.
+            raise DataLoss(f"idempotency_key: the stored record of {key!r} cannot be read "
+                           f"({type(exc).__name__}: {str(exc)[:200]}); an operator must delete or repair it") from None
+        gkv = await self.store.get(self.keys.gang(created))
         if gkv is None:
             return None
         rec = GangRecord.from_dict(gkv.json(), gkv.mod_revision)
@@ -741,7 +752,11 @@ class AzLeader:
             cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
             self._count(g, cur)
             self.gangs[g.id] = cur
-        if rkvs and int(rkvs[0].json().get("incarnation", -1)) == r.incarnation and gkvs and cur.state != GangState.PENDING:
+        try:
+            written = Reservation.from_dict(rkvs[0].json()) if rkvs else None
+        except UNREADABLE:
+            written = None  # not the record this txn writes
+        if written is not None and written.incarnation == r.incarnation and gkvs and cur.state != GangState.PENDING:
             log.info("reservation of %s applied although its reply was lost", g.id)
             self._unwritten_events.pop(g.id, None)  # they went with it: the record read back has them
             return cur

@@ -28,10 +28,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from coordinator.core.records import GangRecord, read_records
+from coordinator.core.records import UNREADABLE, GangRecord, IdempotencyRecord, read_records
 from coordinator.core.retention import FinishedGang, due_for_collection
 from coordinator.election import LeaseLost
-from phalanx.store import Compare, Delete, Get, StoreUnavailable, absent, none_under, unchanged, unchanged_since
+from phalanx.store import KV, Compare, Delete, Get, StoreUnavailable, absent, none_under, unchanged, unchanged_since
 from phalanx.errors import NotLeader
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ class GangCollector:
                 *(absent(k.reservation(az, g.id)) for az in sorted(azs | g.azs)),
             ]
             ops: list = [Delete(k.gang(g.id)), Delete(k.decisions(g.id), prefix=True)]
-            if kvs and kvs[0].json().get("id") == g.id:
+            if kvs and _names(kvs[0], g.id):
                 compares.append(unchanged(kvs[0]))
                 ops.append(Delete(kvs[0].key))
             plans.append((g, compares, ops))
@@ -213,3 +213,13 @@ class GangCollector:
                 else:
                     log.info("gang %s not collected: changed concurrently or still held", g.id)
         return collected
+
+
+def _names(kv: KV, gang: str) -> bool:
+    """The idempotency record ``kv`` names ``gang``. One that cannot be read
+    names nobody: it is left for an operator, never deleted on a guess."""
+    try:
+        return IdempotencyRecord.from_dict(kv.json()).id == gang
+    except UNREADABLE:
+        log.warning("retention: idempotency record %s cannot be read; left in place", kv.key[:200])
+        return False

@@ -21,7 +21,7 @@ from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, 
 from coordinator.core import authz, capacity, listing
 from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
-from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NodeRecord, read_records
+from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NameRecord, NodeRecord, read_records
 from coordinator.election import LeaderInfo, observe, observe_all
 from phalanx.store import Compacted, StoreUnavailable
 from phalanx.reservation import Reservation
@@ -393,7 +393,13 @@ class GangServicer(ggrpc.GangServiceServicer):
         if kv is None:
             name_kv = await self.store.get(self.keys.name(ident))
             if name_kv is not None:
-                kv = await self.store.get(self.keys.gang(name_kv.json()["id"]))
+                try:
+                    named = NameRecord.from_dict(name_kv.json()).id
+                except UNREADABLE as exc:
+                    # The newest kept gang of that name is found below all the same.
+                    log.warning("unreadable name record %s: %r", name_kv.key[:200], exc)
+                else:
+                    kv = await self.store.get(self.keys.gang(named))
         if kv is None:
             kv = await self._latest_of_name(ident)
         if kv is None:
@@ -754,14 +760,13 @@ class GangServicer(ggrpc.GangServiceServicer):
                 gpus_free=total - used,
             ))
         kvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
-        for kv in kvs:
-            try:
-                state = str(kv.json().get("state", ""))
-            except UNREADABLE:
-                state = ""
-            if state not in GangState.__members__:
-                state = "UNREADABLE"  # a corrupt record is counted as such, not fatal
-            resp.gangs_by_state[state] = resp.gangs_by_state[state] + 1
+        # Parsed as every reader parses a gang record: one that GetGang would
+        # answer DATA_LOSS for is counted as UNREADABLE, not fatal.
+        gangs, bad = read_records(kvs, GangRecord.from_dict)
+        for g in gangs:
+            resp.gangs_by_state[g.state.name] = resp.gangs_by_state[g.state.name] + 1
+        if bad:
+            resp.gangs_by_state["UNREADABLE"] = resp.gangs_by_state["UNREADABLE"] + len(bad)
         return resp
 
     # ------------------------------------------------------------- policy

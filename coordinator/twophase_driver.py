@@ -40,7 +40,7 @@ from coordinator.core import events as ev
 from coordinator.core import capacity, progress
 from coordinator.core.effect_lines import effect_line
 from coordinator.core.placement import NodeView, Placement
-from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeRecord, read_records
+from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, MemberSummary, NodeRecord, read_records
 from coordinator.core.twophase import (
     AbortReceived,
     AttemptWriteFailed,
@@ -120,6 +120,12 @@ class PeerRefused(Exception):
         self.code = code
 
 
+def _decision(kv: Any, gang: str, incarnation: int) -> DecisionRecord:
+    """The decision ``kv`` holds for (gang, incarnation); raises BadRecord
+    (a ValueError) when it cannot be read."""
+    return DecisionRecord.from_dict(kv.json(), gang=gang, incarnation=incarnation)
+
+
 def _stored(kv: Any) -> Reservation | None:
     """A reservation record read back; None when it cannot be read (the
     rebuild logged it; its devices stay held: records.holds_for_unreadable)."""
@@ -176,7 +182,7 @@ class TwoPhaseDriver:
         self.remote_version = 0  # changes when another AZ's registered nodes do (never-fits memo)
         self.led: set[str] = set()  # AZs whose leader key exists
         self.dec_by_key: dict[tuple[str, int], Outcome] = {}  # decisions read at recovery
-        self._published: dict[tuple[str, int], dict] = {}  # last member summary written per (gang, inc)
+        self._published: dict[tuple[str, int], MemberSummary] = {}  # last member summary written per (gang, inc)
         self._publishing: set[tuple[str, int]] = set()
         self._last_leader_poll = 0.0
         self.revision = 0
@@ -422,7 +428,8 @@ class TwoPhaseDriver:
         key = self.keys.decision(e.gang, e.incarnation)
         try:
             self._rt(e.gang)
-            value = {"outcome": e.outcome.value, "by": self.az, "reason": e.reason}
+            value = DecisionRecord(gang=e.gang, incarnation=e.incarnation, outcome=e.outcome, by=self.az,
+                                   reason=e.reason).to_dict()
             if failpoints.on("twophase.decision_overwrite"):  # a planted bug for the chaos checker: a plain Put
                 won, kv = True, (await self.store.txn([], [Put(key, value), Get(key)])).results[-1][0]
             else:
@@ -434,7 +441,7 @@ class TwoPhaseDriver:
                 self._to_both(e.gang, ev)
                 return
             won = False  # unknown whether ours; what the key holds is what counts
-        outcome = Outcome(kv.json()["outcome"])
+        outcome = _decision(kv, e.gang, e.incarnation).outcome
         if won:
             log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
             self.l.metrics.twophase_decided(outcome.value, e.reason)
@@ -646,7 +653,7 @@ class TwoPhaseDriver:
         if not res.results[1]:
             raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"no decision recorded for {req.gang}#{req.incarnation}; refusing {want.value}")
-        have = Outcome(res.results[1][0].json()["outcome"])
+        have = _decision(res.results[1][0], req.gang, req.incarnation).outcome
         if have is not want:
             raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"decision of {req.gang}#{req.incarnation} is {have.value}, not {want.value}")
@@ -834,11 +841,8 @@ class TwoPhaseDriver:
                 self._maybe_finish(g)
             await self._publish_members(gang, hold.incarnation)
 
-    def _summary(self, gang: str, inc: int) -> dict:
-        reps = self.local_reports.get((gang, inc), {})
-        return {"incarnation": inc, "az": self.az, "members": {
-            str(r): {"phase": int(p.phase), "exit_code": p.exit_code, "reason": p.reason, "node": p.node}
-            for r, p in sorted(reps.items())}}
+    def _summary(self, gang: str, inc: int) -> MemberSummary:
+        return MemberSummary.of(inc, self.az, self.local_reports.get((gang, inc), {}))
 
     async def _publish_members(self, gang: str, inc: int) -> None:
         """Write this AZ's summary of (gang, inc) unless already written.
@@ -860,7 +864,7 @@ class TwoPhaseDriver:
             # which nobody deletes and which keeps the gang from ever being
             # collected (docs/etcd-keys.md "Retention").
             held = Compare(self.keys.reservation(self.az, gang), "version", ">", 0)
-            res = await self._fenced([held], [Put(self.keys.member_summary(gang, self.az), body)])
+            res = await self._fenced([held], [Put(self.keys.member_summary(gang, self.az), body.to_dict())])
         finally:
             self._publishing.discard(key_)
         if res is None:
@@ -873,14 +877,12 @@ class TwoPhaseDriver:
         if self._summary(gang, inc) != body:
             self._spawn(self._publish_members(gang, inc), f"members-{gang}")  # changed meanwhile
 
-    def on_member_summary(self, gang: str, body: dict) -> None:
+    def on_member_summary(self, gang: str, summary: MemberSummary) -> None:
         """Owner side: a participant's summary arrived on the watch."""
         g = self.l.gangs.get(gang)
-        if g is None or int(body.get("incarnation", -1)) != g.incarnation:
+        if g is None or summary.incarnation != g.incarnation:
             return
-        reps = self.l.members.setdefault((gang, g.incarnation), {})
-        for r, d in body.get("members", {}).items():
-            reps[int(r)] = progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
+        self.l.members.setdefault((gang, g.incarnation), {}).update(summary.members)
         self._spawn(self.l.evaluate(gang), f"evaluate-{gang}")
 
     # --------------------------------------------------------- finishing
@@ -956,11 +958,12 @@ class TwoPhaseDriver:
                 self.leader_seen.setdefault(g.owner_az, -1.0)  # watched for owner-AZ loss
         decisions = []
         for kv in dec_kvs:
-            parts = kv.key.rsplit("/", 2)
             try:
-                decisions.append(DecisionRecord(gang=parts[-2], incarnation=int(parts[-1]), outcome=Outcome(kv.json()["outcome"])))
-            except (ValueError, KeyError):
-                continue
+                decisions.append(_decision(kv, *DecisionRecord.key_of(kv.key[len(k.decisions()):])))
+            except UNREADABLE as exc:
+                # Skipped, as before: the key still exists, so nobody can
+                # decide this attempt otherwise (create-if-absent).
+                log.warning("two-phase recovery in %s: skipped unreadable decision %s: %r", self.az, kv.key[:200], exc)
         records, finished = [], []
         for r in read_records(res_kvs, Reservation.from_dict)[0]:
             if not r.two_phase or r.state is HoldState.RELEASING:
@@ -976,15 +979,13 @@ class TwoPhaseDriver:
         # Member summaries of this AZ (the agents will re-report anyway).
         for kv in sum_kvs:
             try:
-                body = kv.json()
-                if body.get("az") == self.az:
-                    gang = kv.key.rsplit("/", 2)[-2]
-                    self.local_reports[(gang, int(body["incarnation"]))] = {
-                        int(r): progress.MemberReport(MemberPhase(int(d["phase"])), int(d.get("exit_code", 0)), d.get("reason", ""), d.get("node", ""))
-                        for r, d in body.get("members", {}).items()}
-                    self._published[(gang, int(body["incarnation"]))] = self._summary(gang, int(body["incarnation"]))
+                summary = MemberSummary.from_dict(kv.json())
+                gang = kv.key.rsplit("/", 2)[-2]
+                if summary.az == self.az:
+                    self.local_reports[(gang, summary.incarnation)] = summary.reports()
+                    self._published[(gang, summary.incarnation)] = summary
                 else:
-                    self.on_member_summary(kv.key.rsplit("/", 2)[-2], body)
+                    self.on_member_summary(gang, summary)
             except UNREADABLE as exc:
                 log.warning("two-phase recovery in %s: skipped unreadable member summary %s: %r", self.az, kv.key[:200], exc)
         # RESTARTING / terminal gangs whose holds we still keep.
@@ -1006,7 +1007,7 @@ class TwoPhaseDriver:
     async def _recover_owner(self, g: GangRecord, plan: Any, decision: Outcome | None) -> None:
         kv = await self._read(self.keys.decision(g.id, g.incarnation))
         if kv is not None:
-            decision = Outcome(kv.json()["outcome"])
+            decision = _decision(kv, g.id, g.incarnation).outcome
         finished = g.state.terminal or g.state == GangState.RESTARTING
         if g.state in (GangState.RESERVING,) and plan is not None:
             # Rebuild the Placement for the ranks (WriteAttempt is not
@@ -1091,10 +1092,11 @@ class TwoPhaseDriver:
         k = self.keys
         key = ev.kv.key
         if key.startswith(k.decisions()) and ev.kind == "put":
-            parts = key.rsplit("/", 2)
             try:
-                gang, inc, outcome = parts[-2], int(parts[-1]), Outcome(ev.kv.json()["outcome"])
-            except (ValueError, KeyError):
+                gang, inc = DecisionRecord.key_of(key[len(k.decisions()):])
+                outcome = _decision(ev.kv, gang, inc).outcome
+            except UNREADABLE as exc:
+                log.warning("two-phase watch: skipped unreadable decision %s: %r", key[:200], exc)
                 return
             de = DecisionObserved(stimulus_id=f"watch:{ev.revision}", gang=gang, incarnation=inc, outcome=outcome)
             self.feed_participant(de)
@@ -1121,7 +1123,7 @@ class TwoPhaseDriver:
         elif key.startswith(k.member_summaries()) and ev.kind == "put":
             gang = key[len(k.member_summaries()):].split("/", 1)[0]
             if gang in self.l.gangs:
-                self.on_member_summary(gang, ev.kv.json())
+                self.on_member_summary(gang, MemberSummary.from_dict(ev.kv.json()))
         elif key.startswith(k.leaders()):
             az = key[len(k.leaders()):]
             if ev.kind == "put":

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, ClassVar, Iterable, Mapping
 
 from coordinator.core import events as gang_events
 from coordinator.core.events import GangEvent
+from coordinator.core.progress import MemberReport
 from phalanx.ports import DEFAULT_PORTS
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx import limits
-from phalanx.model import GangState, Level
+from phalanx.model import GangState, Level, MemberPhase
 from phalanx.spec import GangSpec, parse_spec
 from phalanx.topology import NodeTopology
 
@@ -217,6 +218,133 @@ class DeviceLedger:
                         out.append(f"{node} gpu {g} held by {seen[g]} and {gang}")
                     seen[g] = gang
         return out
+
+
+# --- small records: names, idempotency keys, member summaries -----------------
+
+
+class BadRecord(ValueError):
+    """A record that cannot be read; the message names the record and the
+    field. A ValueError, so ``read_records`` counts it as unreadable."""
+
+
+def expect_object(d: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(d, Mapping):
+        raise BadRecord(f"{what}: not a JSON object ({type(d).__name__})")
+    return d
+
+
+def expect_field(d: Mapping[str, Any], name: str, what: str) -> Any:
+    if name not in d:
+        raise BadRecord(f"{what}: field {name!r} is missing")
+    return d[name]
+
+
+def expect_str(v: Any, name: str, what: str) -> str:
+    if not isinstance(v, str):
+        raise BadRecord(f"{what}: field {name!r}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def expect_int(v: Any, name: str, what: str) -> int:
+    # bool is an int in Python, never in a record we write.
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRecord(f"{what}: field {name!r}: expected an integer, got {type(v).__name__}")
+    return v
+
+
+@dataclass(frozen=True)
+class GangPointer:
+    """A record whose whole content is the id of the gang that wrote it
+    (``{"id": ...}``). The two keys of that shape are the subclasses."""
+
+    id: str
+    what: ClassVar[str] = "gang pointer"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "GangPointer":
+        """The one parser. Raises BadRecord naming the field."""
+        d = expect_object(d, cls.what)
+        gang = expect_str(expect_field(d, "id", cls.what), "id", cls.what)
+        if not gang:
+            raise BadRecord(f"{cls.what}: field 'id' is empty")
+        return cls(gang)
+
+
+@dataclass(frozen=True)
+class NameRecord(GangPointer):
+    """``names/<name>``: the live gang of that name (created with the gang,
+    deleted when it ends), so a name is unique among live gangs."""
+
+    what: ClassVar[str] = "name record"
+
+
+@dataclass(frozen=True)
+class IdempotencyRecord(GangPointer):
+    """``idempotency/<key>``: the gang a submission with this key created
+    (deleted with the gang record by retention, only while it names it)."""
+
+    what: ClassVar[str] = "idempotency record"
+
+
+@dataclass(frozen=True)
+class MemberSummary:
+    """``members/<gang>/<az>``: what one participant AZ's members of a
+    cross-AZ gang's incarnation report, written by that AZ's leader and read
+    by the owner's driver (its run-time view of the gang) and by the writer
+    itself after a takeover. The gang is the key's, not stored."""
+
+    incarnation: int
+    az: str
+    # (rank, report), ranks ascending: a tuple so that two summaries of the
+    # same reports compare equal (the writer skips a write of what it wrote).
+    members: tuple[tuple[int, MemberReport], ...] = ()
+
+    what: ClassVar[str] = "member summary"
+
+    @classmethod
+    def of(cls, incarnation: int, az: str, reports: Mapping[int, MemberReport]) -> "MemberSummary":
+        return cls(incarnation, az, tuple(sorted(reports.items())))
+
+    def reports(self) -> dict[int, MemberReport]:
+        return dict(self.members)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "az": self.az, "members": {
+            str(r): {"phase": int(p.phase), "exit_code": p.exit_code, "reason": p.reason, "node": p.node}
+            for r, p in self.members}}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "MemberSummary":
+        """The one parser. Raises BadRecord naming the field (a member's as
+        ``members.<rank>.<field>``)."""
+        w = cls.what
+        d = expect_object(d, w)
+        members = d.get("members", {})
+        if not isinstance(members, Mapping):
+            raise BadRecord(f"{w}: field 'members': expected a JSON object, got {type(members).__name__}")
+        reports: dict[int, MemberReport] = {}
+        for rank, m in members.items():
+            where = f"members.{str(rank)[:16]}"
+            if not (isinstance(rank, str) and rank.isdecimal()):
+                raise BadRecord(f"{w}: field {where!r}: a rank is a decimal number")
+            m = expect_object(m, f"{w} {where}")
+            phase = expect_int(expect_field(m, "phase", f"{w} {where}"), f"{where}.phase", w)
+            try:
+                member_phase = MemberPhase(phase)
+            except ValueError:
+                raise BadRecord(f"{w}: field '{where}.phase': {phase} is not one of "
+                                + ", ".join(str(int(p)) for p in MemberPhase)) from None
+            reports[int(rank)] = MemberReport(
+                member_phase,
+                expect_int(m.get("exit_code", 0), f"{where}.exit_code", w),
+                expect_str(m.get("reason", ""), f"{where}.reason", w),
+                expect_str(m.get("node", ""), f"{where}.node", w))
+        return cls.of(expect_int(expect_field(d, "incarnation", w), "incarnation", w),
+                      expect_str(expect_field(d, "az", w), "az", w), reports)
 
 
 # --- reading records back -------------------------------------------------------

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Mapping, TypeAlias
+from typing import Any, Iterable, Mapping, TypeAlias
 
 # The reservation record and its states are the one model shared with the
 # agent (phalanx/reservation.py); a slice's devices per node are its
 # NodeDevices, a (GPU indices, NIC names) tuple.
 from phalanx.reservation import NodeDevices
+
+from coordinator.core.records import BadRecord, expect_field, expect_object, expect_str
 
 NodeSlice: TypeAlias = Mapping[str, NodeDevices]
 """One AZ's part of a plan: node -> devices."""
@@ -85,15 +87,46 @@ def describe_devices(devices: Iterable[Device], limit: int = 4) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class DecisionRecord:
-    """``decisions/<gang>/<incarnation>`` as read back from etcd."""
+    """``decisions/<gang>/<incarnation>``: the write-once outcome of one
+    attempt. The gang and incarnation are the key's; the value stored is
+    ``{"outcome", "by", "reason"}`` (who decided, and why)."""
 
     gang: str
     incarnation: int
     outcome: Outcome
+    by: str = ""  # the AZ whose owner or participant created the key
+    reason: str = ""
 
     @property
     def key(self) -> DecisionKey:
         return (self.gang, self.incarnation)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": self.outcome.value, "by": self.by, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: Any, *, gang: str, incarnation: int) -> "DecisionRecord":
+        """The one parser (``gang`` and ``incarnation`` from the key).
+        Raises BadRecord naming the field."""
+        what = "decision record"
+        d = expect_object(d, what)
+        value = expect_field(d, "outcome", what)
+        try:
+            outcome = Outcome(value)
+        except ValueError:
+            raise BadRecord(f"{what}: field 'outcome': {str(value)[:64]!r} is not one of "
+                            + ", ".join(o.value for o in Outcome)) from None
+        return cls(gang=gang, incarnation=incarnation, outcome=outcome,
+                   by=expect_str(d.get("by", ""), "by", what), reason=expect_str(d.get("reason", ""), "reason", what))
+
+    @classmethod
+    def key_of(cls, suffix: str) -> DecisionKey:
+        """(gang, incarnation) of a decision key, from the part after
+        ``decisions/``. Raises BadRecord for a key that is not one."""
+        gang, _, inc = suffix.partition("/")
+        if not gang or not inc.isdecimal():
+            raise BadRecord(f"decision record: key {suffix[:200]!r} is not <gang>/<incarnation>")
+        return gang, int(inc)
 
 
 @dataclass(frozen=True, kw_only=True)
