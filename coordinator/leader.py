@@ -1160,7 +1160,9 @@ class AzLeader:
         unled = sorted({t.az for t in registered} - led)
         if unled:
             owner += f"; {', '.join(unled)} {'has' if len(unled) == 1 else 'have'} no leader: not offered to placement"
-        if g.state == GangState.RESERVING:
+        # RESERVING with its owner waiting for a placement again (an aborted
+        # attempt's next incarnation): explained as pending, below.
+        if g.state == GangState.RESERVING and not self.twophase.awaits_placement(g):
             azs = sorted({m.az for m in g.placement})
             return Explanation(f"{head}: prepared in {', '.join(azs)}; waiting for every vote and the decision",
                                owner)

@@ -405,6 +405,13 @@ class TwoPhaseDriver:
         key = self.keys.reservation(self.az, e.gang)
         kv = await self._read(key)
         cur = _stored(kv) if kv is not None else None
+        if kv is not None and cur is None:
+            # A record we cannot read: it may name these devices, so they stay
+            # held (safety before liveness) and the release is retried until
+            # an operator repairs or deletes the key.
+            self.feed_participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason="the stored record cannot be read"))
+            return
         if cur is None or cur.incarnation != e.incarnation:
             self.feed_participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
             return
@@ -457,7 +464,18 @@ class TwoPhaseDriver:
     async def _write_attempt(self, e: WriteAttempt) -> None:
         g = self.l.gangs.get(e.gang)
         p = self.placements.get((e.gang, e.incarnation))
-        if g is None or p is None or g.state.terminal:
+        if g is None or g.state.terminal:
+            # Cancelled (or ended) before this attempt was recorded: nothing
+            # was sent for it, so no participant holds anything for it. The
+            # owner ends here; retrying would loop for the rest of the
+            # leadership and its plan would keep devices out of every view.
+            log.info("two-phase %s: %s ended before its attempt #%d was recorded; its owner stops", self.az, e.gang,
+                     e.incarnation)
+            self.owners.pop(e.gang, None)
+            self.placements = {key: v for key, v in self.placements.items() if key[0] != e.gang}
+            self.l.wake.set()
+            return
+        if p is None:
             self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                        reason="gang or plan gone"))
             return
@@ -708,8 +726,17 @@ class TwoPhaseDriver:
         attempt record, other AZs' reach the watch later still). Where the
         holds already show, the two overlap, which costs nothing."""
         live = (OwnerPhase.PERSISTING, OwnerPhase.PREPARING, OwnerPhase.DECIDING, OwnerPhase.RESERVED)
-        return capacity.held((az, nodes) for o in self.owners.values() if o.phase in live and o.plan
+        return capacity.held((az, nodes) for gang, o in self.owners.items() if o.phase in live and o.plan
+                             and (o.phase is not OwnerPhase.PERSISTING or self._gang_goes_on(gang))
                              for az, nodes in o.plan.items())
+
+    def _gang_goes_on(self, gang: str) -> bool:
+        """The leader still holds the gang and it has not ended. An owner
+        still PERSISTING has sent nothing, so for an ended gang it keeps
+        nothing; later phases keep their plan until the owner settles (a
+        prepare may be on its way)."""
+        g = self.l.gangs.get(gang)
+        return g is not None and not g.state.terminal
 
     def other_azs_view(self) -> list[NodeView]:
         """Other AZs' nodes from the watched records (no etcd request): every

@@ -209,7 +209,12 @@ def plan_admissions(
                 decisions.append(KeepPending(gang, why, result.shortfalls, held_by=head.id, rule=why, **where))
                 continue
         if head is None and waited > backfill_window_s:
-            empty = placed(request, drained(scope(gang, unkept=True)))
+            # Only this AZ's nodes can drain for it: this leader holds back
+            # its own gangs alone, and other AZs' leaders keep filling
+            # theirs. So a cross-AZ head sees other AZs as they are now, and
+            # keeps nodes only where that makes it fit as they drain here.
+            views = scope(gang, unkept=True)
+            empty = placed(request, drained([v for v in views if v.az == az]) + [v for v in views if v.az != az])
             if isinstance(empty, Placement):
                 head, kept = gang, frozenset((m.az, m.node) for m in empty.members)
                 shown = sorted(_shown(k, az) for k in kept)
@@ -218,8 +223,9 @@ def plan_admissions(
                 decisions.append(KeepPending(gang, f"{result.reason}; {why}", result.shortfalls,
                                              keeps=tuple(shown), rule=why, **where))
                 continue
-            where_ = "the ready nodes of every AZ" if spans_azs(gang) else "this AZ's ready nodes"
-            why = (f"it would not fit even if {where_} were empty, so it keeps no nodes and holds back "
+            where_ = ("this AZ's ready nodes were empty and other AZs' stayed as they are" if spans_azs(gang)
+                      else "this AZ's ready nodes were empty")
+            why = (f"it would not fit even if {where_}, so it keeps no nodes and holds back "
                    "no gang behind it")
             decisions.append(KeepPending(gang, f"{result.reason}; {why}", result.shortfalls, rule=why, **where))
             continue

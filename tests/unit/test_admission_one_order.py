@@ -104,15 +104,29 @@ def test_restart_backoff_holds_a_cross_az_gang_too() -> None:
     assert isinstance(ds[0], KeepPending) and ds[0].rule.startswith("restart backoff")
 
 
-def test_a_cross_az_head_past_its_window_keeps_nodes_in_every_az_it_needs() -> None:
-    # The head needs both AZs' nodes; b's is busy. A younger local gang may
-    # not take n0 (kept), and explain names b's node with its AZ.
-    nodes = [node("n0"), node("m0", "az-b", free=0)]
-    ds = plan([gang("span", 2, 8, at=0, cross=True), gang("small", 1, 8, at=40)], nodes, now=41)
+def test_a_cross_az_head_past_its_window_keeps_nodes_where_draining_this_az_makes_it_fit() -> None:
+    # The head needs 8 GPUs of this AZ and 8 of b's. b's node is free now;
+    # this AZ's n0 has only 4 free (a running gang holds the rest). Draining
+    # this AZ makes it fit, so it keeps what it would take (n0 and b's m0),
+    # and a younger local gang that would fit on n0's free half is held
+    # back; explain names b's node with its AZ.
+    nodes = [node("n0", free=4), node("m0", "az-b")]
+    ds = plan([gang("span", 2, 8, at=0, cross=True), gang("small", 1, 4, at=40)], nodes, now=41)
     head = by_id(ds, "span")
     assert isinstance(head, KeepPending) and head.keeps == ("az-b/m0", "n0"), head
     small = by_id(ds, "small")
     assert isinstance(small, KeepPending) and small.held_by == "span", small
+
+
+def test_a_cross_az_head_keeps_nothing_here_when_its_shortfall_is_in_another_az() -> None:
+    # b's node is full: only b's leader could drain it, and it does not hold
+    # its gangs back for an AZ it does not own. Keeping n0 would idle it for
+    # nothing, so the younger local gang gets n0.
+    nodes = [node("n0"), node("m0", "az-b", free=0)]
+    ds = plan([gang("span", 2, 8, at=0, cross=True), gang("small", 1, 8, at=40)], nodes, now=41)
+    head = by_id(ds, "span")
+    assert isinstance(head, KeepPending) and head.keeps == () and "other AZs' stayed as they are" in head.reason, head
+    assert isinstance(by_id(ds, "small"), Reserve)
 
 
 def test_devices_of_attempts_in_flight_are_not_free_in_the_next_cycle() -> None:
