@@ -494,6 +494,7 @@ class TwoPhaseDriver:
             self._rt(e.gang)
             placed = ev.placed(self.l.wall(), self.l.epoch, e.incarnation, placement,
                                f"two-phase across {', '.join(sorted(p.azs()))}: {p.reason}")
+            await failpoints.hit("owner.before_attempt_write")
             await self.l.write_gang(new, g, events=[placed])
         except (Conflict, StoreUnavailable) as exc:
             self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,

@@ -401,3 +401,26 @@ async def test_cancel_a_waiting_cross_az_gang_leaves_nothing_behind(local_cluste
     assert (await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))).state == pb.GANG_STATE_CANCELLED
     assert await no_reservations_left(c) == {}
     assert await settled_invariants(c) == []
+
+
+async def test_a_gang_cancelled_before_its_attempt_is_recorded_holds_nothing_back(local_cluster: LocalCluster) -> None:
+    # The cycle places the gang and its owner starts writing the attempt
+    # record (held 3 s by the failpoint); the cancel lands first, so that
+    # write is refused. The owner must end there: before the fix it retried
+    # for the rest of the leadership and its plan kept every node of the
+    # three AZs out of the admission view, so the next gang never fitted.
+    c = local_cluster
+    await three_azs(c, coordinators=1, env={"a0": {"PHALANX_FAILPOINTS": "owner.before_attempt_write=delay(3)"}})
+    doomed = await c.submit(cross("doomed", members=3), address=c.coordinators["a0"].address)
+    await asyncio.sleep(1.0)  # placed by the cycle, its attempt write held
+    got = await c.stub().GetGang(gpb.GetGangRequest(id=doomed.id))
+    assert got.state == pb.GANG_STATE_PENDING, "the attempt record must not be written yet"
+    ex = await c.stub().CancelGang(gpb.CancelGangRequest(id=doomed.id, reason="changed my mind"))
+    assert ex.state == pb.GANG_STATE_CANCELLED
+    nxt = await c.submit(cross("next", members=3, duration=0.5), address=c.coordinators["a0"].address)
+    done = await c.wait_state(nxt.id, TERMINAL, timeout=60)
+    assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
+    assert sorted(m.az for m in done.placement) == list(AZS)
+    assert await no_reservations_left(c) == {}
+    assert await settled_invariants(c) == []
+
