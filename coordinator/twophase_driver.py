@@ -1256,7 +1256,7 @@ class TwoPhaseDriver:
         self.etcd_requests.pop(gang, None)
         self.placements = {key: p for key, p in self.placements.items() if key[0] != gang}
         for d in (self._hold_rev, self._published, self.local_reports, self.revoked_at,
-                  getattr(self, "dec_by_key", {})):
+                  self.dec_by_key):
             for key in [key for key in d if key[0] == gang]:
                 del d[key]
         self.finished_fed = {key for key in self.finished_fed if key[0] != gang}
