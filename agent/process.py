@@ -54,8 +54,7 @@ import yaml
 from agent.core.run_as import Account, Refused, RunAsError, RunAsPolicy, decide, parse_policy
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
 from agent.shim import read_exit_record
-from phalanx.member_logs import (logs_root, mark_line, member_exit_path, member_log_path, path_component,  # noqa: F401
-                                 read_log)
+from phalanx.member_logs import logs_root, mark_line, member_exit_path, member_log_path, path_component
 
 log = logging.getLogger(__name__)
 
@@ -256,8 +255,8 @@ def member_work_path(work_root: Path, key: MemberKey) -> Path:
 
 
 # --------------------------------------------------------------------------- #
-# Logs: their layout is phalanx/member_logs.py (read_log, member_log_path and
-# member_exit_path are imported from there, also for this module's users).
+# Logs: their layout is phalanx/member_logs.py; this launcher writes by it and
+# readers (`phalanx logs`, tests) import it from there, not from here.
 # --------------------------------------------------------------------------- #
 
 def stale_log_dirs(listing: Iterable[tuple[str, int, float]], *, live: Collection[tuple[str, int]],

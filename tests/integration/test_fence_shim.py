@@ -21,8 +21,8 @@ import pytest
 
 from agent.launcher import MemberKey, MemberLaunch
 from agent.process import EXIT_UNKNOWN, ProcessLauncher, read_proc_environ, read_proc_stat
-from agent.process import member_exit_path
 from agent.shim import EXIT_FENCED, LEASE_FILE, SHIM_FILE_NAME, read_exit_record, read_lease, write_lease
+from phalanx.member_logs import member_exit_path
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import LocalCluster
 from tests.integration.test_gang_runtime import AZ, agent_proc, events

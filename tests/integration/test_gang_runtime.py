@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent.launcher import MemberKey
-from agent.process import member_exit_path
 from agent.shim import read_exit_record
+from phalanx.member_logs import member_exit_path
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node

@@ -26,9 +26,9 @@ from agent.process import (
     EXIT_UNKNOWN,
     STATE_FILE,
     ProcessLauncher,
-    read_log,
     stale_log_dirs,
 )
+from phalanx.member_logs import read_log
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 # Launcher A's Popen objects are dropped by close() while their members run on

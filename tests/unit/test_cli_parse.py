@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from agent.launcher import MemberKey
-from agent.process import member_exit_path, member_log_path
 from phalanx import cli
+from phalanx.member_logs import member_exit_path, member_log_path
 from phalanx.model import GangState
 
 
