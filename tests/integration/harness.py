@@ -357,6 +357,31 @@ class LocalCluster:
         await self.store.close()
 
 
+def stop_agent_then_coordinator(agent: subprocess.Popen, coord: CoordProc, timeout: float = 20) -> None:
+    """Stops a real agent process, then its coordinator, each with SIGTERM,
+    and waits for both: a test that reads their logs afterwards sees both
+    shutdowns, and the leader outlives the agent's goodbye. One that does not
+    stop within ``timeout`` is killed and the wait's TimeoutExpired raised
+    (a shutdown that hangs is a bug, not something to read logs after)."""
+    agent.send_signal(signal.SIGTERM)
+    try:
+        _wait_or_kill(agent, timeout)
+    finally:
+        if agent.stdout:
+            agent.stdout.close()
+        coord.signal(signal.SIGTERM)
+        _wait_or_kill(coord.proc, timeout)
+
+
+def _wait_or_kill(proc: subprocess.Popen, timeout: float) -> None:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+        raise
+
+
 def tiny(name: str, members: int = 8, gpus: int = 1, duration: float = 1.0, **kw: Any) -> pb.GangSpec:
     return pb.GangSpec(name=name, members=members, resources=pb.Resources(gpus=gpus), run=pb.RunSpec(duration_s=duration), **kw)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from phalanx.v1 import types_pb2 as pb
-from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, tiny
+from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, stop_agent_then_coordinator, tiny
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
 pytestmark = pytest.mark.integration
@@ -77,11 +77,7 @@ async def test_json_logs_of_a_gang_from_submission_to_launch(local_cluster: Loca
         assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
     finally:
         # Stopped before reading: the shutdown lines are checked too.
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(20)
-        agent.stdout.close()
-        coord.signal(signal.SIGTERM)
-        coord.proc.wait(20)
+        stop_agent_then_coordinator(agent, coord)
 
     cl = json_lines(coord.log_path)
     al = json_lines(c.workdir / "agent-n0.log")

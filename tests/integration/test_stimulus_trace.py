@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from chaos import recorder
 from chaos.history import Tracer, etcd_event, gang_observations
 from phalanx.v1 import types_pb2 as pb
-from tests.integration.harness import REPO, TERMINAL, LocalCluster
+from tests.integration.harness import REPO, TERMINAL, LocalCluster, stop_agent_then_coordinator
 from tests.integration.test_json_logs import json_lines, start_agent
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
@@ -49,11 +48,7 @@ async def test_each_event_leads_back_to_the_log_lines_of_its_decision(local_clus
                            capture_output=True, text=True, cwd=REPO, env=c.client_env(), timeout=60)
         assert d.returncode == 0, d.stderr
     finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(20)
-        agent.stdout.close()
-        coord.signal(signal.SIGTERM)
-        coord.proc.wait(20)
+        stop_agent_then_coordinator(agent, coord)
 
     events = {e.kind: e for e in done.events}
     assert list(events) == ["submitted", "placed", "reserved", "started", "finished"], [e.message for e in done.events]
