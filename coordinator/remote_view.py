@@ -1,0 +1,223 @@
+"""The other AZs' inventory as this AZ leader's cluster-root watch shows it
+(docs/design.md §19.10).
+
+Cross-AZ gangs are placed over every AZ, and the admission cycle runs every
+few hundred milliseconds while they wait. Reading other AZs from etcd each
+cycle would cost requests; rebuilding their NodeViews (and placement's
+per-node facts) each cycle would cost time proportional to the fleet. So one
+``RemoteInventory`` keeps other AZs' node records, their reservations and
+which AZs have a leader, fed record by record from the watch (and replaced
+wholesale by a fresh read at recovery or after a compacted watch), and hands
+out:
+
+- ``view()``: other AZs' nodes as placement sees them, cached: rebuilt only
+  when a node's topology or readiness, a hold's devices or the set of led
+  AZs changed since the last call (``view_rebuilds`` counts them);
+- ``registered()``: every other AZ's registered topology (never-fits),
+  cached until the set of registered topologies changes (``version``);
+- ``index()`` / ``placement_index(local)``: a ``FabricIndex`` over those
+  topologies, refreshed when they change, so placement does not recompute
+  the static facts of remote nodes per cycle.
+
+It does no I/O: each feeding method returns whether the admission cycle must
+wake (capacity may have grown), and the driver sets the event. The view may
+be stale; the participants' ledgers refuse a conflicting prepare (one aborted
+attempt, never a double grant).
+
+Topology objects are kept stable: a node record re-written with the same
+topology (a heartbeat, a readiness flip) keeps the object already held, so
+the caches and ``FabricIndex`` (which matches entries by identity) stay
+valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterable
+
+from coordinator.core import capacity
+from coordinator.core.placement import FabricIndex, NodeView
+from coordinator.core.records import UNREADABLE, NodeRecord
+from phalanx.reservation import Reservation
+from phalanx.store import Keys
+from phalanx.topology import NodeTopology
+
+log = logging.getLogger(__name__)
+
+At = tuple[str, str]
+"""(AZ, name) of a record under ``nodes/`` or ``reservations/``."""
+
+
+class RemoteInventory:
+    """Other AZs' nodes, holds and leaders for AZ ``az`` (whose own records
+    the leader's view has: they are ignored here)."""
+
+    def __init__(self, az: str, keys: Keys) -> None:
+        self.az = az
+        self.keys = keys
+        self._nodes: dict[At, NodeRecord] = {}  # (az, node)
+        self._holds: dict[At, Reservation] = {}  # (az, gang): any reservation there, of any state
+        self._led: set[str] = set()  # AZs whose leader key exists (this one included)
+        # Bumped whenever the set of registered topologies changes: the
+        # leader's never-fits memo and the index follow it.
+        self.version = 0
+        self.view_rebuilds = 0
+        self.registered_rebuilds = 0
+        self.index_refreshes = 0
+        self._view: tuple[NodeView, ...] | None = None
+        self._registered: tuple[NodeTopology, ...] = ()
+        self._registered_for = 0
+        self._index = FabricIndex()
+        self._index_for = 0
+        self._joined: tuple[FabricIndex, FabricIndex, FabricIndex] | None = None  # (local, remote, both)
+
+    # ---------------------------------------------------------------- feed
+    def at(self, key: str, prefix: str) -> At | None:
+        """(az, name) of ``<prefix><az>/<name>`` in another AZ; None for this
+        AZ's keys or a malformed key."""
+        az, _, name = key[len(prefix):].partition("/")
+        if not az or not name or az == self.az:
+            return None
+        return az, name
+
+    def on_node(self, key: str, kv: Any) -> bool:
+        """``nodes/<az>/<node>`` was written (``kv``) or deleted (None).
+        True when the cycle must wake: a node appeared, or its topology or
+        readiness changed (it may fit a waiting gang now)."""
+        at = self.at(key, self.keys.nodes())
+        if at is None:
+            return False
+        old = self._nodes.get(at)
+        if kv is None:
+            if self._nodes.pop(at, None) is not None:
+                self._changed_topologies()
+            return False  # less capacity: nothing new can fit
+        try:
+            rec = NodeRecord.from_dict(kv.json(), kv.mod_revision)
+        except UNREADABLE as exc:
+            # The last readable record (if any) stays: the AZ's leader wrote
+            # it and still acts on it.
+            log.warning("remote inventory of %s: skipped unreadable node record %s: %r", self.az, key[:200], exc)
+            return False
+        same_topology = old is not None and old.topology == rec.topology
+        if same_topology:
+            rec = dataclasses.replace(rec, topology=old.topology)  # keep the object: caches match by identity
+        self._nodes[at] = rec
+        if not same_topology:
+            self._changed_topologies()
+            return True
+        if old.ready != rec.ready:
+            self._view = None
+            return True
+        return False  # a heartbeat, an address: what placement sees is the same
+
+    def on_reservation(self, key: str, kv: Any) -> bool:
+        """``reservations/<az>/<gang>`` was written (``kv``) or deleted
+        (None). True when the cycle must wake: a hold went or changed its
+        devices (some may be free now)."""
+        at = self.at(key, self.keys.reservations())
+        if at is None:
+            return False
+        if kv is None:
+            if self._holds.pop(at, None) is None:
+                return False
+            self._view = None
+            return True
+        try:
+            r = Reservation.from_dict(kv.json(), kv.mod_revision)
+        except UNREADABLE as exc:
+            # Its devices stay as they were in this view (taken, if it was
+            # readable before); the AZ's own leader holds them anyway.
+            log.warning("remote inventory of %s: skipped unreadable reservation %s: %r", self.az, key[:200], exc)
+            return False
+        old = self._holds.get(at)
+        self._holds[at] = r
+        if old is None:
+            self._view = None
+            return False  # a new hold takes devices: nothing new can fit
+        if dict(old.nodes) != dict(r.nodes):
+            self._view = None
+            return True
+        return False  # a state change (PREPARED -> COMMITTED -> RELEASING) holds the same devices
+
+    def on_leader(self, az: str, present: bool) -> bool:
+        """``leader/<az>`` was written (``present``) or deleted. True when an
+        AZ gained a leader: its nodes may be placed on again (an AZ without
+        one cannot vote)."""
+        if present == (az in self._led):
+            return False
+        self._view = None
+        if present:
+            self._led.add(az)
+            return True
+        self._led.discard(az)
+        return False
+
+    def reset(self, node_kvs: Iterable[Any], reservation_kvs: Iterable[Any], leader_kvs: Iterable[Any]) -> bool:
+        """Replace everything by one read (recovery, or a compacted watch
+        whose events in between are lost): every AZ's node records,
+        reservations and leader keys (this AZ's are skipped). Always True:
+        anything may have changed."""
+        self._nodes.clear()
+        self._holds.clear()
+        for kv in node_kvs:
+            self.on_node(kv.key, kv)
+        for kv in reservation_kvs:
+            self.on_reservation(kv.key, kv)
+        prefix = self.keys.leaders()
+        self._led = {kv.key[len(prefix):] for kv in leader_kvs}
+        self._changed_topologies()
+        return True
+
+    def _changed_topologies(self) -> None:
+        self.version += 1
+        self._view = None
+
+    # --------------------------------------------------------------- read
+    @property
+    def led(self) -> frozenset[str]:
+        """AZs whose leader key exists (this AZ's included when it has one)."""
+        return frozenset(self._led)
+
+    def node(self, az: str, node: str) -> NodeRecord | None:
+        """Another AZ's node record as last seen (None if unknown)."""
+        return self._nodes.get((az, node))
+
+    def view(self) -> tuple[NodeView, ...]:
+        """Other AZs' nodes for placement: every device minus every
+        reservation there, of any state; ready only while the node's record
+        says so and its AZ has a leader. Cached until what it is built from
+        changes."""
+        if self._view is None:
+            self.view_rebuilds += 1
+            taken = capacity.held((az, r.nodes) for (az, _), r in self._holds.items())
+            self._view = tuple(capacity.free_view(
+                ((rec.topology, rec.ready and at[0] in self._led) for at, rec in self._nodes.items()), taken))
+        return self._view
+
+    def registered(self) -> tuple[NodeTopology, ...]:
+        """Every other AZ's registered node (ready or not), for never-fits."""
+        if self._registered_for != self.version:
+            self.registered_rebuilds += 1
+            self._registered = tuple(rec.topology for rec in self._nodes.values())
+            self._registered_for = self.version
+        return self._registered
+
+    def index(self) -> FabricIndex:
+        """Placement's static facts of other AZs' nodes, refreshed (reusing
+        unchanged entries) when their topologies change."""
+        if self._index_for != self.version:
+            self.index_refreshes += 1
+            self._index = self._index.refreshed(self.registered())
+            self._index_for = self.version
+        return self._index
+
+    def placement_index(self, local: FabricIndex) -> FabricIndex:
+        """``local`` (this AZ's index) joined with ``index()``: the index for
+        a cycle that places over every AZ. The same object until either
+        side changes."""
+        remote = self.index()
+        if self._joined is None or self._joined[0] is not local or self._joined[1] is not remote:
+            self._joined = (local, remote, local.joined(remote))
+        return self._joined[2]

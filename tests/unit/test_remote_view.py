@@ -1,0 +1,281 @@
+"""The other AZs' inventory (coordinator/remote_view.py, docs/design.md §19.10):
+fed by real etcd key/value records (NodeRecord and Reservation dicts as the
+AZ leaders write them), it ignores this AZ's keys, skips unreadable records,
+says when the admission cycle must wake, bumps its version when the set of
+registered topologies changes, and rebuilds its cached view only when
+something it is built from changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coordinator.core.placement import FabricIndex, Placement, PlacementRequest, place
+from coordinator.core.records import NodeRecord
+from coordinator.remote_view import RemoteInventory
+from phalanx.reservation import HoldState, NodeDevices, Reservation
+from phalanx.store import KV, Keys
+from phalanx.topology import Gpu, Nic, NodeTopology
+
+KEYS = Keys("c1")
+HERE = "a"
+
+
+def topo(node: str, az: str = "b", gpus: int = 4) -> NodeTopology:
+    return NodeTopology(node=node, az=az, gpus=tuple(Gpu(index=i) for i in range(gpus)),
+                        nics=(Nic(name="mlx5_0", state="ACTIVE"), Nic(name="mlx5_1", state="ACTIVE")))
+
+
+def kv(key: str, doc: object, rev: int = 1) -> KV:
+    return KV(key=key, value=json.dumps(doc).encode(), create_revision=rev, mod_revision=rev, version=1, lease=0)
+
+
+def node_kv(node: str, az: str = "b", ready: bool = True, gpus: int = 4, heartbeat: float = 0.0, rev: int = 1) -> KV:
+    rec = NodeRecord(topology=topo(node, az, gpus), ready=ready, agent_id=f"agent-{node}", last_heartbeat=heartbeat)
+    return kv(KEYS.node(az, node), rec.to_dict(), rev)
+
+
+def hold_kv(gang: str, nodes: dict[str, tuple[tuple[int, ...], tuple[str, ...]]], az: str = "b",
+            state: HoldState = HoldState.PREPARED, rev: int = 1) -> KV:
+    r = Reservation(az, gang, 0, state, {n: NodeDevices(*d) for n, d in nodes.items()}, epoch=7,
+                    two_phase=True, owner_az="a")
+    return kv(KEYS.reservation(az, gang), r.to_dict(), rev)
+
+
+def leader_kv(az: str) -> KV:
+    return kv(KEYS.leader(az), {"id": f"coord-{az}"})
+
+
+def inventory(*azs_led: str) -> RemoteInventory:
+    inv = RemoteInventory(HERE, KEYS)
+    for az in azs_led:
+        inv.on_leader(az, True)
+    return inv
+
+
+def free(inv: RemoteInventory) -> dict[tuple[str, str], tuple[set[int], bool]]:
+    return {(v.az, v.name): (set(v.free_gpus), v.ready) for v in inv.view()}
+
+
+# --- node records -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps, wakes, nodes, version", [
+    # A new node wakes the cycle (it may fit a waiting gang) and is registered.
+    ([("put", node_kv("n0"))], [True], {("b", "n0"): ({0, 1, 2, 3}, True)}, 1),
+    # A node that is not ready wakes too (never-fits may now be judged), placed on it is not.
+    ([("put", node_kv("n0", ready=False))], [True], {("b", "n0"): ({0, 1, 2, 3}, False)}, 1),
+    # A heartbeat re-write changes nothing placement sees: no wake, no version.
+    ([("put", node_kv("n0")), ("put", node_kv("n0", heartbeat=99.0, rev=2))], [True, False],
+     {("b", "n0"): ({0, 1, 2, 3}, True)}, 1),
+    # Readiness flips wake (up) and change the view, not the registered set.
+    ([("put", node_kv("n0")), ("put", node_kv("n0", ready=False, rev=2)), ("put", node_kv("n0", rev=3))],
+     [True, True, True], {("b", "n0"): ({0, 1, 2, 3}, True)}, 1),
+    # A new topology (more GPUs) wakes and bumps the version.
+    ([("put", node_kv("n0")), ("put", node_kv("n0", gpus=8, rev=2))], [True, True],
+     {("b", "n0"): (set(range(8)), True)}, 2),
+    # A delete shrinks capacity (no wake) and the registered set (version).
+    ([("put", node_kv("n0")), ("delete", node_kv("n0"))], [True, False], {}, 2),
+    # Deleting an unknown node changes nothing.
+    ([("delete", node_kv("n9"))], [False], {}, 0),
+    # This AZ's own records belong to the leader's view: ignored.
+    ([("put", node_kv("n0", az=HERE)), ("delete", node_kv("n0", az=HERE))], [False, False], {}, 0),
+    # The same node name in two other AZs: two nodes.
+    ([("put", node_kv("n0", az="b")), ("put", node_kv("n0", az="c"))], [True, True],
+     {("b", "n0"): ({0, 1, 2, 3}, True), ("c", "n0"): ({0, 1, 2, 3}, True)}, 2),
+], ids=["new-node", "new-not-ready", "heartbeat", "ready-flips", "new-topology", "delete", "delete-unknown",
+        "this-az-ignored", "same-name-two-azs"])
+def test_node_records(steps, wakes, nodes, version) -> None:  # type: ignore[no-untyped-def]
+    inv = inventory("a", "b", "c")
+    got = [inv.on_node(k.key, k if kind == "put" else None) for kind, k in steps]
+    assert got == wakes
+    assert free(inv) == nodes
+    assert inv.version == version
+    assert {(t.az, t.node) for t in inv.registered()} == set(nodes)
+
+
+@pytest.mark.parametrize("doc", [b"not json", json.dumps({"ready": True}).encode(),
+                                 json.dumps({"topology": {"az": "b"}, "ready": True}).encode()],
+                         ids=["not-json", "no-topology", "topology-without-node"])
+def test_unreadable_node_record_is_skipped_and_the_last_readable_one_stays(doc: bytes, caplog) -> None:  # type: ignore[no-untyped-def]
+    inv = inventory("b")
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0"))
+    bad = KV(key=KEYS.node("b", "n0"), value=doc, create_revision=1, mod_revision=2, version=2, lease=0)
+    assert inv.on_node(bad.key, bad) is False
+    assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, True)}
+    assert inv.version == 1
+    assert "skipped unreadable node record" in caplog.text
+    # An unreadable record of a node never seen adds nothing.
+    other = KV(key=KEYS.node("b", "n1"), value=doc, create_revision=1, mod_revision=2, version=1, lease=0)
+    assert inv.on_node(other.key, other) is False
+    assert inv.node("b", "n1") is None
+
+
+@pytest.mark.parametrize("key", [KEYS.nodes() + "b", KEYS.nodes() + "b/", KEYS.nodes() + "/n0"],
+                         ids=["no-node", "empty-node", "empty-az"])
+def test_malformed_keys_are_ignored(key: str) -> None:
+    inv = inventory("b")
+    assert inv.on_node(key, kv(key, NodeRecord(topology=topo("n0"), ready=True).to_dict())) is False
+    assert inv.view() == ()
+
+
+def test_node_record_is_kept_for_the_rendezvous_with_a_stable_topology() -> None:
+    inv = inventory("b")
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0"))
+    first = inv.node("b", "n0")
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0", heartbeat=5.0, rev=9))
+    now = inv.node("b", "n0")
+    assert first is not None and now is not None
+    assert now.mod_revision == 9 and now.last_heartbeat == 5.0
+    assert now.topology is first.topology  # same object: the index and caches match it by identity
+    assert inv.node("c", "n0") is None
+
+
+# --- reservations -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps, wakes, free_n0", [
+    # A new hold takes devices: nothing new fits, no wake.
+    ([("put", hold_kv("g1", {"n0": ((0, 1), ("mlx5_0",))}))], [False], {2, 3}),
+    # Same devices, new state: no wake, same view.
+    ([("put", hold_kv("g1", {"n0": ((0, 1), ())})), ("put", hold_kv("g1", {"n0": ((1, 0), ())}, state=HoldState.COMMITTED))],
+     [False, False], {2, 3}),
+    # Fewer devices held: wake.
+    ([("put", hold_kv("g1", {"n0": ((0, 1), ())})), ("put", hold_kv("g1", {"n0": ((0,), ())}, state=HoldState.RELEASING))],
+     [False, True], {1, 2, 3}),
+    # The hold goes: wake, all free.
+    ([("put", hold_kv("g1", {"n0": ((0, 1), ())})), ("delete", hold_kv("g1", {}))], [False, True], {0, 1, 2, 3}),
+    # Deleting a hold never seen: nothing.
+    ([("delete", hold_kv("g9", {}))], [False], {0, 1, 2, 3}),
+    # Two holds on one node both count.
+    ([("put", hold_kv("g1", {"n0": ((0,), ())})), ("put", hold_kv("g2", {"n0": ((3,), ())}))], [False, False], {1, 2}),
+    # This AZ's reservations are the leader's business: ignored.
+    ([("put", hold_kv("g1", {"n0": ((0, 1, 2, 3), ())}, az=HERE))], [False], {0, 1, 2, 3}),
+], ids=["new-hold", "state-change", "shrinks", "deleted", "delete-unknown", "two-holds", "this-az-ignored"])
+def test_reservations(steps, wakes, free_n0) -> None:  # type: ignore[no-untyped-def]
+    inv = inventory("b")
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0"))
+    got = [inv.on_reservation(k.key, k if kind == "put" else None) for kind, k in steps]
+    assert got == wakes
+    assert free(inv)[("b", "n0")] == (free_n0, True)
+    assert inv.version == 1  # holds never change the registered set
+
+
+def test_unreadable_reservation_keeps_the_devices_it_held(caplog) -> None:  # type: ignore[no-untyped-def]
+    inv = inventory("b")
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0"))
+    inv.on_reservation(KEYS.reservation("b", "g1"), hold_kv("g1", {"n0": ((0, 1), ())}))
+    bad = kv(KEYS.reservation("b", "g1"), {"az": "b", "gang": "g1", "nodes": {"n0": {"gpus": ["x"]}}}, rev=2)
+    assert inv.on_reservation(bad.key, bad) is False
+    assert free(inv)[("b", "n0")] == ({2, 3}, True)
+    assert "skipped unreadable reservation" in caplog.text
+
+
+# --- leaders ------------------------------------------------------------------
+
+
+def test_an_az_without_a_leader_is_not_placed_on_and_wakes_when_it_gets_one() -> None:
+    inv = inventory()
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0"))
+    assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, False)}
+    assert inv.on_leader("b", True) is True
+    assert inv.on_leader("b", True) is False  # a re-put (same leader renewing): nothing new
+    assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, True)}
+    assert inv.led == {"b"}
+    assert inv.on_leader("b", False) is False  # losing one shrinks capacity
+    assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, False)}
+    assert inv.led == frozenset()
+
+
+# --- reset (recovery, compacted watch) ------------------------------------------
+
+
+def test_reset_replaces_everything_and_skips_this_az() -> None:
+    inv = inventory("b")
+    inv.on_node(KEYS.node("b", "gone"), node_kv("gone"))
+    inv.on_reservation(KEYS.reservation("b", "old"), hold_kv("old", {"gone": ((0,), ())}))
+    before = inv.version
+    wake = inv.reset(
+        [node_kv("n0"), node_kv("m0", az="c"), node_kv("mine", az=HERE)],
+        [hold_kv("g1", {"n0": ((2,), ())}), hold_kv("g2", {"mine": ((0, 1, 2, 3), ())}, az=HERE)],
+        [leader_kv("a"), leader_kv("b")])
+    assert wake is True
+    assert inv.version > before
+    assert free(inv) == {("b", "n0"): ({0, 1, 3}, True), ("c", "m0"): ({0, 1, 2, 3}, False)}
+    assert inv.led == {"a", "b"}
+    assert inv.node("b", "gone") is None
+
+
+# --- caches ---------------------------------------------------------------------
+
+
+def fleet(n: int) -> RemoteInventory:
+    inv = inventory("b", "c")
+    inv.reset([node_kv(f"n{i}", az="bc"[i % 2]) for i in range(n)], [hold_kv("g1", {"n0": ((0,), ())})],
+              [leader_kv("b"), leader_kv("c")])
+    return inv
+
+
+def test_cycles_without_changes_rebuild_nothing() -> None:
+    inv = fleet(200)
+    view, registered, index = inv.view(), inv.registered(), inv.index()
+    local = FabricIndex.build([topo("x0", az=HERE)])
+    joined = inv.placement_index(local)
+    counts = (inv.view_rebuilds, inv.registered_rebuilds, inv.index_refreshes)
+    for i in range(50):  # 50 admission cycles, with heartbeats and hold state changes in between
+        inv.on_node(KEYS.node("b", "n0"), node_kv("n0", heartbeat=float(i), rev=10 + i))
+        inv.on_reservation(KEYS.reservation("b", "g1"),
+                           hold_kv("g1", {"n0": ((0,), ())}, state=HoldState.COMMITTED, rev=10 + i))
+        inv.on_leader("b", True)
+        assert inv.view() is view
+        assert inv.registered() is registered
+        assert inv.index() is index
+        assert inv.placement_index(local) is joined
+    assert (inv.view_rebuilds, inv.registered_rebuilds, inv.index_refreshes) == counts
+
+
+@pytest.mark.parametrize("change, view, registered", [
+    (lambda inv: inv.on_reservation(KEYS.reservation("b", "g1"), None), 1, 0),
+    (lambda inv: inv.on_reservation(KEYS.reservation("c", "g2"), hold_kv("g2", {"n1": ((1,), ())}, az="c")), 1, 0),
+    (lambda inv: inv.on_node(KEYS.node("b", "n0"), node_kv("n0", ready=False, rev=5)), 1, 0),
+    (lambda inv: inv.on_node(KEYS.node("b", "n0"), node_kv("n0", gpus=8, rev=5)), 1, 1),
+    (lambda inv: inv.on_node(KEYS.node("b", "n0"), None), 1, 1),
+    (lambda inv: inv.on_leader("c", False), 1, 0),
+], ids=["hold-deleted", "hold-added", "not-ready", "new-topology", "node-deleted", "leader-lost"])
+def test_a_change_rebuilds_once(change, view, registered) -> None:  # type: ignore[no-untyped-def]
+    inv = fleet(20)
+    inv.view(), inv.registered()
+    v0, r0 = inv.view_rebuilds, inv.registered_rebuilds
+    change(inv)
+    for _ in range(5):
+        inv.view(), inv.registered()
+    assert (inv.view_rebuilds - v0, inv.registered_rebuilds - r0) == (view, registered)
+
+
+def test_the_index_follows_remote_topologies_and_joins_the_local_one() -> None:
+    inv = fleet(6)
+    local = FabricIndex.build([topo("x0", az=HERE), topo("x1", az=HERE)])
+    joined = inv.placement_index(local)
+    assert len(inv.index()) == 6 and len(joined) == 8
+    # Entries are those of the views' own topology objects (matched by identity).
+    assert all(joined.facts(v.topology).topology is v.topology for v in inv.view())
+    inv.on_node(KEYS.node("b", "n0"), node_kv("n0", gpus=8, rev=5))
+    again = inv.placement_index(local)
+    assert again is not joined and len(again) == 8
+    n0 = next(v for v in inv.view() if v.name == "n0")
+    assert again.facts(n0.topology).topology is n0.topology
+    # A new local index (a node registered here) gives a new joined one too.
+    local2 = local.refreshed([topo("x0", az=HERE)])
+    assert len(inv.placement_index(local2)) == 7
+
+
+def test_placement_over_the_cached_view_and_index_matches_a_fresh_one() -> None:
+    inv = fleet(12)
+    req = PlacementRequest(gang="g", members=8, gpus_per_member=4, rdma_nics_per_member=1, allow_cross_az=True,
+                           azs=frozenset({"b", "c"}))
+    cached = place(req, list(inv.view()), inv.placement_index(FabricIndex()))
+    fresh = place(req, list(inv.view()))
+    assert isinstance(cached, Placement)
+    assert cached == fresh
+    assert {m.az for m in cached.members} == {"b", "c"}  # n0's held GPU keeps one member off it
