@@ -679,7 +679,7 @@ class AzLeader:
         views = without(views, self.twophase.attempt_devices())
         return plan_admissions(pending, views, self.wall(), az=self.az,
                                backfill_window_s=self.t.backfill_window_s, registered=registered,
-                               verdicts=self._verdicts, index=self.index)
+                               verdicts=self._verdicts, index=self.twophase.placement_index(self.index) if wide else self.index)
 
     def queue_reason(self, d: KeepPending) -> str:
         return f"queue position {d.position} of {d.queue} in {self.az}: {d.rule or 'waiting for devices to free up'}"

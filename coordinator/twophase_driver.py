@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
@@ -39,7 +39,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from coordinator.core import events as ev
 from coordinator.core import capacity, progress
 from coordinator.core.effect_lines import effect_line
-from coordinator.core.placement import NodeView, Placement
+from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, MemberSummary, NodeRecord, read_records
 from coordinator.core.twophase import (
     AbortReceived,
@@ -89,6 +89,7 @@ from coordinator.core.twophase import (
     WriteHold,
 )
 from coordinator.election import observe
+from coordinator.remote_view import RemoteInventory
 from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent, unchanged_since
 from phalanx.reservation import HoldState, Reservation
 from phalanx import failpoints
@@ -175,12 +176,9 @@ class TwoPhaseDriver:
         self._last_eval = 0.0
         # Other AZs as the cluster-root watch shows them (read at recovery,
         # then kept from the watch): the admission cycle's global view costs
-        # no etcd request. Possibly stale; the participants' ledgers refuse
-        # a conflicting prepare.
-        self.remote_nodes: dict[tuple[str, str], NodeRecord] = {}  # (az, node)
-        self.remote_holds: dict[tuple[str, str], Reservation] = {}  # (az, gang): any reservation there
-        self.remote_version = 0  # changes when another AZ's registered nodes do (never-fits memo)
-        self.led: set[str] = set()  # AZs whose leader key exists
+        # no etcd request, and is rebuilt only when it changed. Possibly
+        # stale; the participants' ledgers refuse a conflicting prepare.
+        self.remote = RemoteInventory(self.az, self.keys)
         self.dec_by_key: dict[tuple[str, int], Outcome] = {}  # decisions read at recovery
         self._published: dict[tuple[str, int], MemberSummary] = {}  # last member summary written per (gang, inc)
         self._publishing: set[tuple[str, int]] = set()
@@ -739,18 +737,27 @@ class TwoPhaseDriver:
         g = self.l.gangs.get(gang)
         return g is not None and not g.state.terminal
 
-    def other_azs_view(self) -> list[NodeView]:
-        """Other AZs' nodes from the watched records (no etcd request): every
-        device minus every reservation there, of any state; ready only while
-        the node's record says so and its AZ has a leader (an AZ without one
-        cannot vote). Possibly stale, which the participants' ledgers catch."""
-        taken = capacity.held((az, r.nodes) for (az, _), r in self.remote_holds.items())
-        return capacity.free_view(((rec.topology, rec.ready and key[0] in self.led)
-                                   for key, rec in self.remote_nodes.items()), taken)
+    @property
+    def remote_version(self) -> int:
+        """Changes when another AZ's registered nodes do (never-fits memo)."""
+        return self.remote.version
+
+    def other_azs_view(self) -> Sequence[NodeView]:
+        """Other AZs' nodes from the watched records (no etcd request; cached
+        until they change): every device minus every reservation there, of
+        any state; ready only while the node's record says so and its AZ has
+        a leader (an AZ without one cannot vote). Possibly stale, which the
+        participants' ledgers catch."""
+        return self.remote.view()
 
     def other_azs_registered(self) -> list[NodeTopology]:
         """Every other AZ's registered node (ready or not), for never-fits."""
-        return [rec.topology for rec in self.remote_nodes.values()]
+        return list(self.remote.registered())
+
+    def placement_index(self, local: FabricIndex) -> FabricIndex:
+        """``local`` joined with the other AZs' node facts: the index for a
+        cycle that places over every AZ (kept until either side changes)."""
+        return self.remote.placement_index(local)
 
     async def snapshot(self) -> tuple[list[NodeView], list[NodeTopology], set[str]]:
         """For explain: the global view cross-AZ gangs are placed on (this
@@ -764,7 +771,7 @@ class TwoPhaseDriver:
                   for name, n in self.l.nodes.items() if name not in placeable]
         views += self.other_azs_view()
         registered = self.l.registered_topologies() + self.other_azs_registered()
-        return views, registered, self.led | {self.az}
+        return views, registered, set(self.remote.led) | {self.az}
 
     # ------------------------------------------------------------ dispatch
     async def _node_record(self, az: str, node: str) -> NodeRecord | None:
@@ -773,7 +780,7 @@ class TwoPhaseDriver:
         and ports, for the rendezvous)."""
         if az == self.az:
             return self.l.nodes.get(node)
-        cached = self.remote_nodes.get((az, node))
+        cached = self.remote.node(az, node)
         if cached is not None:
             return cached
         kv = await self.store.get(self.keys.node(az, node))
@@ -974,12 +981,8 @@ class TwoPhaseDriver:
         self.revision = rev
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
-        for kv in all_res_kvs:
-            if not kv.key.startswith(mine):
-                self._on_other_reservation(kv.key, kv)
-        for kv in node_kvs:
-            self._on_other_node(kv.key, kv)
-        self.led = {kv.key[len(k.leaders()):] for kv in leader_kvs}
+        if self.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records)
+            self.l.wake.set()
         gangs = {g.id: g for g in read_records(gang_kvs, GangRecord.from_dict)[0]}
         for g in gangs.values():
             if not g.state.terminal and g.owner_az != self.az:
@@ -1156,88 +1159,30 @@ class TwoPhaseDriver:
             az = key[len(k.leaders()):]
             if ev.kind == "put":
                 self.leader_seen[az] = -1.0  # has a leader
-                if az not in self.led:
-                    self.led.add(az)
-                    self.l.wake.set()  # its nodes may be placed on again
             else:
                 self.leader_seen[az] = self.now()  # leaderless since now
-                self.led.discard(az)
+            if self.remote.on_leader(az, ev.kind == "put"):
+                self.l.wake.set()  # its nodes may be placed on again
         elif key.startswith(k.nodes()):
-            self._on_other_node(key, ev.kv if ev.kind == "put" else None)
+            if self.remote.on_node(key, ev.kv if ev.kind == "put" else None):
+                self.l.wake.set()
         elif key.startswith(k.reservations()):
-            self._on_other_reservation(key, ev.kv if ev.kind == "put" else None)
+            if self.remote.on_reservation(key, ev.kv if ev.kind == "put" else None):
+                self.l.wake.set()
 
     # ------------------------------------------------- other AZs' inventory
-    def _other_az_key(self, key: str, prefix: str) -> tuple[str, str] | None:
-        """(az, name) of ``<prefix><az>/<name>`` in another AZ; None for this
-        AZ's keys (the leader's own view has them) or a malformed key."""
-        az, _, name = key[len(prefix):].partition("/")
-        if not az or not name or az == self.az:
-            return None
-        return az, name
-
-    def _on_other_node(self, key: str, kv: Any) -> None:
-        """Another AZ's node record was written (``kv``) or deleted (None).
-        Wakes the admission cycle when what placement sees of it changes."""
-        at = self._other_az_key(key, self.keys.nodes())
-        if at is None:
-            return
-        old = self.remote_nodes.get(at)
-        if kv is None:
-            if self.remote_nodes.pop(at, None) is not None:
-                self.remote_version += 1
-            return
-        try:
-            rec = NodeRecord.from_dict(kv.json(), kv.mod_revision)
-        except UNREADABLE as exc:
-            log.warning("two-phase %s: skipped unreadable node record %s: %r", self.az, key[:200], exc)
-            return
-        self.remote_nodes[at] = rec
-        if old is None or old.topology != rec.topology:
-            self.remote_version += 1
-        if old is None or old.ready != rec.ready or old.topology != rec.topology:
-            self.l.wake.set()
-
-    def _on_other_reservation(self, key: str, kv: Any) -> None:
-        """Another AZ's reservation was written (``kv``) or deleted (None):
-        a delete frees devices there, so the admission cycle wakes."""
-        at = self._other_az_key(key, self.keys.reservations())
-        if at is None:
-            return
-        if kv is None:
-            if self.remote_holds.pop(at, None) is not None:
-                self.l.wake.set()
-            return
-        try:
-            r = Reservation.from_dict(kv.json(), kv.mod_revision)
-        except UNREADABLE as exc:
-            # Its devices stay as they were in this view (taken, if it was
-            # readable before); the AZ's own leader holds them anyway.
-            log.warning("two-phase %s: skipped unreadable reservation %s: %r", self.az, key[:200], exc)
-            return
-        old = self.remote_holds.get(at)
-        self.remote_holds[at] = r
-        if old is not None and dict(old.nodes) != dict(r.nodes):
-            self.l.wake.set()
-
     async def _reread_other_azs(self) -> int:
         """After a compacted watch: the events in between are lost, so read
-        other AZs' nodes, reservations and leaders again; returns the
-        revision read at (the watch resumes after it)."""
+        other AZs' nodes, reservations and leaders again (RemoteInventory
+        keeps them); returns the revision read at (the watch resumes after
+        it)."""
         k = self.keys
         rev = await self.store.revision()
         node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
         res_kvs, _ = await self.store.get_prefix_paged(k.reservations(), revision=rev)
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
-        self.remote_nodes.clear()
-        self.remote_holds.clear()
-        for kv in node_kvs:
-            self._on_other_node(kv.key, kv)
-        for kv in res_kvs:
-            self._on_other_reservation(kv.key, kv)
-        self.led = {kv.key[len(k.leaders()):] for kv in leader_kvs}
-        self.remote_version += 1
-        self.l.wake.set()
+        if self.remote.reset(node_kvs, res_kvs, leader_kvs):
+            self.l.wake.set()
         return rev
 
     def forget(self, gang: str) -> None:
