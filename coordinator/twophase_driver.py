@@ -931,9 +931,15 @@ class TwoPhaseDriver:
         over = g.incarnation > inc or (g.incarnation == inc and (g.state.terminal or g.state == GangState.RESTARTING))
         if not over or (g.id, inc) in self.finished_fed:
             return
-        if hold.state is HoldState.PREPARED:
-            return  # its decision resolves it
         key_ = (g.id, inc)
+        if hold.state is HoldState.PREPARED:
+            # Nothing was dispatched here (members start only on a COMMITTED
+            # record): nothing to revoke or wait for. The core keeps the hold
+            # until its decision is known and decides it now (one rule,
+            # ParticipantState._on_gang_finished; docs/two-phase.md).
+            self.finished_fed.add(key_)
+            self.feed_participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc))
+            return
         now = self.now()
         if key_ not in self.revoked_at:
             self.revoked_at[key_] = now

@@ -12,7 +12,9 @@ Rules this module enforces (docs/two-phase.md has the full story):
 * a hold is dropped from the ledger only when its decision is ABORT (durable,
   learned from the owner, the watch, or our own create-if-absent), its gang
   finished, or its write definitely failed; a COMMITTED hold is dropped only
-  when its gang finished;
+  when its gang finished; a written PREPARED hold is dropped only once its
+  decision is known, even when its gang finished first (``_on_gang_finished``
+  says why);
 * conflicts are settled by ``ordering.gang_order_key``: an older gang aborts
   a younger gang's undecided hold by winning its decision key, a younger gang
   is refused; a prepare never waits on another gang's progress, only on our
@@ -545,16 +547,20 @@ class ParticipantState:
         effects: list[Effect] = []
         hold = self._holds.get(gang)
         if hold is not None and hold.incarnation == inc and hold.state is HoldState.PREPARED:
-            if outcome is Outcome.COMMIT:
+            if outcome is Outcome.COMMIT and key not in self._finished:
                 committed = dataclasses.replace(hold, state=HoldState.COMMITTED, deadline=None)
                 self._holds[gang] = committed
                 if committed.written:
                     effects.append(self._mark_committed(stimulus_id, committed))
             else:
+                # ABORT, or a COMMIT of an attempt that is already over (the
+                # gang record says so): nothing will run on this hold, and
+                # now that the key is decided nothing can change that.
                 del self._holds[gang]
                 if hold.written:
                     self._releases.add(key)
-                    effects.append(self._release(stimulus_id, gang, inc, "aborted"))
+                    effects.append(self._release(stimulus_id, gang, inc,
+                                                 "aborted" if outcome is Outcome.ABORT else "gang finished"))
                 # If the write is still in flight, HoldWritten releases it.
         effects += self._wake_parked(key)
         return effects
@@ -585,6 +591,24 @@ class ParticipantState:
             effects.append(self._vote(parked.prepare, False, "gang finished"))
         hold = self._holds.get(ev.gang)
         if hold is not None and hold.incarnation == ev.incarnation:
+            if hold.state is HoldState.PREPARED and hold.written:
+                # The one rule for a finished gang's PREPARED hold (the driver
+                # feeds this event for it at once, docs/two-phase.md "A
+                # finished gang's PREPARED hold"): keep it until its decision
+                # is known. Our YES is out, so the owner may still create
+                # COMMIT (a gang cancelled while RESERVING) and the other
+                # participants act on that key; were the devices given away
+                # first, the durable COMMIT would name a slice this AZ no
+                # longer holds. Create-if-absent ABORT resolves it now instead
+                # of at the in-doubt timeout: we win (the owner learns ABORT)
+                # or learn the owner's outcome; either way ``_learn`` releases.
+                if hold.deadline is None:
+                    return effects  # our create for this key is in flight already
+                self._holds[ev.gang] = dataclasses.replace(hold, deadline=None)
+                effects.append(self._abort_finished(ev.stimulus_id, hold))
+                return effects
+            # COMMITTED (the lifecycle has stopped its members), or claimed
+            # but not written: no YES went out, so no COMMIT can name it.
             del self._holds[ev.gang]
             if hold.written:
                 self._releases.add(ev.key)
@@ -626,6 +650,15 @@ class ParticipantState:
             key = (rec.gang, rec.incarnation)
             decision = self._known.get(key)
             aborted = decision is Outcome.ABORT and rec.state is HoldState.PREPARED
+            if key in self._finished and rec.state is HoldState.PREPARED and decision is None:
+                # Finished but undecided: the same rule as _on_gang_finished
+                # (kept until decided; our ABORT create decides it now).
+                hold = Hold(gang=rec.gang, incarnation=rec.incarnation, owner_az=rec.owner_az,
+                            priority=rec.priority, submitted_at=rec.submitted_at, nodes=rec.nodes,
+                            state=HoldState.PREPARED, written=True)
+                self._holds[rec.gang] = hold
+                effects.append(self._abort_finished(sid, hold))
+                continue
             if key in self._finished or aborted:
                 self._releases.add(key)
                 effects.append(self._release(sid, rec.gang, rec.incarnation,
@@ -661,6 +694,12 @@ class ParticipantState:
         return effects
 
     # ------------------------------------------------------------- helpers
+
+    def _abort_finished(self, stimulus_id: str, hold: Hold) -> CreateDecision:
+        return CreateDecision(
+            stimulus_id=stimulus_id, gang=hold.gang, incarnation=hold.incarnation, outcome=Outcome.ABORT,
+            reason=f"gang over before {hold.gang}#{hold.incarnation} was decided ({self.az})",
+        )
 
     def _mark_committed(self, stimulus_id: str, hold: Hold) -> MarkCommitted:
         return MarkCommitted(stimulus_id=stimulus_id, az=self.az, gang=hold.gang,

@@ -263,6 +263,7 @@ class Sim:
         self.timers: list[tuple[float, str, int, Role, str | None, Event | None]] = []
         self.reserved_log: list[DecisionKey] = []
         self.dispatched: set[tuple[str, DecisionKey]] = set()
+        self.yes_sent: set[tuple[str, DecisionKey]] = set()  # (az, attempt) whose YES vote went out
         self.last_plan: dict[str, list[Decision]] = {}  # each AZ's latest cycle, for teardown
         self.cycles = 0
         self._ids = itertools.count()
@@ -316,6 +317,8 @@ class Sim:
         """The driver: turn effects into items in flight, timers and logs."""
         life = self.life[az]
         for e in effects:
+            if isinstance(e, SendVote) and e.yes:
+                self.yes_sent.add((e.from_az, (e.gang, e.incarnation)))
             if isinstance(e, (WriteHold, MarkCommitted, ReleaseHold, CreateDecision, WriteAttempt)):
                 self.inflight.append(Item("store", az, role, gang, e, life))
             elif isinstance(e, MarkGangPending):
@@ -417,6 +420,12 @@ class Sim:
         if isinstance(e, ReleaseHold):
             rec = s.reservations.get((e.az, e.gang))
             if rec is not None and rec.incarnation == e.incarnation:
+                # The rule for a PREPARED hold (finished gang or not): once
+                # its YES is out, it goes only after its decision exists, so
+                # a COMMIT never names devices its AZ has given away.
+                assert (rec.state is not HoldState.PREPARED or (e.gang, e.incarnation) in s.decisions
+                        or (e.az, (e.gang, e.incarnation)) not in self.yes_sent), (
+                    f"{e.az}: PREPARED hold of {e.gang}#{e.incarnation} released before its decision")
                 del s.reservations[(e.az, e.gang)]
             return HoldReleased(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation)
         if isinstance(e, CreateDecision):
