@@ -40,6 +40,7 @@ from phalanx.store import Get, Store, StoreDenied, StoreUnavailable
 from phalanx import failpoints
 from phalanx.agent_messages import (Assign, FromAgent, FromLeader, Heartbeat, HeartbeatAck, MemberStatus, MessageError,
                                     Register, Revoke, ToLeader, Welcome, bounded_reason)
+from phalanx.leader_record import BadLeaderRecord, LeaderInfo
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.model import MemberPhase
 from phalanx.reservation import Reservation
@@ -328,19 +329,28 @@ class Agent:
             for ch in self._channels.values():
                 await ch.close()
 
-    async def _find_leader(self) -> tuple[str, int] | None:
+    async def _find_leader(self) -> LeaderInfo | None:
+        """The leader to dial, parsed by the coordinators' own parser; None
+        when there is none or its record cannot be read (said once per
+        reason: retrying reads it again, and the fence loop keeps running)."""
         kv = await self.store.get(self.keys.leader(self.az))
         if kv is None:
             return None
-        return kv.json().get("address", ""), kv.create_revision
+        try:
+            return LeaderInfo.from_kv(self.az, kv)
+        except BadLeaderRecord as exc:
+            if str(exc) != self._refused:
+                log.error("agent %s: cannot read the leader record, not dialing: %s", self.node, exc)
+            self._refused = str(exc)
+            return None
 
     async def _session_once(self) -> None:
         if failpoints.on("agent.cut_off"):
             return  # fault injection: as if the network to every coordinator were cut
         found = await self._find_leader()
-        if not found or not found[0]:
+        if found is None:
             return
-        address, epoch = found
+        address, epoch = found.address, found.epoch
         if epoch < self.guard.highest:
             return  # a stale key cannot be: epochs only grow; wait for etcd to catch up
         self._dialed = address

@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from phalanx.timings import Timings
 from phalanx.errors import NotLeader
+from phalanx.leader_record import BadLeaderRecord, LeaderInfo
 from phalanx.store import Compacted, Compare, Delete, Get, Put, Store, StoreUnavailable, absent, jitter
 
 log = logging.getLogger(__name__)
@@ -35,20 +35,6 @@ class LeaseLost(NotLeader):
     """The session's lease expired (or may have): stop acting as leader.
     A NotLeader, so a request that meets it is answered UNAVAILABLE (retry
     elsewhere), never INTERNAL."""
-
-
-@dataclass(frozen=True)
-class LeaderInfo:
-    az: str
-    coordinator_id: str
-    address: str
-    epoch: int
-    lease: int = 0
-
-    @classmethod
-    def from_kv(cls, az: str, kv) -> "LeaderInfo":
-        data = kv.json()
-        return cls(az=az, coordinator_id=data.get("id", ""), address=data.get("address", ""), epoch=kv.create_revision, lease=kv.lease)
 
 
 class LeaseSession:
@@ -145,11 +131,14 @@ class Election:
         self.address = address
         self.timings = timings
         self.key = store.keys.leader(az)
+        # What the campaign stores, checked now by the readers' own rules
+        # (phalanx/leader_record.py): a bad id or address fails at start.
+        self.value = LeaderInfo.value(coordinator_id, address)
 
     async def campaign(self, session: LeaseSession) -> LeaderInfo:
         """Block until this session holds the leader key; return our epoch.
         Raises ``LeaseLost`` when the session dies first."""
-        value = {"id": self.coordinator_id, "address": self.address}
+        value = self.value
         while True:
             session.check()
             try:
@@ -205,16 +194,31 @@ class Election:
             log.info("resign in %s failed (the lease will expire): %s", self.az, exc)
 
 
+def _readable(az: str, kv) -> LeaderInfo | None:
+    """``kv`` parsed, or None (logged) when it cannot be read: a record that
+    names no dialable leader is treated as no leader (callers answer
+    UNAVAILABLE and retry), never guessed at."""
+    try:
+        return LeaderInfo.from_kv(az, kv)
+    except BadLeaderRecord as exc:
+        log.warning("skipped unreadable record %s: %s", kv.key, exc)
+        return None
+
+
 async def observe(store: Store, az: str) -> LeaderInfo | None:
-    """The current leader of ``az`` (linearizable read), or None."""
+    """The current leader of ``az`` (linearizable read), or None (none, or an
+    unreadable record)."""
     kv = await store.get(store.keys.leader(az))
-    return LeaderInfo.from_kv(az, kv) if kv else None
+    return _readable(az, kv) if kv else None
 
 
 async def observe_all(store: Store) -> dict[str, LeaderInfo]:
+    """The leader of every AZ that has a readable leader record."""
     kvs, _ = await store.get_prefix(store.keys.leaders())
     out = {}
     for kv in kvs:
         az = kv.key.rsplit("/", 1)[-1]
-        out[az] = LeaderInfo.from_kv(az, kv)
+        info = _readable(az, kv)
+        if info is not None:
+            out[az] = info
     return out

@@ -147,6 +147,9 @@ MAX_GANG_RECORD_BYTES = MAX_RESERVATION_TXN_BYTES
 # state, owner AZ, timestamps, counters, idempotency key, JSON keys).
 GANG_RECORD_FIXED_BYTES = 1024
 MAX_AZ_NAME_LEN = 63
+# leader/<az> ({"id", "address"}, phalanx.leader_record): a coordinator id
+# and a host:port are far shorter; a larger record is refused on read.
+MAX_LEADER_RECORD_BYTES = 1024
 
 # --- paged reads ---------------------------------------------------------------
 
