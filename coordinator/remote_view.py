@@ -12,7 +12,9 @@ out:
 
 - ``view()``: other AZs' nodes as placement sees them, cached: rebuilt only
   when a node's topology or readiness, a hold's devices or the set of led
-  AZs changed since the last call (``view_rebuilds`` counts them);
+  AZs changed since the last call (``view_rebuilds`` counts them), and then
+  only the NodeViews of the nodes concerned are computed again
+  (``node_views_computed``);
 - ``registered()``: every other AZ's registered topology (never-fits),
   cached until the set of registered topologies changes (``version``);
 - ``index()`` / ``placement_index(local)``: a ``FabricIndex`` over those
@@ -39,7 +41,7 @@ from typing import Any, Iterable
 from coordinator.core import capacity
 from coordinator.core.placement import FabricIndex, NodeView
 from coordinator.core.records import UNREADABLE, NodeRecord
-from phalanx.reservation import Reservation
+from phalanx.reservation import NodeDevices, Reservation
 from phalanx.store import Keys
 from phalanx.topology import NodeTopology
 
@@ -58,14 +60,18 @@ class RemoteInventory:
         self.keys = keys
         self._nodes: dict[At, NodeRecord] = {}  # (az, node)
         self._holds: dict[At, Reservation] = {}  # (az, gang): any reservation there, of any state
+        self._holds_on: dict[At, dict[str, NodeDevices]] = {}  # (az, node) -> gang -> what its hold takes there
         self._led: set[str] = set()  # AZs whose leader key exists (this one included)
         # Bumped whenever the set of registered topologies changes: the
         # leader's never-fits memo and the index follow it.
         self.version = 0
         self.view_rebuilds = 0
+        self.node_views_computed = 0
         self.registered_rebuilds = 0
         self.index_refreshes = 0
-        self._view: tuple[NodeView, ...] | None = None
+        self._view: tuple[NodeView, ...] | None = None  # None: some node's view changed
+        self._node_views: dict[At, NodeView] = {}
+        self._stale: set[At] = set()  # nodes whose NodeView must be computed again
         self._registered: tuple[NodeTopology, ...] = ()
         self._registered_for = 0
         self._index = FabricIndex()
@@ -91,6 +97,7 @@ class RemoteInventory:
         old = self._nodes.get(at)
         if kv is None:
             if self._nodes.pop(at, None) is not None:
+                self._node_views.pop(at, None)
                 self._changed_topologies()
             return False  # less capacity: nothing new can fit
         try:
@@ -105,10 +112,11 @@ class RemoteInventory:
             rec = dataclasses.replace(rec, topology=old.topology)  # keep the object: caches match by identity
         self._nodes[at] = rec
         if not same_topology:
+            self._touch(at)
             self._changed_topologies()
             return True
         if old.ready != rec.ready:
-            self._view = None
+            self._touch(at)
             return True
         return False  # a heartbeat, an address: what placement sees is the same
 
@@ -120,9 +128,10 @@ class RemoteInventory:
         if at is None:
             return False
         if kv is None:
-            if self._holds.pop(at, None) is None:
+            old = self._holds.pop(at, None)
+            if old is None:
                 return False
-            self._view = None
+            self._take(at, old, None)
             return True
         try:
             r = Reservation.from_dict(kv.json(), kv.mod_revision)
@@ -134,10 +143,10 @@ class RemoteInventory:
         old = self._holds.get(at)
         self._holds[at] = r
         if old is None:
-            self._view = None
+            self._take(at, None, r)
             return False  # a new hold takes devices: nothing new can fit
         if dict(old.nodes) != dict(r.nodes):
-            self._view = None
+            self._take(at, old, r)
             return True
         return False  # a state change (PREPARED -> COMMITTED -> RELEASING) holds the same devices
 
@@ -147,7 +156,9 @@ class RemoteInventory:
         one cannot vote)."""
         if present == (az in self._led):
             return False
-        self._view = None
+        for at in self._nodes:
+            if at[0] == az:
+                self._touch(at)
         if present:
             self._led.add(az)
             return True
@@ -161,18 +172,42 @@ class RemoteInventory:
         anything may have changed."""
         self._nodes.clear()
         self._holds.clear()
+        self._holds_on.clear()
+        self._node_views.clear()
+        self._stale.clear()
         for kv in node_kvs:
             self.on_node(kv.key, kv)
         for kv in reservation_kvs:
             self.on_reservation(kv.key, kv)
         prefix = self.keys.leaders()
         self._led = {kv.key[len(prefix):] for kv in leader_kvs}
+        self._stale.update(self._nodes)
         self._changed_topologies()
         return True
 
     def _changed_topologies(self) -> None:
         self.version += 1
         self._view = None
+
+    def _touch(self, at: At) -> None:
+        """Node ``at``'s NodeView must be computed again."""
+        self._stale.add(at)
+        self._view = None
+
+    def _take(self, hold: At, old: Reservation | None, new: Reservation | None) -> None:
+        """Hold ``hold`` (az, gang) went from ``old`` to ``new`` (None:
+        absent): move what it takes on each node, touching those nodes."""
+        az, gang = hold
+        for node in old.nodes if old is not None else ():
+            on = self._holds_on.get((az, node))
+            if on is not None:
+                on.pop(gang, None)
+                if not on:
+                    del self._holds_on[(az, node)]
+            self._touch((az, node))
+        for node, devices in (new.nodes.items() if new is not None else ()):
+            self._holds_on.setdefault((az, node), {})[gang] = devices
+            self._touch((az, node))
 
     # --------------------------------------------------------------- read
     @property
@@ -191,9 +226,15 @@ class RemoteInventory:
         changes."""
         if self._view is None:
             self.view_rebuilds += 1
-            taken = capacity.held((az, r.nodes) for (az, _), r in self._holds.items())
-            self._view = tuple(capacity.free_view(
-                ((rec.topology, rec.ready and at[0] in self._led) for at, rec in self._nodes.items()), taken))
+            for at in self._stale:
+                rec = self._nodes.get(at)
+                if rec is None:
+                    continue  # a hold on a node with no record (yet): nothing to place on
+                self.node_views_computed += 1
+                taken = capacity.held((at[0], {at[1]: d}) for d in self._holds_on.get(at, {}).values())
+                self._node_views[at] = capacity.free_view([(rec.topology, rec.ready and at[0] in self._led)], taken)[0]
+            self._stale.clear()
+            self._view = tuple(self._node_views[at] for at in self._nodes)
         return self._view
 
     def registered(self) -> tuple[NodeTopology, ...]:

@@ -279,3 +279,66 @@ def test_placement_over_the_cached_view_and_index_matches_a_fresh_one() -> None:
     assert isinstance(cached, Placement)
     assert cached == fresh
     assert {m.az for m in cached.members} == {"b", "c"}  # n0's held GPU keeps one member off it
+
+
+def test_a_hold_change_computes_only_the_nodes_it_touches() -> None:
+    inv = fleet(100)
+    inv.view()
+    before = inv.node_views_computed
+    inv.on_reservation(KEYS.reservation("b", "g7"), hold_kv("g7", {"n2": ((0,), ()), "n4": ((1,), ())}))
+    assert free(inv)[("b", "n2")] == ({1, 2, 3}, True) and free(inv)[("b", "n4")] == ({0, 2, 3}, True)
+    assert inv.node_views_computed - before == 2
+    inv.on_leader("c", False)  # every node of c (50) becomes unplaceable
+    assert not any(ready for (az, _), (_, ready) in free(inv).items() if az == "c")
+    assert inv.node_views_computed - before == 52
+
+
+def test_any_sequence_of_records_gives_the_view_computed_from_scratch() -> None:
+    """Random puts, deletes, unreadable records and leader changes, checked
+    after every step against capacity.free_view over the records last
+    written (the test's own model of etcd), not against the class."""
+    import random
+
+    from coordinator.core import capacity
+
+    rnd = random.Random(14)
+    inv = RemoteInventory(HERE, KEYS)
+    nodes: dict[tuple[str, str], NodeRecord] = {}
+    holds: dict[tuple[str, str], Reservation] = {}
+    led: set[str] = set()
+    for step in range(600):
+        az, what = rnd.choice("bc" + HERE), rnd.random()
+        name = f"n{rnd.randrange(6)}"
+        if what < 0.3:
+            rec = NodeRecord(topology=topo(name, az, gpus=rnd.choice((4, 8))), ready=rnd.random() < 0.8,
+                             last_heartbeat=float(step))
+            inv.on_node(KEYS.node(az, name), kv(KEYS.node(az, name), rec.to_dict(), step))
+            if az != HERE:
+                nodes[(az, name)] = rec
+        elif what < 0.4:
+            inv.on_node(KEYS.node(az, name), None)
+            nodes.pop((az, name), None)
+        elif what < 0.7:
+            gang = f"g{rnd.randrange(5)}"
+            on = {f"n{i}": (tuple(rnd.sample(range(8), rnd.randrange(3))), ()) for i in rnd.sample(range(6), 2)}
+            k = hold_kv(gang, on, az=az, state=rnd.choice(list(HoldState)), rev=step)
+            inv.on_reservation(k.key, k)
+            if az != HERE:
+                holds[(az, gang)] = Reservation.from_dict(k.json())
+        elif what < 0.8:
+            gang = f"g{rnd.randrange(5)}"
+            inv.on_reservation(KEYS.reservation(az, gang), None)
+            holds.pop((az, gang), None)
+        elif what < 0.85:
+            bad = KV(key=KEYS.reservation(az, "g0"), value=b"{", create_revision=1, mod_revision=step, version=1, lease=0)
+            inv.on_reservation(bad.key, bad)  # skipped: the model keeps what it had
+        else:
+            up = rnd.random() < 0.6
+            inv.on_leader(az, up)
+            (led.add if up else led.discard)(az)
+        if rnd.random() < 0.5:
+            continue  # several changes between two cycles
+        taken = capacity.held((a, r.nodes) for (a, _), r in holds.items())
+        expected = capacity.free_view(((rec.topology, rec.ready and a in led) for (a, _), rec in nodes.items()), taken)
+        assert sorted(inv.view(), key=lambda v: (v.az, v.name)) == sorted(expected, key=lambda v: (v.az, v.name)), step
+        assert sorted((t.az, t.node) for t in inv.registered()) == sorted(nodes)
