@@ -25,7 +25,7 @@ because leadership moves during a run.
 | fencing-disabled | agents-cut past the re-placement deadline with ``agent.no_fencing=on``: the checker MUST report violations |
 | stale-epoch-accepted | ``agent.ignore_stale_epoch=on`` + a token check delayed (``agent.before_token_check``) while the AZ leader is SIGSTOPped and replaced: a member starts under the dead epoch (invariant 6 MUST report it) |
 | fence-compare-skipped | ``leader.skip_fence_compare=on``; the standby SIGSTOPped and the leader's etcd requests held until its lease expired: its reservation txn commits with no leader (invariant 6 MUST report it) |
-| decision-overwrite | ``twophase.decision_overwrite=on`` + ``owner.after_prepare=delay(2)``; the owner's etcd requests held 2.8 s: its COMMIT lands over the ABORT an in-doubt participant wrote meanwhile (invariant 8 MUST report it) |
+| decision-overwrite | ``twophase.decision_overwrite=on`` + ``owner.after_prepare=delay(2)``; the owner's etcd requests held (``channel_hold_ms()``, 2.8 s): its COMMIT lands over the ABORT an in-doubt participant wrote meanwhile (invariant 8 MUST report it) |
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ from typing import Any
 
 from chaos.cluster import PhalanxCluster
 from chaos.faults import Fault, Kill, Partition, Pause, ProxyDelay, ProxyOneWay, Restart, Step, schedule
+from phalanx.store import KEEPALIVE_TIMEOUT_MS
+from phalanx.timings import Timings
 
 
 class AtLeader(Fault):
@@ -329,6 +331,40 @@ def _wait_for_line(paths: dict[str, tuple[Path, int]], marker: str, stop: thread
     return None
 
 
+# The planted-bug faults below hold one coordinator's etcd *requests* (its
+# etcd proxy delays them) so that a write arrives after a deadline has passed
+# in etcd or at a peer. The hold is as long as the etcd channel survives: its
+# keepalive ping (phalanx.store.KEEPALIVE_TIMEOUT_MS) is held too, and a
+# ping unanswered that long drops the connection, and with it the order of
+# what it carries (the held write would then fail instead of landing late).
+# PING_ROUND_TRIP_MS keeps the ping's answer inside that timeout. What the
+# hold has to outlast is a deadline of the scenario's Timings, checked by
+# each fault (``hold_outlasts``): with longer timings the bug cannot be
+# staged this way, and the fault says so instead of catching nothing.
+PING_ROUND_TRIP_MS = 200
+# etcd revokes an expired lease at its next expiry check (every 500 ms) and
+# a participant writes its ABORT one etcd round trip after its timeout.
+DEADLINE_SLACK_S = 0.5
+
+
+def channel_hold_ms() -> int:
+    """How long a planted-bug fault holds a process's etcd requests."""
+    return KEEPALIVE_TIMEOUT_MS - PING_ROUND_TRIP_MS
+
+
+def hold_outlasts(name: str, hold_ms: int, lead_s: float, deadline_s: float, what: str) -> None:
+    """Refuse a fault whose held write would not reach etcd past
+    ``deadline_s`` (plus DEADLINE_SLACK_S), both counted from the moment
+    the deadline starts running or later: the write is sent ``lead_s``
+    after it and held ``hold_ms``. Unrefused, the planted bug would go
+    unstaged and the scenario pass for the wrong reason (ValueError)."""
+    arrives = lead_s + hold_ms / 1000
+    if arrives < deadline_s + DEADLINE_SLACK_S:
+        raise ValueError(f"{name}: its held write reaches etcd {arrives:.2f}s after the hold begins, not past {what} "
+                         f"({deadline_s:g}s) + {DEADLINE_SLACK_S:g}s; the etcd channel survives a hold of at most "
+                         f"{channel_hold_ms()} ms, so run it with a shorter {what.split()[0]}")
+
+
 class PlantedBugFault(Fault):
     """Shared shape of the planted-bug faults below: a watcher thread started
     at inject that reacts when a process logs reaching a failpoint, and a heal
@@ -436,15 +472,27 @@ class StaleLeaderWrite(PlantedBugFault):
     txn (sent inside the leader's local validity, so its own check passes)
     reaches etcd only after that. Without the fence compare it commits: a
     reservation written by an epoch that no longer leads (invariant 6). The
-    hold stays below the etcd channel's keepalive timeout, so the connection
-    (and the order of what it carries) survives.
+    hold is ``channel_hold_ms()``; its txn, sent ``delay_s - HOLD_LEAD_S``
+    into the hold, must reach etcd past ``lease_ttl_s`` (its last keepalive
+    went out before the hold).
     """
 
-    def __init__(self, pc: PhalanxCluster, az: str, delay_s: float = 1.0, hold_ms: int = 2800, **kw: Any) -> None:
-        self.az, self.delay_s, self.hold_ms = az, delay_s, hold_ms
+    HOLD_LEAD_S = 0.3  # the hold begins this long after the failpoint line
+
+    def __init__(self, pc: PhalanxCluster, az: str, delay_s: float = 1.0, hold_ms: int | None = None,
+                 **kw: Any) -> None:
+        self.az, self.delay_s, self.hold_ms = az, delay_s, self.staged_hold_ms(pc.timings, delay_s, hold_ms)
         self.leader, self.epoch, self.seen = "", 0, 0.0
         self._paused: list[Pause] = []
         super().__init__(pc, f"stale-leader-write-{az}", **kw)
+
+    @classmethod
+    def staged_hold_ms(cls, t: Timings, delay_s: float = 1.0, hold_ms: int | None = None) -> int:
+        """The hold (``channel_hold_ms()`` unless given), refused (ValueError)
+        when ``t`` would not let the lease expire during it."""
+        hold = channel_hold_ms() if hold_ms is None else hold_ms
+        hold_outlasts("stale-leader-write", hold, delay_s - cls.HOLD_LEAD_S, t.lease_ttl_s, "lease_ttl_s of its leader")
+        return hold
 
     def _inject(self) -> None:
         leader = self.pc.leader_of(self.az)
@@ -471,7 +519,7 @@ class StaleLeaderWrite(PlantedBugFault):
         # The txn goes out delay_s after the failpoint line; hold the
         # leader's requests from a little after the line (its keepalives
         # were acknowledged until then, so it is still valid when it sends).
-        self._stop.wait(max(0.0, self.seen + 0.3 - _now()))
+        self._stop.wait(max(0.0, self.seen + self.HOLD_LEAD_S - _now()))
         self.pc.etcd_proxy_control(self.leader).set_delay(self.hold_ms, 0)
         self._note(f"{self.leader} (epoch {self.epoch}) reached leader.before_reserve; standby paused; "
                    f"its etcd requests held {self.hold_ms} ms")
@@ -506,15 +554,26 @@ class DecisionOverwrite(PlantedBugFault):
     reaches etcd after the participants' prepare timeout: by then an in-doubt
     participant (or the owner AZ's next leader, the owner's lease having run
     out meanwhile) has written ABORT. The held COMMIT then lands on top: one
-    (gang, incarnation), two decision writes (invariant 8). The hold stays
-    below the etcd channel's keepalive timeout, so the connection (and the
-    order of what it carries) survives.
+    (gang, incarnation), two decision writes (invariant 8). The hold is
+    ``channel_hold_ms()``, begun ``HOLD_LEAD_S`` before the COMMIT; counted
+    from the failpoint line (the votes are in by then), the COMMIT must
+    reach etcd past the participants' ``prepare_timeout_s``.
     """
 
-    def __init__(self, pc: PhalanxCluster, delay_s: float = 2.0, hold_ms: int = 2800, **kw: Any) -> None:
-        self.delay_s, self.hold_ms = delay_s, hold_ms
+    HOLD_LEAD_S = 0.3  # the hold begins this long before the owner counts its votes
+
+    def __init__(self, pc: PhalanxCluster, delay_s: float = 2.0, hold_ms: int | None = None, **kw: Any) -> None:
+        self.delay_s, self.hold_ms = delay_s, self.staged_hold_ms(pc.timings, delay_s, hold_ms)
         self.seen, self.owner = 0.0, ""
         super().__init__(pc, "decision-overwrite", **kw)
+
+    @staticmethod
+    def staged_hold_ms(t: Timings, delay_s: float = 2.0, hold_ms: int | None = None) -> int:
+        """The hold (``channel_hold_ms()`` unless given), refused (ValueError)
+        when the COMMIT would not arrive past ``t``'s prepare timeout."""
+        hold = channel_hold_ms() if hold_ms is None else hold_ms
+        hold_outlasts("decision-overwrite", hold, delay_s, t.prepare_timeout_s, "prepare_timeout_s of the participants")
+        return hold
 
     def _inject(self) -> None:
         self.seen, self.owner = 0.0, ""
@@ -535,7 +594,7 @@ class DecisionOverwrite(PlantedBugFault):
         for cid in self.pc.coordinator_ids():
             self.pc.arm(cid, "twophase.decision_overwrite=on")  # one held decision is enough
         ctl = self.pc.etcd_proxy_control(owner)
-        self._stop.wait(max(0.0, self.seen + self.delay_s - 0.3 - _now()))
+        self._stop.wait(max(0.0, self.seen + self.delay_s - self.HOLD_LEAD_S - _now()))
         ctl.set_delay(self.hold_ms, 0)
         self._note(f"owner {owner} counts its votes in {self.delay_s:g}s; its etcd requests held {self.hold_ms} ms")
         self._stop.wait(max(0.0, self.seen + self.delay_s + self.hold_ms / 1000 + 1.0 - _now()))
