@@ -23,13 +23,14 @@ from typing import Any, Callable, Iterator
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle, peer_auth, progress
+from coordinator.core import gang_effects as fx
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions, without
 from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
 from coordinator.core.records import (UNREADABLE, DeviceLedger, GangRecord, IdempotencyRecord, MemberAssignment, NameRecord,
                                       NodeRecord, holds_for_unreadable, read_records)
-from phalanx.reservation import HoldState, NodeDevices, Reservation
+from phalanx.reservation import Reservation
 from coordinator.core.twophase_owner import OwnerPhase
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
@@ -129,6 +130,8 @@ class AzLeader:
         self.index = FabricIndex()  # static node facts, refreshed when a node registers
         self._last_persist = 0.0
         self._tasks: set[asyncio.Task] = set()
+        # Reservation txns in flight at once (CoordinatorConfig.reserve_parallelism).
+        self._reserve_slots = asyncio.Semaphore(config.reserve_parallelism)
         self.failure: BaseException | None = None
         from coordinator.twophase_driver import TwoPhaseDriver
 
@@ -363,6 +366,62 @@ class AzLeader:
         self._unwritten_events.pop(gang_id, None)
         self.twophase.forget(gang_id)
 
+    # -------------------------------------------------------------- effects
+    def _stimulus(self) -> str:
+        """The stimulus bound in the log context: each effect carries it."""
+        return str(current().get("stimulus", "") or "")
+
+    async def perform(self, effect: fx.Effect) -> fx.Event:
+        """Perform one effect a core decided (coordinator/core/gang_effects.py)
+        and return what came of it. One handler per effect, each doing only
+        the I/O and the cache updates; what follows (e.g. dispatch and
+        STARTING once a reservation committed) is decided by the core from
+        the returned event. A guarded gang write that loses its compare comes
+        back as ``WriteRefused`` (only ``finish``, the API's, raises it)."""
+        match effect:
+            case fx.ReserveDevices():
+                return await self._reserve(effect)
+            case fx.StartTwoPhaseAttempt():
+                # The plan took the devices from its free view;
+                # attempt_devices keeps them out of later cycles' views until
+                # its holds show.
+                with log_context(gang=effect.gang.id, incarnation=effect.gang.incarnation):
+                    self.twophase.place_attempt(effect.gang, effect.placement, effect.stimulus_id)
+            case fx.FailAdmission():
+                await self._fail_admission(effect)
+            case fx.KeepWaiting():
+                self._keep_waiting(effect)
+            case fx.WriteTransition():
+                return await self._write_transition(effect)
+            case fx.Finish():
+                try:
+                    return fx.GangWritten(await self.finish(effect.gang, effect.state, effect.reason, list(effect.events)))
+                except Conflict as exc:
+                    return fx.WriteRefused(str(exc))
+            case fx.TearDown():
+                return await self._tear_down(effect)
+            case fx.Requeue():
+                return await self._requeue(effect)
+            case fx.ReleaseDevices():
+                await self._release(effect.gang)
+            case fx.ForgetGang():
+                self.gangs.pop(effect.gang.id, None)  # participants release their own holds
+            case fx.SendAssignments():
+                self.dispatch(effect.gang, effect.only_node, effect.skip_ranks)
+            case fx.SendRevoke():
+                self.send(effect.node, Revoke(effect.gang, effect.incarnation, effect.reason))
+            case fx.MarkStarting():
+                await self.mark_starting(effect.gang)
+            case fx.CloseSession():
+                self._close_session(effect.node)
+            case fx.MarkNodeNotReady():
+                await self._mark_not_ready(effect)
+            case fx.NodeLost():
+                await self._lose_node(effect)
+            case _:
+                raise TypeError(f"AzLeader.perform: no handler for {type(effect).__name__}")
+        return fx.Performed()
+
     # ----------------------------------------------------------- submission
     async def submit(self, spec: GangSpec, idempotency_key: str, owner: str = "") -> tuple[GangRecord, bool]:
         self.check_valid()
@@ -404,22 +463,18 @@ class AzLeader:
             if idempotency_key and res.results[1]:
                 existing = await self._by_idempotency(idempotency_key, spec)
                 if existing:
-                    # An earlier attempt of this submission may have committed
-                    # although its reply was lost (a timed-out txn): then this
-                    # leader never learnt of the gang and would never admit it.
-                    if existing.owner_az == self.az and not existing.state.terminal and existing.id not in self.gangs:
+                    if fx.adopt_retried(existing, self.az, self.gangs):
                         self.gangs[existing.id] = existing
                         self.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
                         self.wake.set()
                     return existing, False
-            name_kvs = res.results[0]
+            name_kvs, holder = res.results[0], None
             if name_kvs:
                 try:
                     holder = NameRecord.from_dict(name_kvs[0].json()).id
                 except UNREADABLE:
                     holder = "its name record cannot be read"  # still taken: the key exists
-                raise AlreadyExists(f"name: a live gang named {spec.name!r} exists ({holder})")
-            raise Conflict(f"submission of {spec.name!r} raced with another write; retry with the same idempotency key")
+            raise fx.submission_refused(spec.name, holder)
         rec = rec.evolve(mod_revision=res.revision)
         self.gangs[gang_id] = rec
         # The RPC's task: its later lines (and the service's) carry the gang.
@@ -497,47 +552,59 @@ class AzLeader:
         known to be gone, so they are never handed to another gang (or to the
         gang's next incarnation) while an old member may still run: at most
         one incarnation of a gang is ever alive."""
-        k = self.keys
         inc = g.incarnation
-        r = self.reservations.get(g.id)
-        t = lifecycle.teardown(g, state, reason, events, r, lifecycle.live_member_nodes(g, self.members.get((g.id, inc), {})),
-                               self.wall(), self.epoch)
+        t = lifecycle.teardown(g, state, reason, events, self.reservations.get(g.id),
+                               lifecycle.live_member_nodes(g, self.members.get((g.id, inc), {})), self.wall(), self.epoch)
+        effect = fx.TearDown(g, t, self._stimulus())
+        done = await self.perform(effect)
+        if isinstance(done, fx.WriteRefused):
+            raise Conflict(done.why)
+        # Stop (or tell agents to forget) the members of this incarnation.
+        for follow in fx.after_torn_down(effect, done):
+            await self.perform(follow)
+        held = "" if t.releasing is None and not t.delete_reservation else (
+            "; devices held until its members are gone" if t.releasing is not None else "; devices released")
+        log.info("gang %s#%d -> %s: %s%s", g.id, inc, state.name, reason, held, extra={"gang": g.id, "incarnation": inc})
+        return done.record
+
+    async def _tear_down(self, e: fx.TearDown) -> fx.Event:
+        """One write: the gang record, the reservation RELEASING (members may
+        still run on its devices) or deleted, the name freed."""
+        g, t, k = e.gang, e.teardown, self.keys
         ops: list = [Delete(k.name(g.spec.name))] if t.free_name else []
-        releasing = t.releasing
-        if releasing is not None:
-            ops.append(Put(k.reservation(self.az, g.id), releasing.to_dict()))
+        if t.releasing is not None:
+            ops.append(Put(k.reservation(self.az, g.id), t.releasing.to_dict()))
         elif t.delete_reservation:
             ops.append(Delete(k.reservation(self.az, g.id)))
-        written = await self.write_gang(t.record, g, ops, events=list(t.events))
-        if r is not None:
-            if releasing is not None:
-                self.reservations[g.id] = releasing
-            else:
-                self._drop_reservation(g.id)
-        if releasing is None and state != GangState.RESTARTING:
+        try:
+            written = await self.write_gang(t.record, g, ops, events=list(t.events))
+        except Conflict as exc:
+            return fx.WriteRefused(str(exc))
+        if t.releasing is not None:
+            self.reservations[g.id] = t.releasing
+        elif t.delete_reservation:
+            self._drop_reservation(g.id)
+        if t.releasing is None and t.record.state != GangState.RESTARTING:
             self.gangs.pop(g.id, None)
-            self.members.pop((g.id, inc), None)
-        # Stop (or tell agents to forget) the members of this incarnation.
-        for node in t.revoke_nodes:
-            self.send(node, Revoke(g.id, inc, reason))
-        held = "" if r is None else ("; devices held until its members are gone" if releasing is not None
-                                     else "; devices released")
-        log.info("gang %s#%d -> %s: %s%s", g.id, inc, state.name, reason, held, extra={"gang": g.id, "incarnation": inc})
-        return written
+            self.members.pop((g.id, g.incarnation), None)
+        return fx.GangWritten(written)
 
-    async def _requeue(self, g: GangRecord) -> None:
+    async def _requeue(self, e: fx.Requeue) -> fx.Event:
         """RESTARTING -> PENDING as the next incarnation, once every member of
-        the old one is gone; keeps the first submit time (so it stays at the
-        head of the queue) and waits out the restart backoff."""
-        q = lifecycle.requeue(g, self.wall(), self.t, has_reservation=g.id in self.reservations)
+        the old one is gone (lifecycle.requeue: first submit time kept, the
+        restart backoff waited out)."""
+        g, q = e.gang, e.requeue
         ops: list = [Delete(self.keys.reservation(self.az, g.id))] if q.delete_reservation else []
-        new, backoff = q.record, q.backoff_s
-        await self.write_gang(new, g, ops)
+        try:
+            written = await self.write_gang(q.record, g, ops)
+        except Conflict as exc:
+            return fx.WriteRefused(str(exc))
         self._drop_reservation(g.id)
         self.members.pop((g.id, g.incarnation), None)
-        log.info("gang %s restarts as incarnation %d in %.1fs", g.id, new.incarnation, backoff,
-                 extra={"gang": g.id, "incarnation": new.incarnation})
+        log.info("gang %s restarts as incarnation %d in %.1fs", g.id, written.incarnation, q.backoff_s,
+                 extra={"gang": g.id, "incarnation": written.incarnation})
         self.wake.set()
+        return fx.GangWritten(written)
 
     def _drop_reservation(self, gang_id: str) -> None:
         self.reservations.pop(gang_id, None)
@@ -571,41 +638,26 @@ class AzLeader:
         started = time.perf_counter()
         decisions = self._plan(pending)
         self.metrics.placement_decision.observe(time.perf_counter() - started)
-        now = self.wall()
-        sem = asyncio.Semaphore(self.config.reserve_parallelism)
-        for d in decisions:
-            if isinstance(d, Reserve) and is_two_phase(d.gang):
-                # A cross-AZ gang's turn came and it fits: its two-phase
-                # attempt starts now with this placement (the plan took the
-                # devices from its free view; attempt_devices keeps them out
-                # of later cycles' views until its holds show).
-                with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):
-                    self.twophase.place_attempt(d.gang, d.placement, str(current().get("stimulus") or ""))
-            elif isinstance(d, Reserve):
+        last_attempts = {d.gang.id: self.twophase.last_reason(d.gang.id) for d in decisions
+                         if isinstance(d, FailAdmission) and is_two_phase(d.gang) and not d.never_fits}
+        effects = fx.admission_effects(decisions, az=self.az, epoch=self.epoch, now=self.wall(),
+                                       pending_class=pending_class, last_attempts=last_attempts,
+                                       stimulus_id=self._stimulus())
+        for e in effects:
+            if isinstance(e, fx.ReserveDevices):
                 # Hold the devices in memory now, so later decisions (this
                 # cycle or the next) never see them free; undone on failure.
-                r = self._reservation_for(d.gang, d.placement)
-                self.reservations[d.gang.id] = r
-                self.ledger.hold(r)
-                self._inflight.add(d.gang.id)
-                with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):  # the reserve task's lines
-                    self.spawn(self._reserve(d.gang, d.placement, r, sem), f"reserve-{d.gang.id}")
-            elif isinstance(d, KeepPending):
-                self.pending_classes[d.gang.id] = pending_class(d, now)
-                why = self.queue_reason(d)
-                if self.pending_reason.get(d.gang.id) != why:
-                    self.pending_reason[d.gang.id] = why
-                    log.debug("gang %s pending: %s", d.gang.id, why, extra={"gang": d.gang.id})
-            elif isinstance(d, FailAdmission):
-                with log_context(gang=d.gang.id, incarnation=d.gang.incarnation):
-                    if d.never_fits:
-                        log.info("gang %s fails at once: %s", d.gang.id, d.reason)
-                    reason = d.reason
-                    last = self.twophase.last_reason(d.gang.id) if is_two_phase(d.gang) and not d.never_fits else ""
-                    if last:
-                        reason += f"; last: {last}"  # why its last two-phase attempt did not get in
-                    self._inflight.add(d.gang.id)
-                    self.spawn(self._fail_admission(d.gang, reason), f"timeout-{d.gang.id}")
+                self.reservations[e.gang.id] = e.reservation
+                self.ledger.hold(e.reservation)
+                self._inflight.add(e.gang.id)
+                with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):  # the reserve task's lines
+                    self.spawn(self._admit(e), f"reserve-{e.gang.id}")
+            elif isinstance(e, fx.FailAdmission):
+                self._inflight.add(e.gang.id)
+                with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):
+                    self.spawn(self.perform(e), f"timeout-{e.gang.id}")
+            else:
+                await self.perform(e)  # no I/O: done before the next decision, as the plan ordered them
 
     def waiting_gangs(self) -> list[GangRecord]:
         """The gangs the admission plan orders, in one queue: single-AZ gangs
@@ -621,12 +673,14 @@ class AzLeader:
         pending: list[str] = []
         classes: dict[str, str] = {}
         for g in self.gangs.values():
-            if g.state != GangState.PENDING:
+            # A cross-AZ gang waits in the one queue like any other while its
+            # owner awaits a placement (PENDING, or RESERVING between two
+            # attempts): it counts under its plan class; while an attempt runs
+            # (or backs off) it counts apart.
+            awaiting = is_two_phase(g) and self.twophase.awaits_placement(g)
+            if g.state != GangState.PENDING and not awaiting:
                 continue
-            # A cross-AZ gang waits in the one queue like any other until its
-            # turn comes; while its two-phase attempt runs (or backs off) it
-            # counts apart.
-            attempting = is_two_phase(g) and not self.twophase.awaits_placement(g)
+            attempting = is_two_phase(g) and not awaiting
             c = "two_phase" if attempting else self.pending_classes.get(g.id, "no_room")
             classes[g.id] = c
             pending.append(c)
@@ -682,32 +736,33 @@ class AzLeader:
                                verdicts=self._verdicts, index=self.twophase.placement_index(self.index) if wide else self.index)
 
     def queue_reason(self, d: KeepPending) -> str:
-        return f"queue position {d.position} of {d.queue} in {self.az}: {d.rule or 'waiting for devices to free up'}"
+        return fx.queue_reason(d, self.az)
 
-    def _reservation_for(self, g: GangRecord, p: Placement) -> Reservation:
-        nodes: dict[str, NodeDevices] = {}
-        for m in p.members:
-            cur = nodes.get(m.node, NodeDevices((), ()))
-            nodes[m.node] = NodeDevices(tuple(sorted(cur.gpus + tuple(m.gpus))), tuple(sorted(cur.nics + tuple(m.nics))))
-        return Reservation(self.az, g.id, g.incarnation, HoldState.COMMITTED, nodes, self.epoch)
+    def _keep_waiting(self, e: fx.KeepWaiting) -> None:
+        self.pending_classes[e.gang.id] = e.pending_class
+        if self.pending_reason.get(e.gang.id) != e.reason:
+            self.pending_reason[e.gang.id] = e.reason
+            log.debug("gang %s pending: %s", e.gang.id, e.reason, extra={"gang": e.gang.id})
 
-    async def _reserve(self, g: GangRecord, p: Placement, r: Reservation, sem: asyncio.Semaphore) -> None:
+    async def _admit(self, e: fx.ReserveDevices) -> None:
+        """The reserve task: the reservation, then what the core says follows
+        from its outcome (dispatch, STARTING)."""
+        done = await self.perform(e)
+        for follow in fx.after_reserved(done, e.stimulus_id):
+            await self.perform(follow)
+
+    async def _reserve(self, e: fx.ReserveDevices) -> fx.Event:
         """All of a gang's devices in ONE fenced etcd transaction."""
+        g, p, r = e.gang, e.placement, e.reservation
         try:
-            async with sem:
-                placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
-                addr, port = self.rendezvous_for(g, g.incarnation, placement, self.nodes.get(placement[0].node))
-                new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=self.wall(),
-                               master_addr=addr, master_port=port)
+            async with self._reserve_slots:
+                placement = fx.member_assignments(p)
+                master = self.rendezvous_for(g, g.incarnation, placement, self.nodes.get(placement[0].node))
+                new, events = fx.reserved_record(g, p, r, master, self.wall(), self.epoch)
                 key = self.keys.reservation(self.az, g.id)
-                # Placed and reserved are one decision and one write here
-                # (single AZ); two-phase gangs record them apart.
-                events = [ev.placed(self.wall(), self.epoch, g.incarnation, placement, p.reason),
-                          ev.reserved(self.wall(), self.epoch, g.incarnation,
-                                      f"{sum(len(d.gpus) for d in r.nodes.values())} GPUs on {len(r.nodes)} nodes of {self.az} in one write")]
                 await failpoints.hit("leader.before_reserve")
                 try:
-                    written = await self.write_gang(new, g, [Put(key, r.to_dict())], [absent(key)], events=events)
+                    written = await self.write_gang(new, g, [Put(key, r.to_dict())], [absent(key)], events=list(events))
                 except StoreUnavailable:
                     # Outcome unknown: the txn may have committed although
                     # its reply was lost. Keep the devices held and learn the
@@ -716,7 +771,7 @@ class AzLeader:
                     if learned is None:
                         if self.reservations.get(g.id) is r:
                             self._drop_reservation(g.id)
-                        return  # still PENDING: the next cycle places it again
+                        return fx.NotApplied(g.id)  # still PENDING: the next cycle places it again
                     written = learned
                 await failpoints.hit("leader.after_reserve")
         except BaseException:
@@ -729,8 +784,7 @@ class AzLeader:
         self.pending_reason.pop(g.id, None)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
-        self.dispatch(written)
-        self.spawn(self.mark_starting(written), f"starting-{g.id}")
+        return fx.GangWritten(written)
 
     async def _learn_reserve_outcome(self, g: GangRecord, r: Reservation) -> GangRecord | None:
         """After a reservation txn with an unknown outcome: read the gang and
@@ -774,11 +828,13 @@ class AzLeader:
                  extra={"gang": g.id, "incarnation": g.incarnation})
         await self.evaluate(g.id)
 
-    async def _fail_admission(self, g: GangRecord, reason: str) -> None:
+    async def _fail_admission(self, e: fx.FailAdmission) -> None:
         try:
-            await self.finish(g, GangState.FAILED, reason)
+            if e.never_fits:
+                log.info("gang %s fails at once: %s", e.gang.id, e.reason)
+            await self.finish(e.gang, GangState.FAILED, e.reason)
         finally:
-            self._inflight.discard(g.id)
+            self._inflight.discard(e.gang.id)
 
     # ------------------------------------------------------------ dispatch
     def dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
@@ -894,7 +950,8 @@ class AzLeader:
             report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
             verdict = lifecycle.reported_member(g, committed, m.gang, m.incarnation)
             if verdict is not lifecycle.Reported.ADOPT:
-                self.send(node, Revoke(m.gang, m.incarnation, "no committed reservation for this member"))
+                await self.perform(fx.SendRevoke(node, m.gang, m.incarnation, "no committed reservation for this member",
+                                                 self._stimulus()))
                 if verdict is lifecycle.Reported.REVOKE_AND_TRACK:
                     # Torn down while the agent was away: the member still
                     # holds its devices until the agent reports it stopped.
@@ -910,7 +967,7 @@ class AzLeader:
             if u is None:
                 continue
             if u.redispatch:
-                self.dispatch(g, only_node=node, skip_ranks=have)
+                await self.perform(fx.SendAssignments(g, node, frozenset(have), self._stimulus()))
             else:
                 # A running gang's member vanished; a torn-down one's is gone.
                 self.members.setdefault((g.id, g.incarnation), {}).update(u.reports)
@@ -994,16 +1051,12 @@ class AzLeader:
                                             two_phase=is_two_phase(g))
             if then is None:
                 return
-            try:
-                with self.acting_on(gang_id):
-                    if then is lifecycle.AfterTeardown.REQUEUE:
-                        await self._requeue(g)
-                    elif then is lifecycle.AfterTeardown.RELEASE:
-                        await self._release(g)
-                    else:
-                        self.gangs.pop(g.id, None)  # participants release their own holds
-            except Conflict as exc:
-                log.info("gang %s: %s", gang_id, exc)
+            with self.acting_on(gang_id):
+                effect = fx.after_teardown_effect(then, g, self.wall(), self.t, stimulus_id=self._stimulus(),
+                                                  has_reservation=g.id in self.reservations)
+                done = await self.perform(effect)
+            if isinstance(done, fx.WriteRefused):
+                log.info("gang %s: %s", gang_id, done.why)
             return
         now = self.wall()
         step = lifecycle.member_progress(g, reports, now, self.epoch)
@@ -1013,22 +1066,23 @@ class AzLeader:
     async def _transition(self, g: GangRecord, step: lifecycle.RunTimeStep, now: float) -> None:
         """Perform a run-time step the core decided (lifecycle.run_time_step:
         the restart policy and the events already applied)."""
-        to, reason = step.to, step.reason
-        try:
-            with self.acting_on(g.id):
-                if step.teardown:
-                    await self.finish(g, to, reason, list(step.events))
-                else:
-                    await self.write_gang(g.evolve(state=to, reason=reason, updated_at=now), g, events=list(step.events))
-                    log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, to.name, reason,
-                             extra={"gang": g.id, "incarnation": g.incarnation})
-        except Conflict as exc:
-            log.info("gang %s: %s", g.id, exc)
+        with self.acting_on(g.id):
+            done = await self.perform(fx.run_time_effect(g, step, now, self._stimulus()))
+        if isinstance(done, fx.WriteRefused):
+            log.info("gang %s: %s", g.id, done.why)
         # A teardown may already allow the release (no live members).
-        if step.teardown:
-            g2 = self.gangs.get(g.id)
-            if g2 is not None and (g2.state.terminal or g2.state == GangState.RESTARTING):
-                await self.evaluate(g.id)
+        if fx.reevaluate_after(step, self.gangs.get(g.id)):
+            await self.evaluate(g.id)
+
+    async def _write_transition(self, e: fx.WriteTransition) -> fx.Event:
+        g = e.old
+        try:
+            written = await self.write_gang(e.record, g, events=list(e.events))
+        except Conflict as exc:
+            return fx.WriteRefused(str(exc))
+        log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, e.record.state.name, e.record.reason,
+                 extra={"gang": g.id, "incarnation": g.incarnation})
+        return fx.GangWritten(written)
 
     async def _release(self, g: GangRecord) -> None:
         key = self.keys.reservation(self.az, g.id)
@@ -1091,25 +1145,31 @@ class AzLeader:
                                        record_ready=None if rec is None else rec.ready, now=now,
                                        not_ready_after_s=self.t.node_not_ready_after_s,
                                        replace_after_s=self.t.replace_after_s)
-            if v.close_session:
-                live.ready = False
-                conn = self.conns.pop(node, None)
-                if conn is not None:
-                    conn.closed = True
-                    conn.queue.put_nowait(None)
-            if rec is not None and v.not_ready_reason:
-                new = dataclasses.replace(rec, ready=False, reason=v.not_ready_reason)
-                self.check_valid()
-                res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
-                self.nodes[node] = dataclasses.replace(new, mod_revision=res.revision)
-                log.warning("node %s not ready: %s", node, new.reason, extra={"node": node})
-            if v.lost_reason:
-                # Past the node's fence deadline its agent has stopped every
-                # member: fail gangs that had members there and free devices.
-                await self.twophase.on_node_lost(node, v.lost_reason)
-                for g, stopped in lifecycle.lost_member_reports(list(self.gangs.values()), node, self.az, v.lost_reason):
-                    self.members.setdefault((g.id, g.incarnation), {}).update(stopped)
-                    await self.evaluate(g.id)
+            for effect in fx.liveness_effects(v, rec, self._stimulus()):
+                await self.perform(effect)
+
+    def _close_session(self, node: str) -> None:
+        live = self.liveness.get(node)
+        if live is not None:
+            live.ready = False
+        conn = self.conns.pop(node, None)
+        if conn is not None:
+            conn.closed = True
+            conn.queue.put_nowait(None)
+
+    async def _mark_not_ready(self, e: fx.MarkNodeNotReady) -> None:
+        self.check_valid()
+        res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, e.node), e.record.to_dict())])
+        self.nodes[e.node] = dataclasses.replace(e.record, mod_revision=res.revision)
+        log.warning("node %s not ready: %s", e.node, e.record.reason, extra={"node": e.node})
+
+    async def _lose_node(self, e: fx.NodeLost) -> None:
+        """Past the node's fence deadline its agent has stopped every member:
+        fail gangs that had members there and free devices."""
+        await self.twophase.on_node_lost(e.node, e.reason)
+        for g, stopped in lifecycle.lost_member_reports(list(self.gangs.values()), e.node, self.az, e.reason):
+            self.members.setdefault((g.id, g.incarnation), {}).update(stopped)
+            await self.evaluate(g.id)
 
     # ---------------------------------------------------------------- view
     async def explain(self, gang_id: str) -> "Explanation | None":

@@ -1,0 +1,364 @@
+"""A single-AZ gang's effects, and the events performing them returns (pure;
+docs/design.md §19.9).
+
+The AZ leader decides with ``admission.plan_admissions`` and
+``lifecycle.*``; the functions here turn those decisions into effects
+(imperative: ``ReserveDevices``, ``WriteTransition``, ``SendRevoke``, ...)
+and, from the event that performing one returned (past tense:
+``GangWritten``, ``WriteRefused``, ``NotApplied``), decide the follow-up (a
+reservation that committed is dispatched, then marked STARTING).
+``AzLeader.perform`` (coordinator/leader.py) is the one interpreter: a
+handler per effect, doing only the I/O and the cache updates. Nothing here
+does I/O; ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Container, Mapping, Sequence
+
+from coordinator.core import events as ev
+from coordinator.core import lifecycle
+from coordinator.core.admission import Decision, KeepPending, Reserve, spans_azs
+from coordinator.core.admission import FailAdmission as FailDecision
+from coordinator.core.placement import Placement
+from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
+from phalanx.errors import AlreadyExists, Conflict
+from phalanx.model import GangState
+from phalanx.reservation import HoldState, NodeDevices, Reservation
+from phalanx.timings import Timings
+
+
+# ------------------------------------------------------------------ effects
+@dataclass(frozen=True)
+class ReserveDevices:
+    """Hold a placed gang's devices: the RESERVED gang record and its
+    reservation in one fenced txn (the devices are held in memory from the
+    moment this is decided, undone if the txn does not apply)."""
+
+    gang: GangRecord  # as planned (PENDING)
+    placement: Placement
+    reservation: Reservation
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class StartTwoPhaseAttempt:
+    """A cross-AZ gang's turn came and it fits: its owner prepares this placement."""
+
+    gang: GangRecord
+    placement: Placement
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class FailAdmission:
+    """Fail a gang that was not admitted (timeout, never fits)."""
+
+    gang: GangRecord
+    reason: str
+    never_fits: bool = False
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class KeepWaiting:
+    """Note why a gang stays pending (explain, the pending gauge's class)."""
+
+    gang: GangRecord
+    reason: str
+    pending_class: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class WriteTransition:
+    """A run-time transition that tears nothing down (e.g. STARTING -> RUNNING)."""
+
+    old: GangRecord
+    record: GangRecord
+    events: tuple[ev.GangEvent, ...] = ()
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Tear the incarnation down to ``state`` (terminal or RESTARTING):
+    ``AzLeader.finish``, which asks ``lifecycle.teardown`` how."""
+
+    gang: GangRecord
+    state: GangState
+    reason: str
+    events: tuple[ev.GangEvent, ...] = ()
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class TearDown:
+    """Write a teardown ``lifecycle.teardown`` decided: the gang record, the
+    reservation RELEASING or deleted, the name freed, in one write."""
+
+    gang: GangRecord
+    teardown: lifecycle.Teardown
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """RESTARTING -> PENDING as the next incarnation (``lifecycle.requeue``)."""
+
+    gang: GangRecord
+    requeue: lifecycle.Requeue
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ReleaseDevices:
+    """Delete a terminal gang's reservation: every member is gone."""
+
+    gang: GangRecord
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class ForgetGang:
+    """A terminal cross-AZ gang with nothing held here: drop it from the cache
+    (its participants release their own holds)."""
+
+    gang: GangRecord
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class SendAssignments:
+    """Send this AZ's members of ``gang`` their assignments."""
+
+    gang: GangRecord
+    only_node: str | None = None
+    skip_ranks: frozenset[int] = frozenset()
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class SendRevoke:
+    """Tell ``node`` to stop the gang's members of this incarnation."""
+
+    node: str
+    gang: str
+    incarnation: int
+    reason: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class MarkStarting:
+    """RESERVED -> STARTING once the assignments went out."""
+
+    gang: GangRecord
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class CloseSession:
+    """End a silent node's session: it is no longer placeable."""
+
+    node: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class MarkNodeNotReady:
+    """Write the node record not ready, with why."""
+
+    node: str
+    record: NodeRecord
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class NodeLost:
+    """Past its fence deadline the node's agent has stopped every member:
+    the gangs with members there learn they stopped."""
+
+    node: str
+    reason: str
+    stimulus_id: str = ""
+
+
+Effect = (ReserveDevices | StartTwoPhaseAttempt | FailAdmission | KeepWaiting | WriteTransition | Finish | TearDown
+          | Requeue | ReleaseDevices | ForgetGang | SendAssignments | SendRevoke | MarkStarting | CloseSession
+          | MarkNodeNotReady | NodeLost)
+
+
+# ------------------------------------------------------------------- events
+@dataclass(frozen=True)
+class Performed:
+    """The effect was performed; nothing to report back."""
+
+
+@dataclass(frozen=True)
+class GangWritten:
+    """The gang record (and what rode with it) was written."""
+
+    record: GangRecord
+
+
+@dataclass(frozen=True)
+class WriteRefused:
+    """A guarded write lost its compare: the record changed meanwhile."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class NotApplied:
+    """A write whose reply was lost turned out not to have applied (or was
+    dropped): nothing changed in etcd, the in-memory hold is undone."""
+
+    gang: str
+
+
+Event = Performed | GangWritten | WriteRefused | NotApplied
+
+
+# ---------------------------------------------------------------- admission
+def reservation_for(g: GangRecord, p: Placement, az: str, epoch: int) -> Reservation:
+    """The COMMITTED reservation of a single-AZ placement: per node, the
+    members' GPUs and NICs, sorted."""
+    nodes: dict[str, NodeDevices] = {}
+    for m in p.members:
+        cur = nodes.get(m.node, NodeDevices((), ()))
+        nodes[m.node] = NodeDevices(tuple(sorted(cur.gpus + tuple(m.gpus))), tuple(sorted(cur.nics + tuple(m.nics))))
+    return Reservation(az, g.id, g.incarnation, HoldState.COMMITTED, nodes, epoch)
+
+
+def queue_reason(d: KeepPending, az: str) -> str:
+    """Why a gang waits, as explain and the cycle's debug line say it."""
+    return f"queue position {d.position} of {d.queue} in {az}: {d.rule or 'waiting for devices to free up'}"
+
+
+def failure_reason(d: FailDecision, last_attempt: str) -> str:
+    """A failed admission's reason; a cross-AZ gang that timed out also says
+    why its last two-phase attempt did not get in (``last_attempt``)."""
+    if spans_azs(d.gang) and not d.never_fits and last_attempt:
+        return f"{d.reason}; last: {last_attempt}"
+    return d.reason
+
+
+def admission_effects(decisions: Sequence[Decision], *, az: str, epoch: int, now: float,
+                      pending_class: Callable[[KeepPending, float], str],
+                      last_attempts: Mapping[str, str] = {}, stimulus_id: str = "") -> list[Effect]:
+    """One effect per admission decision, in the plan's order: a single-AZ
+    ``Reserve`` holds its devices (``ReserveDevices``), a cross-AZ one starts
+    its two-phase attempt, a ``KeepPending`` keeps waiting (with its reason
+    class, ``pending_class``), a ``FailAdmission`` fails the gang.
+    ``last_attempts``: per cross-AZ gang, why its last attempt did not get in."""
+    out: list[Effect] = []
+    for d in decisions:
+        if isinstance(d, Reserve) and spans_azs(d.gang):
+            out.append(StartTwoPhaseAttempt(d.gang, d.placement, stimulus_id))
+        elif isinstance(d, Reserve):
+            out.append(ReserveDevices(d.gang, d.placement, reservation_for(d.gang, d.placement, az, epoch), stimulus_id))
+        elif isinstance(d, KeepPending):
+            out.append(KeepWaiting(d.gang, queue_reason(d, az), pending_class(d, now), stimulus_id))
+        else:
+            reason = failure_reason(d, last_attempts.get(d.gang.id, ""))
+            out.append(FailAdmission(d.gang, reason, d.never_fits, stimulus_id))
+    return out
+
+
+def member_assignments(p: Placement) -> tuple[MemberAssignment, ...]:
+    """A placement as the gang record stores it."""
+    return tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
+
+
+def reserved_record(g: GangRecord, p: Placement, r: Reservation, master: tuple[str, int], now: float,
+                    epoch: int) -> tuple[GangRecord, tuple[ev.GangEvent, ...]]:
+    """The RESERVED record a single-AZ reservation writes, and its events:
+    placed and reserved are one decision and one write here (two-phase gangs
+    record them apart). ``master``: the rendezvous picked for the placement."""
+    placement = member_assignments(p)
+    addr, port = master
+    new = g.evolve(state=GangState.RESERVED, placement=placement, span=p.span, reason=p.reason, updated_at=now,
+                   master_addr=addr, master_port=port)
+    gpus = sum(len(d.gpus) for d in r.nodes.values())
+    events = (ev.placed(now, epoch, g.incarnation, placement, p.reason),
+              ev.reserved(now, epoch, g.incarnation, f"{gpus} GPUs on {len(r.nodes)} nodes of {r.az} in one write"))
+    return new, events
+
+
+def after_reserved(event: Event, stimulus_id: str = "") -> list[Effect]:
+    """A reservation that committed is dispatched, then marked STARTING; one
+    that did not apply leaves the gang PENDING (the next cycle places it)."""
+    if isinstance(event, GangWritten):
+        return [SendAssignments(event.record, stimulus_id=stimulus_id), MarkStarting(event.record, stimulus_id)]
+    return []
+
+
+# ------------------------------------------------------------------ run time
+def run_time_effect(g: GangRecord, step: lifecycle.RunTimeStep, now: float, stimulus_id: str = "") -> Effect:
+    """A run-time step as its write: a teardown through ``Finish``, any other
+    transition as a plain guarded write."""
+    if step.teardown:
+        return Finish(g, step.to, step.reason, step.events, stimulus_id)
+    return WriteTransition(g, g.evolve(state=step.to, reason=step.reason, updated_at=now), step.events, stimulus_id)
+
+
+def reevaluate_after(step: lifecycle.RunTimeStep, current: GangRecord | None) -> bool:
+    """Whether a teardown may already allow what comes after it (no member
+    was live): evaluate the gang again at once."""
+    return step.teardown and current is not None and lifecycle.torn_down(current.state)
+
+
+def after_teardown_effect(then: lifecycle.AfterTeardown, g: GangRecord, now: float, timings: Timings, *,
+                          has_reservation: bool, stimulus_id: str = "") -> Effect:
+    """What a torn-down incarnation needs once no member of it can run."""
+    if then is lifecycle.AfterTeardown.REQUEUE:
+        return Requeue(g, lifecycle.requeue(g, now, timings, has_reservation=has_reservation), stimulus_id)
+    if then is lifecycle.AfterTeardown.RELEASE:
+        return ReleaseDevices(g, stimulus_id)
+    return ForgetGang(g, stimulus_id)
+
+
+def after_torn_down(t: TearDown, event: Event) -> list[Effect]:
+    """Once a teardown is written, every node of the placement is told to
+    stop (or forget) this incarnation's members."""
+    if not isinstance(event, GangWritten):
+        return []
+    g = t.gang
+    return [SendRevoke(node, g.id, g.incarnation, t.teardown.record.reason, t.stimulus_id)
+            for node in t.teardown.revoke_nodes]
+
+
+# ------------------------------------------------------------------ liveness
+def liveness_effects(v: lifecycle.NodeVerdict, record: NodeRecord | None, stimulus_id: str = "") -> list[Effect]:
+    """A node verdict as effects, in order: close its session, write its
+    record not ready, then (past its fence deadline) lose its members."""
+    out: list[Effect] = []
+    if v.close_session:
+        out.append(CloseSession(v.node, stimulus_id))
+    if record is not None and v.not_ready_reason:
+        out.append(MarkNodeNotReady(v.node, dataclasses.replace(record, ready=False, reason=v.not_ready_reason),
+                                    stimulus_id))
+    if v.lost_reason:
+        out.append(NodeLost(v.node, v.lost_reason, stimulus_id))
+    return out
+
+
+# ---------------------------------------------------------------- submission
+def submission_refused(name: str, name_holder: str | None) -> AlreadyExists | Conflict:
+    """The error for a submission txn that lost its compare and is not a
+    retry of an earlier one: the name is taken (``name_holder``: the gang
+    holding it, or why it cannot be told), else it raced with another write."""
+    if name_holder is not None:
+        return AlreadyExists(f"name: a live gang named {name!r} exists ({name_holder})")
+    return Conflict(f"submission of {name!r} raced with another write; retry with the same idempotency key")
+
+
+def adopt_retried(existing: GangRecord, az: str, known: Container[str]) -> bool:
+    """Whether a retried submission's gang (found by its idempotency key) is
+    taken on here: its first attempt may have committed although its reply
+    was lost, and then this leader never learnt of it and would never admit
+    it. ``known``: the gangs this leader has."""
+    return existing.owner_az == az and not existing.state.terminal and existing.id not in known

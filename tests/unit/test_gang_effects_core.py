@@ -1,0 +1,226 @@
+"""A single-AZ gang's effects and what follows from performing them
+(coordinator/core/gang_effects.py): tables a reader can check by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from coordinator.core import gang_effects as fx
+from coordinator.core import lifecycle as lc
+from coordinator.core.admission import FailAdmission, KeepPending, Reserve
+from coordinator.core.placement import MemberSlot, Placement
+from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
+from phalanx.errors import AlreadyExists, Conflict
+from phalanx.model import GangState, Level
+from phalanx.reservation import HoldState, NodeDevices, Reservation
+from phalanx.spec import GangSpec, Policy, Resources, Topology
+from phalanx.timings import Timings
+from phalanx.topology import NodeTopology
+
+AZ = "az-a"
+EPOCH = 7
+NOW = 1000.0
+S = GangState
+
+
+def gang(state: GangState = S.PENDING, *, gid: str = "g", wide: bool = False, owner_az: str = AZ, inc: int = 1,
+         placed: bool = False, restarts: int = 0) -> GangRecord:
+    spec = GangSpec(name=gid, members=2, resources=Resources(gpus=1), policy=Policy(max_restarts=2),
+                    topology=Topology(allow_cross_az=wide))
+    placement = (MemberAssignment(0, AZ, "n0", (0,), ()), MemberAssignment(1, AZ, "n1", (1,), ())) if placed else ()
+    return GangRecord(id=gid, spec=spec, state=state, owner_az=owner_az, submitted_at=10.0, updated_at=20.0,
+                      incarnation=inc, placement=placement, restarts=restarts, reason="rank 1 exited")
+
+
+def placement(*slots: tuple[str, tuple[int, ...], tuple[str, ...]]) -> Placement:
+    """Ranks 0, 1, ... on (node, gpus, nics) in order, in this AZ."""
+    members = tuple(MemberSlot(r, AZ, node, gpus, nics) for r, (node, gpus, nics) in enumerate(slots))
+    return Placement(members, Level.NODE, "d", "packed on one leaf")
+
+
+TWO_NODES = placement(("n0", (0,), ()), ("n1", (1,), ()))
+ONE_NODE = placement(("n0", (3,), ("mlx1",)), ("n0", (1,), ("mlx0",)))
+
+
+def keep(d_gang: GangRecord, **kw) -> KeepPending:
+    return KeepPending(d_gang, "no room", position=2, queue=5, **kw)
+
+
+# ------------------------------------------------------- reservation_for
+@pytest.mark.parametrize("p, nodes", [
+    pytest.param(TWO_NODES, {"n0": NodeDevices((0,), ()), "n1": NodeDevices((1,), ())}, id="one-member-per-node"),
+    pytest.param(ONE_NODE, {"n0": NodeDevices((1, 3), ("mlx0", "mlx1"))}, id="members-on-one-node-merge-sorted"),
+])
+def test_reservation_for_holds_each_nodes_devices_committed(p, nodes):
+    r = fx.reservation_for(gang(inc=3), p, AZ, EPOCH)
+    assert r == Reservation(AZ, "g", 3, HoldState.COMMITTED, nodes, EPOCH)
+
+
+# ------------------------------------------------------- queue / failure
+@pytest.mark.parametrize("rule, want", [
+    pytest.param("", "queue position 2 of 5 in az-a: waiting for devices to free up", id="no-rule"),
+    pytest.param("restart backoff: 3s", "queue position 2 of 5 in az-a: restart backoff: 3s", id="rule-named"),
+])
+def test_queue_reason(rule, want):
+    assert fx.queue_reason(keep(gang(), rule=rule), AZ) == want
+
+
+@pytest.mark.parametrize("wide, never, last, want", [
+    pytest.param(False, False, "NO from az-b", "timed out", id="single-az-ignores-last-attempt"),
+    pytest.param(True, False, "NO from az-b", "timed out; last: NO from az-b", id="cross-az-names-last-attempt"),
+    pytest.param(True, False, "", "timed out", id="cross-az-without-attempt"),
+    pytest.param(True, True, "NO from az-b", "timed out", id="never-fits-says-only-why"),
+])
+def test_failure_reason(wide, never, last, want):
+    assert fx.failure_reason(FailAdmission(gang(wide=wide), "timed out", never_fits=never), last) == want
+
+
+# ------------------------------------------------------ admission_effects
+def classify(d: KeepPending, now: float) -> str:
+    return f"class@{now:g}:{d.rule or 'none'}"
+
+
+def test_admission_effects_one_per_decision_in_plan_order():
+    single, wide, waiting, late, hopeless = (gang(gid="s"), gang(gid="w", wide=True), gang(gid="k"),
+                                             gang(gid="t", wide=True), gang(gid="h", wide=True))
+    decisions = [Reserve(single, TWO_NODES, "fits"), Reserve(wide, TWO_NODES, "fits"), keep(waiting, rule="backfill"),
+                 FailAdmission(late, "timed out"), FailAdmission(hopeless, "never fits", never_fits=True)]
+    out = fx.admission_effects(decisions, az=AZ, epoch=EPOCH, now=NOW, pending_class=classify,
+                               last_attempts={"t": "NO from az-b", "h": "ignored"}, stimulus_id="az-a-9")
+    assert out == [
+        fx.ReserveDevices(single, TWO_NODES, fx.reservation_for(single, TWO_NODES, AZ, EPOCH), "az-a-9"),
+        fx.StartTwoPhaseAttempt(wide, TWO_NODES, "az-a-9"),
+        fx.KeepWaiting(waiting, "queue position 2 of 5 in az-a: backfill", "class@1000:backfill", "az-a-9"),
+        fx.FailAdmission(late, "timed out; last: NO from az-b", False, "az-a-9"),
+        fx.FailAdmission(hopeless, "never fits", True, "az-a-9"),
+    ]
+
+
+def test_admission_effects_of_no_decisions_is_nothing():
+    assert fx.admission_effects([], az=AZ, epoch=EPOCH, now=NOW, pending_class=classify) == []
+
+
+# ------------------------------------------------------- reserved_record
+def test_reserved_record_places_and_reserves_in_one_write():
+    g = gang(inc=2)
+    r = fx.reservation_for(g, TWO_NODES, AZ, EPOCH)
+    new, events = fx.reserved_record(g, TWO_NODES, r, ("10.0.0.1", 29501), NOW, EPOCH)
+    assert new.state == S.RESERVED and new.updated_at == NOW and new.reason == "packed on one leaf"
+    assert new.placement == (MemberAssignment(0, AZ, "n0", (0,), ()), MemberAssignment(1, AZ, "n1", (1,), ()))
+    assert (new.master_addr, new.master_port, new.span) == ("10.0.0.1", 29501, Level.NODE)
+    assert new.incarnation == 2 and new.submitted_at == g.submitted_at
+    assert [e.kind for e in events] == ["placed", "reserved"]
+    assert events[1].message.endswith("2 GPUs on 2 nodes of az-a in one write")
+    assert all(e.at == NOW and e.epoch == EPOCH and e.incarnation == 2 for e in events)
+
+
+# -------------------------------------------------------- after_reserved
+WRITTEN = gang(S.RESERVED, placed=True)
+
+
+@pytest.mark.parametrize("event, want", [
+    pytest.param(fx.GangWritten(WRITTEN), [fx.SendAssignments(WRITTEN, stimulus_id="s1"), fx.MarkStarting(WRITTEN, "s1")],
+                 id="committed-dispatch-then-starting"),
+    pytest.param(fx.NotApplied("g"), [], id="did-not-apply-stays-pending"),
+    pytest.param(fx.WriteRefused("changed"), [], id="refused-nothing-follows"),
+])
+def test_after_reserved(event, want):
+    assert fx.after_reserved(event, "s1") == want
+
+
+# ------------------------------------------------------- run_time_effect
+@pytest.mark.parametrize("to, want_type", [
+    pytest.param(S.RUNNING, fx.WriteTransition, id="running-is-a-plain-write"),
+    pytest.param(S.SUCCEEDED, fx.Finish, id="succeeded-tears-down"),
+    pytest.param(S.RESTARTING, fx.Finish, id="restarting-tears-down"),
+])
+def test_run_time_effect(to, want_type):
+    g = gang(S.STARTING, placed=True)
+    step = lc.RunTimeStep(to, "why", ())
+    e = fx.run_time_effect(g, step, NOW, "s2")
+    assert type(e) is want_type and e.stimulus_id == "s2"
+    if want_type is fx.WriteTransition:
+        assert e.old is g and e.record == g.evolve(state=to, reason="why", updated_at=NOW)
+    else:
+        assert (e.gang, e.state, e.reason) == (g, to, "why")
+
+
+@pytest.mark.parametrize("to, current, want", [
+    pytest.param(S.FAILED, S.FAILED, True, id="torn-down-look-again"),
+    pytest.param(S.RESTARTING, S.RESTARTING, True, id="restarting-look-again"),
+    pytest.param(S.FAILED, None, False, id="gone-nothing-to-do"),
+    pytest.param(S.FAILED, S.RUNNING, False, id="write-refused-record-still-running"),
+    pytest.param(S.RUNNING, S.RUNNING, False, id="not-a-teardown"),
+])
+def test_reevaluate_after(to, current, want):
+    cur = None if current is None else gang(current, placed=True)
+    assert fx.reevaluate_after(lc.RunTimeStep(to, "why"), cur) is want
+
+
+# ---------------------------------------------------- after_teardown_effect
+def test_after_teardown_effect_requeue_carries_the_next_incarnation():
+    g = gang(S.RESTARTING, placed=True, restarts=1)
+    e = fx.after_teardown_effect(lc.AfterTeardown.REQUEUE, g, NOW, Timings(), has_reservation=True, stimulus_id="s3")
+    assert e == fx.Requeue(g, lc.requeue(g, NOW, Timings(), has_reservation=True), "s3")
+    assert e.requeue.record.incarnation == 2 and e.requeue.delete_reservation
+
+
+@pytest.mark.parametrize("then, want", [
+    pytest.param(lc.AfterTeardown.RELEASE, fx.ReleaseDevices, id="release"),
+    pytest.param(lc.AfterTeardown.FORGET, fx.ForgetGang, id="forget"),
+])
+def test_after_teardown_effect_release_or_forget(then, want):
+    g = gang(S.FAILED, placed=True)
+    assert fx.after_teardown_effect(then, g, NOW, Timings(), has_reservation=False) == want(g)
+
+
+# -------------------------------------------------------- after_torn_down
+def test_after_torn_down_revokes_every_placed_node_once_written():
+    g = gang(S.RUNNING, placed=True)
+    t = lc.teardown(g, S.CANCELLED, "by user", (), None, set(), NOW, EPOCH)
+    effect = fx.TearDown(g, t, "s4")
+    assert fx.after_torn_down(effect, fx.GangWritten(t.record)) == [
+        fx.SendRevoke("n0", "g", 1, "by user", "s4"), fx.SendRevoke("n1", "g", 1, "by user", "s4")]
+    assert fx.after_torn_down(effect, fx.WriteRefused("changed")) == []
+
+
+# -------------------------------------------------------- liveness_effects
+REC = NodeRecord(topology=NodeTopology(node="n0", az=AZ), ready=True, agent_id="a0")
+
+
+@pytest.mark.parametrize("close, not_ready, lost, record, want", [
+    pytest.param(False, "", "", REC, [], id="healthy-nothing"),
+    pytest.param(True, "", "", REC, [fx.CloseSession("n0")], id="silent-close-only"),
+    pytest.param(True, "no heartbeat for 9.0s", "", REC,
+                 [fx.CloseSession("n0"), fx.MarkNodeNotReady("n0", NodeRecord(topology=REC.topology, ready=False,
+                                                                              agent_id="a0", reason="no heartbeat for 9.0s"))],
+                 id="silent-close-then-record-not-ready"),
+    pytest.param(False, "no heartbeat for 9.0s", "", None, [], id="no-record-nothing-to-write"),
+    pytest.param(False, "", "node n0 lost", REC, [fx.NodeLost("n0", "node n0 lost")], id="past-fence-deadline-lost"),
+])
+def test_liveness_effects(close, not_ready, lost, record, want):
+    v = lc.NodeVerdict("n0", 9.0, close, not_ready, lost)
+    assert fx.liveness_effects(v, record) == want
+
+
+# ------------------------------------------------------------- submission
+@pytest.mark.parametrize("holder, kind, message", [
+    pytest.param("train-1a2b", AlreadyExists, "name: a live gang named 'train' exists (train-1a2b)", id="name-taken"),
+    pytest.param("its name record cannot be read", AlreadyExists,
+                 "name: a live gang named 'train' exists (its name record cannot be read)", id="name-record-unreadable"),
+    pytest.param(None, Conflict, "submission of 'train' raced with another write; retry with the same idempotency key",
+                 id="raced"),
+])
+def test_submission_refused(holder, kind, message):
+    err = fx.submission_refused("train", holder)
+    assert type(err) is kind and str(err) == message
+
+
+@pytest.mark.parametrize("state, owner_az, known, want", [
+    pytest.param(S.PENDING, AZ, set(), True, id="reply-lost-take-it-on"),
+    pytest.param(S.PENDING, AZ, {"g"}, False, id="already-known"),
+    pytest.param(S.SUCCEEDED, AZ, set(), False, id="already-ended"),
+    pytest.param(S.PENDING, "az-b", set(), False, id="owned-elsewhere"),
+])
+def test_adopt_retried(state, owner_az, known, want):
+    assert fx.adopt_retried(gang(state, owner_az=owner_az), AZ, known) is want
