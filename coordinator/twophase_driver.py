@@ -59,6 +59,7 @@ from coordinator.core.twophase import (
     GangFinished,
     GangForgotten,
     GangSubmitted,
+    HoldFound,
     HoldReleased,
     HoldReleaseFailed,
     HoldWriteFailed,
@@ -331,42 +332,31 @@ class TwoPhaseDriver:
         return dataclasses.replace(e.record(), epoch=self.l.epoch)
 
     async def _write_hold(self, e: WriteHold) -> None:
+        """Write the hold under the guard the core chose (absent, or
+        unchanged since ``e.replaces``); what is found instead goes back to
+        the core as ``HoldFound`` (it decides whether to overwrite)."""
         key = self.keys.reservation(self.az, e.gang)
         rec = self._record(e)
-        res = await self._fenced([absent(key)], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
-        ok = False
-        why = ""
+        guard = absent(key) if e.replaces is None else unchanged_since(key, e.replaces)
+        res = await self._fenced([guard], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
         if res is not None and res.succeeded:
-            ok = True
             self._hold_rev[(e.gang, e.incarnation)] = res.revision
-        else:
-            if res is None:  # outcome unknown: read it back
-                kv = await self._read(key, e.gang)
-            else:
-                kv = res.results[0][0] if res.results[0] else None
-            if kv is None:
-                why = "write timed out" if res is None else "raced with another write"
-            else:
-                cur = _stored(kv)
-                inc = cur.incarnation if cur is not None else -1
-                if cur is None:
-                    why = "the stored record cannot be read"
-                elif inc == e.incarnation:
-                    ok = True
-                elif inc < e.incarnation:
-                    res2 = await self._fenced([unchanged_since(key, kv.mod_revision)], [Put(key, rec.to_dict())], gang=e.gang)
-                    ok = bool(res2 is not None and res2.succeeded)
-                    why = "" if ok else "record changed concurrently"
-                    if ok:
-                        self._hold_rev[(e.gang, e.incarnation)] = res2.revision
-                else:
-                    why = f"a newer incarnation {inc} is recorded"
-        if ok:
             await failpoints.hit("participant.after_prepared")
             self.feed_participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+            return
+        if res is None:  # outcome unknown: read it back
+            kv = await self._read(key, e.gang)
         else:
+            kv = res.results[0][0] if res.results[0] else None
+        if kv is None:
             self.feed_participant(HoldWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                  reason=why or "not written"))
+                                                  reason="write timed out" if res is None else "raced with another write"))
+            return
+        cur = _stored(kv)
+        if cur is not None and cur.incarnation == e.incarnation:
+            await failpoints.hit("participant.after_prepared")  # a PREPARED record of ours is durable
+        self.feed_participant(HoldFound(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                        found=cur.incarnation if cur is not None else None, revision=kv.mod_revision))
 
     async def _mark_committed(self, e: MarkCommitted) -> None:
         key = self.keys.reservation(self.az, e.gang)

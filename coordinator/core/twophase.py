@@ -15,7 +15,7 @@ CoordinatorPeer RPC or a timer, and feeds what happened back as events::
     effects = participant.handle(PrepareReceived(...), now)
     for effect in effects:
         match effect:
-            case WriteHold(): ...   # fenced txn -> HoldWritten / HoldWriteFailed
+            case WriteHold(): ...   # fenced txn -> HoldWritten / HoldFound / HoldWriteFailed
             case SendVote(): ...    # PrepareResponse
             ...
 
@@ -44,6 +44,7 @@ from coordinator.core.twophase_events import (
     GangForgotten,
     GangSubmitted,
     HoldReleased,
+    HoldFound,
     HoldReleaseFailed,
     HoldWriteFailed,
     HoldWritten,
@@ -110,7 +111,7 @@ __all__ = [
     "AbortReceived", "AttemptWriteFailed", "AttemptWritten", "CommitReceived",
     "CommitWriteFailed", "CommitWritten", "DecisionCreated", "DecisionCreateFailed",
     "DecisionObserved", "GangFinished", "GangForgotten", "GangSubmitted", "HoldReleased", "HoldReleaseFailed",
-    "HoldWriteFailed", "HoldWritten", "InventoryChanged", "OwnerRecovered",
+    "HoldFound", "HoldWriteFailed", "HoldWritten", "InventoryChanged", "OwnerRecovered",
     "ParticipantRecovered", "PlacementMade", "PrepareReceived",
     "PrepareTimedOut", "RetryDue", "VoteReceived", "VotesTimedOut",
     # effects

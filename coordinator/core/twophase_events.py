@@ -155,6 +155,22 @@ class HoldWriteFailed(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HoldFound(GangEvent):
+    """``WriteHold`` found ``reservations/<az>/<gang>`` present where its
+    guard expected it absent (or at ``replaces``), or a timed-out write read
+    back a record: what the key holds, for the core to decide on (the driver
+    decides nothing). ``found``: the stored incarnation, None when the record
+    cannot be read; ``revision``: its mod revision, what a replacing write
+    compares on. The core: this incarnation is our write (as
+    ``HoldWritten``); an older one is replaced once by ``WriteHold(replaces=
+    revision)``; a newer or unreadable one, or an older one still there after
+    our replacing write, gets NO."""
+
+    found: int | None
+    revision: int
+
+
+@dataclass(frozen=True, kw_only=True)
 class CommitWritten(GangEvent):
     """``MarkCommitted`` applied: the record is COMMITTED."""
 
@@ -314,10 +330,14 @@ class WriteHold(Effect):
     ``commit``: the single-AZ path, whose txn may also carry the gang record)
     at ``incarnation``.
 
-    Guard: only if the key is absent or holds a *lower* incarnation; if it
-    already holds this incarnation, succeed without writing (a late duplicate
-    must never downgrade a COMMITTED record). Not bound to the session lease:
-    a hold outlives its leader. Report ``HoldWritten`` / ``HoldWriteFailed``.
+    Guard: the key is absent, or, with ``replaces``, its mod revision is
+    still ``replaces`` (an older incarnation's record the core decided to
+    overwrite on ``HoldFound``). Not bound to the session lease: a hold
+    outlives its leader. Report ``HoldWritten`` when applied; when the key is
+    present instead (a lost guard, or a timed-out write read back),
+    ``HoldFound`` with what it holds, never a write of the driver's own
+    choosing (a late duplicate must never downgrade a COMMITTED record); when
+    it is absent after all, ``HoldWriteFailed``.
     """
 
     az: str
@@ -328,6 +348,7 @@ class WriteHold(Effect):
     submitted_at: float
     nodes: NodeSlice
     commit: bool = False
+    replaces: int | None = None
 
     def record(self) -> Reservation:
         """The record this effect writes (the driver adds its epoch)."""
@@ -521,7 +542,7 @@ class MarkGangFailed(Effect):
 
 
 ParticipantEvent = (
-    PrepareReceived | HoldWritten | HoldWriteFailed | CommitWritten | CommitWriteFailed
+    PrepareReceived | HoldWritten | HoldWriteFailed | HoldFound | CommitWritten | CommitWriteFailed
     | HoldReleased | HoldReleaseFailed | CommitReceived | AbortReceived | DecisionObserved
     | DecisionCreated | DecisionCreateFailed | PrepareTimedOut | RetryDue | GangFinished
     | InventoryChanged | GangForgotten | ParticipantRecovered

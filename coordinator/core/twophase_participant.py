@@ -45,6 +45,7 @@ from coordinator.core.twophase_events import (
     Event,
     GangFinished,
     GangForgotten,
+    HoldFound,
     HoldReleased,
     HoldReleaseFailed,
     HoldWriteFailed,
@@ -101,6 +102,9 @@ class Hold:
     local: bool = False
     """Reserved by the single-AZ path: COMMITTED from the start, no decision
     key. A COMMITTED record without a decision key is read back as one."""
+    replaces: int | None = None
+    """While being written over an older incarnation's record: that
+    record's mod revision (``_on_hold_found``). Set once per claim."""
 
     @property
     def key(self) -> DecisionKey:
@@ -170,6 +174,8 @@ class ParticipantState:
                 return self._on_hold_written(event, now)
             case HoldWriteFailed():
                 return self._on_hold_write_failed(event, now)
+            case HoldFound():
+                return self._on_hold_found(event, now)
             case CommitWritten():
                 return self._on_commit_written(event, now)
             case CommitWriteFailed():
@@ -428,6 +434,44 @@ class ParticipantState:
         return [SendVote(stimulus_id=ev.stimulus_id, to_az=hold.owner_az, from_az=self.az,
                          gang=ev.gang, incarnation=ev.incarnation, yes=False,
                          reason=f"hold not written: {ev.reason}")]
+
+    def _on_hold_found(self, ev: HoldFound, now: float) -> list[Effect]:
+        """Our hold write met a record already there: decide what to do
+        with it (the driver only reports it)."""
+        written = HoldWritten(stimulus_id=ev.stimulus_id, gang=ev.gang, incarnation=ev.incarnation)
+        if ev.found == ev.incarnation:
+            # Our own write (a timed-out txn that applied, or a duplicate):
+            # exactly what HoldWritten means, including for a claim dropped
+            # meanwhile (then the record is released).
+            return self._on_hold_written(written, now)
+        hold = self._holds.get(ev.gang)
+        if hold is None or hold.incarnation != ev.incarnation or hold.written:
+            return []  # the claim is gone (aborted, finished): nothing was written
+        if ev.found is None:
+            # It may name devices we do not know of: never overwrite it.
+            why = "the stored record cannot be read"
+        elif ev.found > ev.incarnation:
+            why = f"a newer incarnation {ev.found} is recorded"
+        elif hold.replaces is not None:
+            # Our replacing write lost its compare and an older record is
+            # there again: something else writes this key; let the owner retry.
+            why = "record changed concurrently"
+        else:
+            # An older incarnation's record. Safe to overwrite: at most one
+            # hold per gang, and this claim was made only once no older hold
+            # of the gang was undecided or COMMITTED in this ledger (an
+            # undecided one is ABORTed first, a COMMITTED one refuses), so the
+            # record is a dead attempt's whose delete is pending or was lost
+            # with an earlier leader. The write compares on its revision, so
+            # a concurrent change makes it lose rather than clobber.
+            self._holds[ev.gang] = dataclasses.replace(hold, replaces=ev.revision)
+            return [WriteHold(
+                stimulus_id=ev.stimulus_id, az=self.az, gang=ev.gang, incarnation=ev.incarnation,
+                owner_az=hold.owner_az, priority=hold.priority, submitted_at=hold.submitted_at,
+                nodes=hold.nodes, commit=hold.local, replaces=ev.revision,
+            )]
+        return self._on_hold_write_failed(
+            HoldWriteFailed(stimulus_id=ev.stimulus_id, gang=ev.gang, incarnation=ev.incarnation, reason=why), now)
 
     def _on_commit_written(self, ev: CommitWritten, now: float) -> list[Effect]:
         hold = self._holds.get(ev.gang)

@@ -104,6 +104,7 @@ from coordinator.core.twophase import (
     Event,
     GangFinished,
     GangSubmitted,
+    HoldFound,
     HoldReleased,
     HoldReleaseFailed,
     HoldState,
@@ -239,6 +240,7 @@ class Store:
     decisions: dict[DecisionKey, Outcome] = field(default_factory=dict)
     decision_writes: list[tuple[DecisionKey, Outcome]] = field(default_factory=list)
     reservations: dict[tuple[str, str], Reservation] = field(default_factory=dict)
+    revision: int = 0  # etcd's revision: the mod revision of each reservation put
     attempts: dict[str, tuple[int, Plan]] = field(default_factory=dict)
     requested: dict[str, int] = field(default_factory=dict)  # incarnation the lifecycle asked for
     plans: dict[DecisionKey, Plan] = field(default_factory=dict)
@@ -403,19 +405,27 @@ class Sim:
         """One store write with the driver's semantics (twophase_events)."""
         s, sid = self.store, e.stimulus_id
         if isinstance(e, WriteHold):
+            # The driver's txn: guarded by absent (or, when the core chose to
+            # replace an older record, by its revision); what is there
+            # instead goes back as HoldFound for the core to decide on.
             rec = s.reservations.get((e.az, e.gang))
-            if rec is not None and rec.incarnation > e.incarnation:
+            if (rec is None) if e.replaces is None else (rec is not None and rec.mod_revision == e.replaces):
+                s.revision += 1
+                s.reservations[(e.az, e.gang)] = dataclasses.replace(e.record(), mod_revision=s.revision)
+                return HoldWritten(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation)
+            if rec is None:
                 return HoldWriteFailed(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation,
-                                       reason="newer incarnation recorded")
-            if rec is None or rec.incarnation < e.incarnation:
-                s.reservations[(e.az, e.gang)] = e.record()
-            return HoldWritten(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation)
+                                       reason="raced with another write")
+            return HoldFound(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation,
+                             found=rec.incarnation, revision=rec.mod_revision)
         if isinstance(e, MarkCommitted):
             rec = s.reservations.get((e.az, e.gang))
             if rec is None or rec.incarnation != e.incarnation:
                 return CommitWriteFailed(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation,
                                          reason="record missing")
-            s.reservations[(e.az, e.gang)] = dataclasses.replace(rec, state=HoldState.COMMITTED)
+            s.revision += 1
+            s.reservations[(e.az, e.gang)] = dataclasses.replace(rec, state=HoldState.COMMITTED,
+                                                                 mod_revision=s.revision)
             return CommitWritten(stimulus_id=sid, gang=e.gang, incarnation=e.incarnation)
         if isinstance(e, ReleaseHold):
             rec = s.reservations.get((e.az, e.gang))
