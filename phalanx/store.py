@@ -47,7 +47,7 @@ from aetcd.rpc import rpc_pb2_grpc as egrpc
 
 from phalanx import etcd_pki, failpoints
 from phalanx.errors import Conflict, NotLeader, StoreDenied, StoreUnavailable
-from phalanx.limits import PAGE_KEYS
+from phalanx.limits import PAGE_KEYS, RANGE_REPLY_BYTES
 from phalanx.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -472,6 +472,21 @@ class EndpointRotation:
 # --- the client ----------------------------------------------------------------
 
 
+# A range read's reply grows with what it reads, up to the client's receive
+# limit (RANGE_REPLY_BYTES; a paged read's page too), where a point request's
+# does not: its deadline is one request's (the store's ``timeout``, the
+# Timings' etcd_timeout_s) plus the largest reply at the slowest rate a
+# loaded host is assumed to sustain. A rate, not a timing: it is what scales
+# the size bound into time (docs/timing.md "etcd connections").
+RANGE_MIN_BYTES_PER_S = 2 * 1024 * 1024
+
+
+def range_deadline(request_timeout: float) -> float:
+    """Deadline of one range read (``Store.get_prefix``, one page of
+    ``get_prefix_pages``): 4 s past ``request_timeout`` for 8 MiB."""
+    return request_timeout + RANGE_REPLY_BYTES / RANGE_MIN_BYTES_PER_S
+
+
 # Channel keepalive (docs/timing.md "etcd connections"). etcd's server
 # refuses pings closer than --grpc-keepalive-min-time (default 5 s) with
 # GOAWAY too_many_pings after three strikes, so the cadence stays above it
@@ -546,6 +561,7 @@ class Store:
         self.endpoints = [e.target for e in self._endpoints]
         self.keys = Keys(cluster)
         self.timeout = timeout
+        self.range_timeout = range_deadline(timeout)
         self._clock = clock
         self._rotation = EndpointRotation(len(self._endpoints), suspect_s=suspect_s)
         self._members: list[_Member] = []
@@ -743,7 +759,7 @@ class Store:
 
     async def get_prefix(self, prefix: str, *, keys_only: bool = False, limit: int = 0) -> tuple[list[KV], int]:
         req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), keys_only=keys_only, limit=limit)
-        resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=max(self.timeout, 5.0),
+        resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix}", timeout=self.range_timeout,
                                 blame_timeout=False, key=prefix)
         return [_kv(m) for m in resp.kvs], resp.header.revision
 
@@ -768,7 +784,7 @@ class Store:
             what = f"range {prefix} (page of {size} from {start[len(prefix.encode()):][:64]!r}, at {member.endpoint})"
             started = time.perf_counter()
             try:
-                resp = await member.kv.Range(req, timeout=max(self.timeout, 5.0), metadata=_METADATA)
+                resp = await member.kv.Range(req, timeout=self.range_timeout, metadata=_METADATA)
                 self._measured("get", started, True)
             except grpc.aio.AioRpcError as exc:
                 self._measured("get", started, False)
