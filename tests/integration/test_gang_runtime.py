@@ -4,6 +4,7 @@ enforce reservations and launch real gang members)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import select
@@ -270,7 +271,19 @@ async def test_cut_off_agent_fences_and_gang_is_replaced_only_after_its_deadline
             p.stdout.close()
 
 
-async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(two_agents, tmp_path: Path) -> None:
+@pytest.fixture
+def restart_fits_fence(local_cluster: LocalCluster) -> LocalCluster:
+    """The cluster's Timings with a fence deadline an agent restart fits in
+    comfortably: with the fast 4 s, a restart slowed by a loaded host (a
+    new interpreter, its imports, registration) let the shims fence and the
+    leader re-place the kept gang, which is not what the test is about.
+    Requested before ``two_agents``, so its coordinator and agents get it."""
+    local_cluster.timings = dataclasses.replace(local_cluster.timings, fence_after_s=20.0).validate()
+    return local_cluster
+
+
+async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(restart_fits_fence, two_agents,
+                                                                        tmp_path: Path) -> None:
     c, procs = two_agents
     out = tmp_path / "env"
     writable(out)
