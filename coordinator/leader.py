@@ -23,15 +23,15 @@ from typing import Any, Callable, Iterator
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle, peer_auth, progress
-from coordinator.core import gang_effects as fx
-from coordinator.core.admission import FailAdmission, KeepPending, Reserve, plan_admissions, without
-from coordinator.core.placement import FabricIndex, NodeView, Placement, PlacementRequest, Shortfall, never_fits, place
+from coordinator.core import explanation, gang_effects as fx
+from coordinator.core.explanation import Explanation
+from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, without
+from coordinator.core.placement import FabricIndex, NodeView, PlacementRequest, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
 from coordinator.core.records import (UNREADABLE, DeviceLedger, GangRecord, IdempotencyRecord, MemberAssignment, NameRecord,
                                       NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import Reservation
-from coordinator.core.twophase_owner import OwnerPhase
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
 from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
 from phalanx.store import Delete, Fence, Get, Put, Store, StoreUnavailable, absent, unchanged_since
@@ -840,36 +840,12 @@ class AzLeader:
     def dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
         """Send this AZ's members of ``g`` their assignments (only to
         ``only_node`` and not ``skip_ranks`` when an agent re-registers)."""
-        if not g.placement:
-            return
-        rank0 = g.placement[0]
-        by_node: dict[str, list[MemberAssignment]] = {}
-        for m in g.placement:
-            if m.az != self.az:
-                continue  # a cross-AZ gang's other members are dispatched by their own AZ's leader
-            by_node.setdefault(m.node, []).append(m)
-        # The rendezvous fixed when the placement was written (rendezvous_for);
-        # a record from before that field: the rank-0 node's address and the
-        # first pick from its range, the same in every leader.
-        addr, port = g.master_addr, g.master_port
-        if not port:
-            rec0 = self.nodes.get(rank0.node) if rank0.az == self.az else None
-            addr = (rec0.address if rec0 is not None else "") or rank0.node
-            port = pick_master_port(rec0.ports if rec0 is not None else DEFAULT_PORTS, g.id, g.incarnation)
+        rank0 = g.placement[0] if g.placement else None
+        rec0 = self.nodes.get(rank0.node) if rank0 is not None and rank0.az == self.az else None
         sent: set[str] = set()
-        for node, ms in by_node.items():
-            if only_node is not None and node != only_node:
-                continue
-            for local_rank, m in enumerate(sorted(ms, key=lambda m: m.rank)):
-                if m.rank in skip_ranks:
-                    continue
-                sent.add(node)
-                self.send(node, Assign(
-                    gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
-                    local_rank=local_rank, local_world_size=len(ms), gpus=tuple(m.gpus), nics=tuple(m.nics),
-                    command=tuple(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
-                    master_addr=addr, master_port=port, owner=g.owner,
-                ))
+        for node, msg in fx.assignments(g, self.az, rec0, only_node, skip_ranks):
+            sent.add(node)
+            self.send(node, msg)
         if sent:  # one line per dispatch (not per member): its stimulus is the assignments' stimulus_id
             log.info("gang %s#%d dispatched to %s", g.id, g.incarnation, ", ".join(sorted(sent)),
                      extra={"gang": g.id, "incarnation": g.incarnation})
@@ -1172,7 +1148,7 @@ class AzLeader:
             await self.evaluate(g.id)
 
     # ---------------------------------------------------------------- view
-    async def explain(self, gang_id: str) -> "Explanation | None":
+    async def explain(self, gang_id: str) -> Explanation | None:
         """Why a gang this leader owns is not (yet) admitted, from the
         leader's own view: a single-AZ gang by a dry run of the same
         admission plan the next cycle runs (so what it says is what the cycle
@@ -1197,29 +1173,15 @@ class AzLeader:
                                "a write for this gang is in flight at the leader")
         decisions = self._plan(self.waiting_gangs())
         pos, d = next((i, d) for i, d in enumerate(decisions, 1) if d.gang.id == g.id)
-        if isinstance(d, Reserve):
-            return Explanation(
-                f"{head}: it fits now ({d.reason}); the leader's admission plan, run for this answer, reserves "
-                "it, so its next cycle does unless the inventory changes first",
-                f"queue position {pos} of {len(decisions)} in {self.az}: admitted on the next cycle")
-        if isinstance(d, FailAdmission):
-            return Explanation(f"{head}: the leader fails it on its next cycle: {d.reason}",
-                               f"queue position {pos} of {len(decisions)} in {self.az}: {d.reason}",
-                               never_fits=d.never_fits)
-        return Explanation(f"{head}: {d.reason}{grace}", self.queue_reason(d), d.shortfalls)
+        return explanation.of_decision(d, pos, len(decisions), head, grace, self.az)
 
-    async def _explain_two_phase(self, g: GangRecord, head: str, grace: str) -> "Explanation":
+    async def _explain_two_phase(self, g: GangRecord, head: str, grace: str) -> Explanation:
         o = self.twophase.owners.get(g.id)
-        phase = o.phase.value if o is not None else "NEW"
-        owner = f"two-phase owner in {self.az}: {phase}"
-        if o is not None and o.attempts:
-            owner += f" after {o.attempts} aborted attempt{'s' if o.attempts != 1 else ''}"
-        if o is not None and o.last_reason:
-            owner += f"; last: {o.last_reason}"
+        phase = o.phase if o is not None else None
         views, registered, led = await self.twophase.snapshot()
-        unled = sorted({t.az for t in registered} - led)
-        if unled:
-            owner += f"; {', '.join(unled)} {'has' if len(unled) == 1 else 'have'} no leader: not offered to placement"
+        owner = explanation.owner_summary(phase, o.attempts if o is not None else 0,
+                                          o.last_reason if o is not None else "", self.az,
+                                          sorted({t.az for t in registered} - led))
         # RESERVING with its owner waiting for a placement again (an aborted
         # attempt's next incarnation): explained as pending, below.
         if g.state == GangState.RESERVING and not self.twophase.awaits_placement(g):
@@ -1228,29 +1190,5 @@ class AzLeader:
                                owner)
         request = PlacementRequest.from_spec(g.id, g.spec)
         verdict = never_fits(request, registered) if not grace else ""
-        if verdict:
-            return Explanation(f"{head}: {verdict}; the leader fails it on its next admission cycle", owner,
-                               never_fits=True)
-        result = place(request, views)
-        if isinstance(result, Placement):
-            if o is not None and o.phase is OwnerPhase.UNPLACED:
-                what = ("the leader's next admission cycle places it when its turn in the queue of "
-                        f"{self.az} comes (older or higher-priority gangs first)")
-            elif o is not None and o.phase is OwnerPhase.BACKOFF:
-                what = "its last attempt was aborted; the owner tries again after its retry backoff"
-            else:
-                what = f"an attempt is under way ({phase})"
-            return Explanation(f"{head}: the free devices the owner sees would fit it now ({result.reason}); {what}",
-                               owner)
-        return Explanation(f"{head}: {result.reason}{grace}", owner, result.shortfalls)
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """What ExplainGang serves for a waiting gang."""
-
-    summary: str
-    leader_reason: str
-    shortfalls: tuple[Shortfall, ...] = ()
-    never_fits: bool = False
-
+        return explanation.of_two_phase(phase, owner, head, grace, self.az, verdict,
+                                        None if verdict else place(request, views))

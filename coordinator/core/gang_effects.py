@@ -24,8 +24,11 @@ from coordinator.core.admission import Decision, KeepPending, Reserve, spans_azs
 from coordinator.core.admission import FailAdmission as FailDecision
 from coordinator.core.placement import Placement
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
+from coordinator.core.rendezvous import pick_master_port
+from phalanx.agent_messages import Assign
 from phalanx.errors import AlreadyExists, Conflict
 from phalanx.model import GangState
+from phalanx.ports import DEFAULT_PORTS
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.timings import Timings
 
@@ -286,6 +289,41 @@ def reserved_record(g: GangRecord, p: Placement, r: Reservation, master: tuple[s
     events = (ev.placed(now, epoch, g.incarnation, placement, p.reason),
               ev.reserved(now, epoch, g.incarnation, f"{gpus} GPUs on {len(r.nodes)} nodes of {r.az} in one write"))
     return new, events
+
+
+def assignments(g: GangRecord, az: str, rank0: NodeRecord | None, only_node: str | None = None,
+                skip_ranks: Container[int] = frozenset()) -> list[tuple[str, Assign]]:
+    """(node, Assign) for each of this AZ's members of ``g`` (only on
+    ``only_node`` and not ``skip_ranks`` when an agent re-registers), ranks in
+    order per node; a cross-AZ gang's other members are dispatched by their
+    own AZ's leader. ``rank0``: the rank-0 node's record if it is in this AZ."""
+    if not g.placement:
+        return []
+    by_node: dict[str, list[MemberAssignment]] = {}
+    for m in g.placement:
+        if m.az == az:
+            by_node.setdefault(m.node, []).append(m)
+    # The rendezvous fixed when the placement was written (rendezvous_for);
+    # a record from before that field: the rank-0 node's address and the
+    # first pick from its range, the same in every leader.
+    addr, port = g.master_addr, g.master_port
+    if not port:
+        addr = (rank0.address if rank0 is not None else "") or g.placement[0].node
+        port = pick_master_port(rank0.ports if rank0 is not None else DEFAULT_PORTS, g.id, g.incarnation)
+    out = []
+    for node, ms in by_node.items():
+        if only_node is not None and node != only_node:
+            continue
+        for local_rank, m in enumerate(sorted(ms, key=lambda m: m.rank)):
+            if m.rank in skip_ranks:
+                continue
+            out.append((node, Assign(
+                gang=g.id, incarnation=g.incarnation, rank=m.rank, world_size=len(g.placement),
+                local_rank=local_rank, local_world_size=len(ms), gpus=tuple(m.gpus), nics=tuple(m.nics),
+                command=tuple(g.spec.run.command), env=dict(g.spec.run.env), duration_s=g.spec.run.duration_s,
+                master_addr=addr, master_port=port, owner=g.owner,
+            )))
+    return out
 
 
 def after_reserved(event: Event, stimulus_id: str = "") -> list[Effect]:

@@ -224,3 +224,38 @@ def test_submission_refused(holder, kind, message):
 ])
 def test_adopt_retried(state, owner_az, known, want):
     assert fx.adopt_retried(gang(state, owner_az=owner_az), AZ, known) is want
+
+
+# ------------------------------------------------------------ assignments
+def placed_gang(**kw) -> GangRecord:
+    """Ranks 0, 2 on n0, rank 1 on n1 (this AZ), rank 3 on m0 in az-b."""
+    g = gang(S.RESERVED, wide=True)
+    return g.evolve(placement=(MemberAssignment(0, AZ, "n0", (0,), ("mlx0",)), MemberAssignment(1, AZ, "n1", (0,), ()),
+                               MemberAssignment(2, AZ, "n0", (1,), ()), MemberAssignment(3, "az-b", "m0", (0,), ())), **kw)
+
+
+RANK0 = NodeRecord(topology=NodeTopology(node="n0", az=AZ), ready=True, address="10.1.1.1", ports=(40000, 40100))
+
+
+@pytest.mark.parametrize("only, skip, want", [
+    pytest.param(None, frozenset(), [("n0", 0, 0), ("n0", 2, 1), ("n1", 1, 0)], id="this-azs-members-local-ranks"),
+    pytest.param("n0", frozenset(), [("n0", 0, 0), ("n0", 2, 1)], id="only-the-registering-node"),
+    pytest.param("n0", frozenset({0}), [("n0", 2, 1)], id="skip-ranks-it-runs-local-rank-kept"),
+    pytest.param("m0", frozenset(), [], id="other-azs-node-not-ours"),
+])
+def test_assignments_per_node(only, skip, want):
+    out = fx.assignments(placed_gang(master_addr="10.9.9.9", master_port=29500), AZ, RANK0, only, skip)
+    assert [(n, a.rank, a.local_rank) for n, a in out] == want
+    assert all(a.world_size == 4 and a.master_addr == "10.9.9.9" and a.master_port == 29500 for _, a in out)
+    assert all(a.local_world_size == (2 if n == "n0" else 1) for n, a in out)
+
+
+def test_assignments_of_a_record_without_rendezvous_pick_from_rank0s_range():
+    (_, a), *_ = fx.assignments(placed_gang(), AZ, RANK0)
+    assert a.master_addr == "10.1.1.1" and 40000 <= a.master_port <= 40100
+    (_, b), *_ = fx.assignments(placed_gang(), AZ, None)
+    assert b.master_addr == "n0"  # no record: the node's name
+
+
+def test_assignments_of_an_unplaced_gang_is_nothing():
+    assert fx.assignments(gang(), AZ, None) == []
