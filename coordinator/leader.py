@@ -673,15 +673,11 @@ class AzLeader:
         pending: list[str] = []
         classes: dict[str, str] = {}
         for g in self.gangs.values():
-            # A cross-AZ gang waits in the one queue like any other while its
-            # owner awaits a placement (PENDING, or RESERVING between two
-            # attempts): it counts under its plan class; while an attempt runs
-            # (or backs off) it counts apart.
-            awaiting = is_two_phase(g) and self.twophase.awaits_placement(g)
-            if g.state != GangState.PENDING and not awaiting:
+            wide = is_two_phase(g)
+            c = fx.pending_gauge_class(g.state, wide, wide and self.twophase.awaits_placement(g),
+                                       self.pending_classes.get(g.id, "no_room"))
+            if c is None:
                 continue
-            attempting = is_two_phase(g) and not awaiting
-            c = "two_phase" if attempting else self.pending_classes.get(g.id, "no_room")
             classes[g.id] = c
             pending.append(c)
         self.pending_classes = classes  # forget gangs no longer pending

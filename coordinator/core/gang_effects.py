@@ -384,6 +384,19 @@ def liveness_effects(v: lifecycle.NodeVerdict, record: NodeRecord | None, stimul
     return out
 
 
+def pending_gauge_class(state: GangState, two_phase: bool, awaits_placement: bool, plan_class: str) -> str | None:
+    """The class a gang counts under in the pending gauge, or None (not
+    pending). A cross-AZ gang waits in the one queue like any other while its
+    owner awaits a placement (PENDING, or RESERVING between two attempts):
+    it counts under its plan class (``plan_class``, from the last cycle's
+    KeepWaiting); while an attempt runs (or backs off) it counts apart."""
+    if two_phase and awaits_placement:
+        return plan_class
+    if state != GangState.PENDING:
+        return None
+    return "two_phase" if two_phase else plan_class
+
+
 # ---------------------------------------------------------------- submission
 def submission_refused(name: str, name_holder: str | None) -> AlreadyExists | Conflict:
     """The error for a submission txn that lost its compare and is not a

@@ -259,3 +259,16 @@ def test_assignments_of_a_record_without_rendezvous_pick_from_rank0s_range():
 
 def test_assignments_of_an_unplaced_gang_is_nothing():
     assert fx.assignments(gang(), AZ, None) == []
+
+
+# ----------------------------------------------------- pending_gauge_class
+@pytest.mark.parametrize("state, two_phase, awaits, want", [
+    pytest.param(S.PENDING, False, False, "held_back", id="single-az-pending-plan-class"),
+    pytest.param(S.RUNNING, False, False, None, id="single-az-running-not-pending"),
+    pytest.param(S.PENDING, True, True, "held_back", id="cross-az-awaiting-first-placement-plan-class"),
+    pytest.param(S.RESERVING, True, True, "held_back", id="cross-az-between-attempts-plan-class"),
+    pytest.param(S.PENDING, True, False, "two_phase", id="cross-az-attempt-running-apart"),
+    pytest.param(S.RESERVING, True, False, None, id="cross-az-prepared-not-pending"),
+])
+def test_pending_gauge_class(state, two_phase, awaits, want):
+    assert fx.pending_gauge_class(state, two_phase, awaits, "held_back") == want
