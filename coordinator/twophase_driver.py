@@ -89,6 +89,7 @@ from coordinator.core.twophase import (
     WriteAttempt,
     WriteHold,
 )
+from coordinator.core.twophase_model import normalize_slice
 from coordinator.election import observe
 from coordinator.remote_view import RemoteInventory
 from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent, unchanged_since
@@ -185,6 +186,13 @@ class TwoPhaseDriver:
         self._publishing: set[tuple[str, int]] = set()
         self._last_leader_poll = 0.0
         self.revision = 0
+        # Peer calls checked from the watch, without an etcd read, when it
+        # already shows what the read would (docs/two-phase.md "Peer
+        # calls"): each AZ's leader epoch (the create revision of
+        # leader/<az>) and the last record of every gang, kept raw (parsed
+        # only for a Prepare). Cleared after a compacted watch.
+        self.epochs: dict[str, int] = {}
+        self.watched_gangs: dict[str, Any] = {}
         self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
 
     # ------------------------------------------------------------ helpers
@@ -620,47 +628,87 @@ class TwoPhaseDriver:
         return await asyncio.wait_for(fut, 5.0)
 
     async def handle_prepare_rpc(self, req: Any) -> tuple[bool, str]:
-        """Validate a peer's Prepare against etcd (caller is the current
-        leader of its AZ; the gang's record names this attempt with this
-        slice), then vote. ``PeerRefused`` on bad input: no state change."""
+        """Validate a peer's Prepare (caller is the current leader of its AZ;
+        the gang's record names this attempt with this slice), then vote.
+        From the watch when it already shows all of that (no etcd request),
+        else against etcd in one read, which also gives every refusal its
+        code and text. ``PeerRefused`` on bad input: no state change."""
         bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
         caller = req.caller
-        res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
-        self._rt(req.gang)
-        self._check_caller(caller, res.results[0])
-        if not res.results[1]:
-            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown gang {req.gang!r}")
-        g = GangRecord.from_dict(res.results[1][0].json())
-        if g.owner_az != caller.az:
-            raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED, f"gang {g.id} is owned by {g.owner_az}, not {caller.az}")
-        if g.incarnation != req.incarnation or g.state != GangState.RESERVING:
-            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"stale or unknown incarnation {req.incarnation} of {g.id}: its record is at "
-                              f"incarnation {g.incarnation} ({g.state.name})")
+        g = self._watched_attempt(req)
+        if g is None:
+            res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
+            self._rt(req.gang)
+            self._check_caller(caller, res.results[0])
+            if not res.results[1]:
+                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown gang {req.gang!r}")
+            g = GangRecord.from_dict(res.results[1][0].json())
+            if g.owner_az != caller.az:
+                raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED, f"gang {g.id} is owned by {g.owner_az}, not {caller.az}")
+            if g.incarnation != req.incarnation or g.state != GangState.RESERVING:
+                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"stale or unknown incarnation {req.incarnation} of {g.id}: its record is at "
+                                  f"incarnation {g.incarnation} ({g.state.name})")
+            if not self._slice_matches(req, g):
+                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"the slice for {self.az} does not match the recorded plan of {g.id}#{g.incarnation}")
         nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
-        mine = {n: (tuple(g_), tuple(c)) for n, (g_, c) in _plan_of(g).get(self.az, {}).items()}
-        from coordinator.core.twophase_model import normalize_slice
-        if normalize_slice(nodes) != normalize_slice(mine):
-            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"the slice for {self.az} does not match the recorded plan of {g.id}#{g.incarnation}")
         self.gang_cache[g.id] = g
         ev = PrepareReceived(stimulus_id=f"rpc-prepare:{caller.az}:{req.gang}:{req.incarnation}", gang=req.gang,
                              incarnation=req.incarnation, owner_az=caller.az, priority=g.spec.priority,
                              submitted_at=g.submitted_at, nodes=nodes)
         return await self.local_prepare(ev)
 
+    def _slice_matches(self, req: Any, g: GangRecord) -> bool:
+        nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
+        mine = {n: (tuple(g_), tuple(c)) for n, (g_, c) in _plan_of(g).get(self.az, {}).items()}
+        return normalize_slice(nodes) == normalize_slice(mine)
+
+    def _watched_attempt(self, req: Any) -> GangRecord | None:
+        """The gang record as the watch delivered it, when it passes every
+        check the etcd read makes: the caller's epoch is the create revision
+        of ``leader/<caller az>`` as watched, and the gang, owned by the
+        caller's AZ, is RESERVING at this incarnation with this slice. Only
+        the owner's attempt write makes a record say that, so the attempt is
+        real; a watch that is behind (the attempt, or a new leader, not seen
+        yet) returns None and the read decides. Staleness the other way (a
+        deposed caller, a gang cancelled since) admits what a Prepare sent a
+        moment earlier would have been: the decision key still allows one
+        outcome only, a new owner leader ABORTs the attempt or learns the old
+        one's COMMIT, and a cancelled gang's PREPARED hold is decided at once
+        (ParticipantState._on_gang_finished)."""
+        caller = req.caller
+        kv = self.watched_gangs.get(req.gang)
+        if kv is None or not caller.az or self.epochs.get(caller.az) != caller.epoch:
+            return None
+        try:
+            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+        except UNREADABLE:
+            return None
+        if (g.owner_az != caller.az or g.incarnation != req.incarnation or g.state != GangState.RESERVING
+                or not self._slice_matches(req, g)):
+            return None
+        return g
+
     async def handle_decision_rpc(self, req: Any, commit: bool) -> tuple[bool, str]:
         bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
         caller = req.caller
-        dkey = self.keys.decision(req.gang, req.incarnation)
-        res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
-        self._rt(req.gang)
-        self._check_caller(caller, res.results[0])
         want = Outcome.COMMIT if commit else Outcome.ABORT
-        if not res.results[1]:
-            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"no decision recorded for {req.gang}#{req.incarnation}; refusing {want.value}")
-        have = _decision(res.results[1][0], req.gang, req.incarnation).outcome
+        if (caller.az and self.epochs.get(caller.az) == caller.epoch
+                and self.participant.known_decisions.get((req.gang, req.incarnation)) is want):
+            # Already learnt from a durable source (the watch, a read, our own
+            # create) and the watched epoch is the caller's: what the read
+            # would say. Acting on a durable decision is safe whoever asks.
+            have = want
+        else:
+            dkey = self.keys.decision(req.gang, req.incarnation)
+            res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
+            self._rt(req.gang)
+            self._check_caller(caller, res.results[0])
+            if not res.results[1]:
+                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
+                                  f"no decision recorded for {req.gang}#{req.incarnation}; refusing {want.value}")
+            have = _decision(res.results[1][0], req.gang, req.incarnation).outcome
         if have is not want:
             raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"decision of {req.gang}#{req.incarnation} is {have.value}, not {want.value}")
@@ -975,6 +1023,8 @@ class TwoPhaseDriver:
         node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         self.revision = rev
+        self.epochs = {kv.key[len(k.leaders()):]: kv.create_revision for kv in leader_kvs}
+        self.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs}
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
         if self.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records)
@@ -1104,6 +1154,10 @@ class TwoPhaseDriver:
                             log.exception("two-phase watch: cannot handle %s", ev.kv.key)
             except Compacted:
                 log.warning("two-phase watch compacted; other AZs' inventory read again, resuming from now")
+                # Events in between are lost: peer calls are checked against
+                # etcd again until the watch has refilled these.
+                self.watched_gangs.clear()
+                self.epochs.clear()
                 while True:
                     try:
                         rev = (await self._reread_other_azs()) + 1
@@ -1133,8 +1187,10 @@ class TwoPhaseDriver:
             if ev.kind == "delete":
                 # Collected by its owner past gang_retention_s (with its
                 # decision keys, whose deletes this watch ignores).
+                self.watched_gangs.pop(gang, None)
                 self.forget(gang)
                 return
+            self.watched_gangs[gang] = ev.kv  # (for a Prepare's check; parsed only then)
             mine = self.l.gangs.get(gang)
             if mine is None and gang not in self.participant.holds and gang not in self.gang_cache:
                 return  # (parse only the gangs this leader cares about)
@@ -1155,8 +1211,10 @@ class TwoPhaseDriver:
             az = key[len(k.leaders()):]
             if ev.kind == "put":
                 self.leader_seen[az] = -1.0  # has a leader
+                self.epochs[az] = ev.kv.create_revision
             else:
                 self.leader_seen[az] = self.now()  # leaderless since now
+                self.epochs.pop(az, None)
             if self.remote.on_leader(az, ev.kind == "put"):
                 self.l.wake.set()  # its nodes may be placed on again
         elif key.startswith(k.nodes()):
