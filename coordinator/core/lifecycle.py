@@ -5,8 +5,9 @@ of the gang's record, what its members reported and ``now`` (passed in):
 the member-progress step and the restart policy, the teardown of an
 incarnation, the requeue of a restarted gang, the start barrier, node
 liveness, the reconciliation when an agent registers, and cancel.
-``AzLeader`` (coordinator/leader.py) calls these and performs what they
-return (fenced writes, messages to agents); nothing here does I/O.
+``coordinator/core/gang_effects.py`` turns what they return into effects,
+which ``AzLeader.perform`` (coordinator/leader.py) performs (fenced writes,
+messages to agents); nothing here does I/O.
 """
 
 from __future__ import annotations
