@@ -360,8 +360,8 @@ def hold_outlasts(name: str, hold_ms: int, lead_s: float, deadline_s: float, wha
     unstaged and the scenario pass for the wrong reason (ValueError)."""
     arrives = lead_s + hold_ms / 1000
     if arrives < deadline_s + DEADLINE_SLACK_S:
-        raise ValueError(f"{name}: its held write reaches etcd {arrives:.2f}s after the hold begins, not past {what} "
-                         f"({deadline_s:g}s) + {DEADLINE_SLACK_S:g}s; the etcd channel survives a hold of at most "
+        raise ValueError(f"{name}: its held write reaches etcd {arrives:.2f}s into {what} ({deadline_s:g}s), not "
+                         f"past it + {DEADLINE_SLACK_S:g}s; the etcd channel survives a hold of at most "
                          f"{channel_hold_ms()} ms, so run it with a shorter {what.split()[0]}")
 
 

@@ -26,7 +26,7 @@ def test_the_chaos_clusters_timings_stage_both_held_write_bugs() -> None:
 
 def test_a_lease_that_outlives_the_hold_is_refused_naming_lease_ttl() -> None:
     t = dataclasses.replace(Timings.fast(), lease_ttl_s=4.0)
-    with pytest.raises(ValueError, match=r"^stale-leader-write: .* not past lease_ttl_s of its leader \(4s\)"):
+    with pytest.raises(ValueError, match=r"^stale-leader-write: .* into lease_ttl_s of its leader \(4s\), not past it"):
         StaleLeaderWrite.staged_hold_ms(t)
     with pytest.raises(ValueError, match=r"lease_ttl_s"):
         StaleLeaderWrite.staged_hold_ms(Timings())  # the production timings cannot stage it this way
@@ -34,7 +34,8 @@ def test_a_lease_that_outlives_the_hold_is_refused_naming_lease_ttl() -> None:
 
 def test_a_prepare_timeout_that_outlives_the_held_commit_is_refused_naming_it() -> None:
     t = dataclasses.replace(Timings.fast(), prepare_timeout_s=5.0)
-    with pytest.raises(ValueError, match=r"^decision-overwrite: .* not past prepare_timeout_s of the participants"):
+    with pytest.raises(ValueError,
+                       match=r"^decision-overwrite: .* into prepare_timeout_s of the participants \(5s\), not past it"):
         DecisionOverwrite.staged_hold_ms(t)
     # A shorter hold given on purpose is checked the same way.
     with pytest.raises(ValueError, match=r"prepare_timeout_s"):
