@@ -193,6 +193,9 @@ class TwoPhaseDriver:
         # only for a Prepare). Cleared after a compacted watch.
         self.epochs: dict[str, int] = {}
         self.watched_gangs: dict[str, Any] = {}
+        # (gang, inc) -> MarkGangReserved that arrived while the COMMIT+RESERVED
+        # txn was in flight (None: none yet): _commit_with_reserved.
+        self._folding: dict[tuple[str, int], MarkGangReserved | None] = {}
         self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
 
     # ------------------------------------------------------------ helpers
@@ -429,22 +432,27 @@ class TwoPhaseDriver:
 
     async def _create_decision(self, e: CreateDecision) -> None:
         key = self.keys.decision(e.gang, e.incarnation)
-        try:
-            self._rt(e.gang)
-            value = DecisionRecord(gang=e.gang, incarnation=e.incarnation, outcome=e.outcome, by=self.az,
-                                   reason=e.reason).to_dict()
-            if failpoints.on("twophase.decision_overwrite"):  # a planted bug for the chaos checker: a plain Put
-                won, kv = True, (await self.store.txn([], [Put(key, value), Get(key)])).results[-1][0]
-            else:
-                won, kv = await self.store.create_if_absent(key, value)
-        except StoreUnavailable as exc:
-            kv = await self._read(key)
-            if kv is None:
-                ev = DecisionCreateFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, reason=str(exc))
-                self._to_both(e.gang, ev)
-                return
-            won = False  # unknown whether ours; what the key holds is what counts
-        outcome = _decision(kv, e.gang, e.incarnation).outcome
+        value = DecisionRecord(gang=e.gang, incarnation=e.incarnation, outcome=e.outcome, by=self.az,
+                               reason=e.reason).to_dict()
+        if e.outcome is Outcome.COMMIT and not failpoints.on("twophase.decision_overwrite") \
+                and await self._commit_with_reserved(e, key, value):
+            won, kv = True, None
+        else:
+            try:
+                self._rt(e.gang)
+                if failpoints.on("twophase.decision_overwrite"):  # a planted bug for the chaos checker: a plain Put
+                    won, kv = True, (await self.store.txn([], [Put(key, value), Get(key)])).results[-1][0]
+                else:
+                    won, kv = await self.store.create_if_absent(key, value)
+            except StoreUnavailable as exc:
+                kv = await self._read(key)
+                if kv is None:
+                    ev = DecisionCreateFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                              reason=str(exc))
+                    self._to_both(e.gang, ev)
+                    return
+                won = False  # unknown whether ours; what the key holds is what counts
+        outcome = e.outcome if kv is None else _decision(kv, e.gang, e.incarnation).outcome
         if won:
             log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
             self.l.metrics.twophase_decided(outcome.value, e.reason)
@@ -452,6 +460,47 @@ class TwoPhaseDriver:
                 await failpoints.hit("owner.after_decide")
         self._to_both(e.gang, DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                               won=won, outcome=outcome))
+
+    async def _commit_with_reserved(self, e: CreateDecision, key: str, value: dict) -> bool:
+        """The owner's COMMIT and its gang's RESERVED record in one fenced
+        txn: the decision key's create-if-absent (``absent(key)``) plus the
+        gang write guarded by the record's revision. Only while this leader
+        owns the gang, its record is RESERVING at this incarnation and no
+        other write of it is in flight. True when written; False when it did
+        not apply or may not have (a lost compare: the key exists or the gang
+        record moved; a timeout): then the decision is created alone as
+        before, which reports what the key holds, and MarkGangReserved writes
+        the record (or finds it written). One write less per admission; the
+        one-decision rule is unchanged (the key is still created at most
+        once), only a deposed owner can no longer create COMMIT this way."""
+        g = self.l.gangs.get(e.gang)
+        if (e.gang not in self.owners or g is None or g.incarnation != e.incarnation
+                or g.state != GangState.RESERVING or self.l.busy(g.id)):
+            return False
+        new, events = self._reserved(g)
+        # The watch may show the COMMIT (and the owner emit MarkGangReserved)
+        # before this write's reply is back: _mark_reserved leaves it here.
+        self._folding[(e.gang, e.incarnation)] = None
+        try:
+            with self.l.acting_on(g.id):
+                self._rt(e.gang)
+                await self.l.write_gang(new, g, ops=[Put(key, value)], compares=[absent(key)], events=events)
+            done = True
+        except (Conflict, StoreUnavailable) as exc:
+            log.info("two-phase %s: COMMIT of %s#%d not written with its RESERVED record (%s); creating it alone",
+                     self.az, e.gang, e.incarnation, exc)
+            done = False
+        deferred = self._folding.pop((e.gang, e.incarnation), None)
+        if deferred is not None:
+            await self._mark_reserved(deferred)
+        return done
+
+    def _reserved(self, g: GangRecord) -> tuple[GangRecord, list]:
+        """The RESERVED record of ``g`` and its event."""
+        reason = "committed in every AZ of its plan"
+        reserved = ev.reserved(self.l.wall(), self.l.epoch, g.incarnation,
+                               f"{reason} ({', '.join(sorted({m.az for m in g.placement}))})")
+        return g.evolve(state=GangState.RESERVED, reason=reason, updated_at=self.l.wall()), [reserved]
 
     def _to_both(self, gang: str, ev: Event) -> None:
         self.feed_participant(ev)
@@ -501,19 +550,25 @@ class TwoPhaseDriver:
         self.feed_owner(e.gang, AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
 
     async def _mark_reserved(self, e: MarkGangReserved) -> None:
+        if (e.gang, e.incarnation) in self._folding:
+            self._folding[(e.gang, e.incarnation)] = e  # the folded write in flight finishes it
+            return
         g = self.l.gangs.get(e.gang)
-        if g is None or g.incarnation != e.incarnation or g.state != GangState.RESERVING:
+        if g is None or g.incarnation != e.incarnation or g.state not in (GangState.RESERVING, GangState.RESERVED):
             return
-        try:
-            with self.l.acting_on(g.id):
-                reserved = ev.reserved(self.l.wall(), self.l.epoch, g.incarnation,
-                                       f"committed in every AZ of its plan ({', '.join(sorted({m.az for m in g.placement}))})")
-                written = await self.l.write_gang(g.evolve(state=GangState.RESERVED, reason="committed in every AZ of its plan",
-                                                           updated_at=self.l.wall()), g, events=[reserved])
-        except Conflict as exc:
-            log.info("gang %s: %s", e.gang, exc)
-            return
-        self._rt(e.gang)
+        written = g  # RESERVED already: written with the COMMIT (_commit_with_reserved)
+        if g.state == GangState.RESERVING:
+            try:
+                new, events = self._reserved(g)
+                with self.l.acting_on(g.id):
+                    self._rt(e.gang)
+                    written = await self.l.write_gang(new, g, events=events)
+            except Conflict as exc:
+                log.info("gang %s: %s", e.gang, exc)
+                cur = self.l.gangs.get(e.gang)  # (write_gang keeps what it found)
+                if cur is None or cur.incarnation != e.incarnation or cur.state != GangState.RESERVED:
+                    return
+                written = cur  # our folded write applied though its reply was lost
         self._report_requests(e.gang, e.incarnation, "owner")
         self.l.pending_reason.pop(e.gang, None)
         self._spawn(self.l.mark_starting(written), f"starting-{e.gang}")
