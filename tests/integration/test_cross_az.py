@@ -9,6 +9,8 @@ import time
 import grpc
 import pytest
 
+from coordinator.core.records import GangRecord
+from phalanx.model import GangState
 from phalanx.reservation import HoldState, Reservation
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
@@ -72,6 +74,15 @@ async def test_gang_spanning_three_azs_runs_in_all_three_and_succeeds(local_clus
     assert {az for az, g in res if g == gang.id} == set(AZS)
     assert all(r.state is HoldState.COMMITTED and r.two_phase for r in res.values())
     assert await c.check_etcd_invariants() == []
+    # On a quiet cluster the owner writes its COMMIT and the RESERVED record
+    # in one txn (docs/two-phase.md, the driver table): the gang record as of
+    # the decision key's revision is RESERVED, written at that very revision.
+    k = c.store.keys
+    dkv = await c.store.get(k.decision(gang.id, running.incarnation))
+    assert dkv is not None and dkv.json()["outcome"] == "COMMIT"
+    then, _ = await c.store.get_prefix_paged(k.gang(gang.id), revision=dkv.mod_revision)
+    at = [GangRecord.from_dict(kv.json(), kv.mod_revision) for kv in then if kv.key == k.gang(gang.id)]
+    assert [(g.state, g.mod_revision) for g in at] == [(GangState.RESERVED, dkv.mod_revision)]
     done = await c.wait_state(gang.id, TERMINAL, timeout=60)
     assert done.state == pb.GANG_STATE_SUCCEEDED, done.reason
     assert await no_reservations_left(c) == {}
