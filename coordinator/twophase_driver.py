@@ -38,6 +38,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from coordinator.core import events as ev
 from coordinator.core import capacity, progress
+from coordinator.core import gang_effects as fx
 from coordinator.core.effect_lines import effect_line
 from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, MemberSummary, NodeRecord, read_records
@@ -308,7 +309,9 @@ class TwoPhaseDriver:
             case MarkGangFailed():
                 g = self.l.gangs.get(e.gang)
                 if g is not None and not g.state.terminal:
-                    await self.l.finish(g, GangState.FAILED, e.reason)
+                    # The gang's run-time effects go through the leader's one
+                    # interpreter (docs/design.md §19.9).
+                    await self.l.perform(fx.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
             case _:
                 log.error("two-phase: unhandled effect %r", e)
 
@@ -571,7 +574,7 @@ class TwoPhaseDriver:
                 written = cur  # our folded write applied though its reply was lost
         self._report_requests(e.gang, e.incarnation, "owner")
         self.l.pending_reason.pop(e.gang, None)
-        self._spawn(self.l.mark_starting(written), f"starting-{e.gang}")
+        self._spawn(self.l.perform(fx.MarkStarting(written, stimulus_id=e.stimulus_id)), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
     async def _peer_call(self, az: str, gang: str, method: str, req: Any) -> Any:
@@ -902,7 +905,7 @@ class TwoPhaseDriver:
                 self._maybe_finish(g)
                 return
         log.info("two-phase %s: dispatching %s#%d to %s", self.az, g.id, g.incarnation, sorted(e.nodes))
-        self.l.dispatch(g)
+        await self.l.perform(fx.SendAssignments(g, stimulus_id=e.stimulus_id))
 
     async def on_register(self, node: str, reported: dict[tuple[str, int], set[int]]) -> None:
         """An agent (re)connected: members of committed cross-AZ holds on its
@@ -919,7 +922,7 @@ class TwoPhaseDriver:
             have = reported.get((gang, hold.incarnation), set()) | done
             mine = {m.rank for m in g.placement if m.node == node}
             if mine - have:
-                self.l.dispatch(g, only_node=node, skip_ranks=have)
+                await self.l.perform(fx.SendAssignments(g, only_node=node, skip_ranks=frozenset(have)))
 
     async def _fresh_gang(self, gang: str) -> GangRecord | None:
         kv = await self._read(self.keys.gang(gang))
