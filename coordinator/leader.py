@@ -33,7 +33,8 @@ from coordinator.core.records import (UNREADABLE, DeviceLedger, GangRecord, Idem
                                       NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import Reservation
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
-from coordinator.election import LeaderInfo, LeaseLost, LeaseSession
+from coordinator.election import LeaseLost, LeaseSession
+from phalanx.leader_record import LeaderInfo
 from phalanx.store import Delete, Fence, Get, Put, Store, StoreUnavailable, absent, unchanged_since
 from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints

@@ -22,7 +22,8 @@ from coordinator.agents import AgentServicer, caller_identity
 from coordinator.config import CoordinatorConfig
 from coordinator.core import peer_auth
 from coordinator.core.authz import Policy
-from coordinator.election import Election, LeaderInfo, LeaseLost, LeaseSession
+from coordinator.election import Election, LeaseLost, LeaseSession
+from phalanx.leader_record import LeaderInfo
 from coordinator.leader import AzLeader
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policy_store import PolicyCache

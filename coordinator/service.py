@@ -22,7 +22,8 @@ from coordinator.core import authz, capacity, listing
 from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NameRecord, NodeRecord, read_records
-from coordinator.election import LeaderInfo, observe, observe_all
+from coordinator.election import observe, observe_all
+from phalanx.leader_record import LeaderInfo
 from phalanx.store import Compacted, StoreUnavailable
 from phalanx.reservation import Reservation
 from phalanx import limits, wire

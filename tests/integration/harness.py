@@ -29,7 +29,8 @@ from agent.sim import run_agents
 from phalanx.timings import Timings
 from coordinator.core.records import GangRecord
 from phalanx.reservation import HoldState, Reservation
-from coordinator.election import LeaderInfo, observe
+from coordinator.election import observe
+from phalanx.leader_record import LeaderInfo
 from phalanx.store import Get, Store
 from phalanx.model import GangState
 from phalanx.topology import Gpu, Nic, NodeTopology
