@@ -139,6 +139,23 @@ def _stored(kv: Any) -> Reservation | None:
         return None
 
 
+# What _commit_with_reserved did: the COMMIT and RESERVED written in one txn,
+# not written (a lost compare, or not tried), or unknown (the reply was lost).
+FOLDED, NOT_FOLDED, FOLD_UNKNOWN = "folded", "not folded", "fold unknown"
+
+
+def _reserving(kv: Any) -> bool:
+    """Whether a gang record's stored bytes say RESERVING: only such a
+    record lets a Prepare be checked from the watch, so only those are kept
+    (the watch sees every gang of the cluster; keeping all of them would hold
+    the whole ``gangs/`` prefix in memory for the retention period). The
+    store writes compact JSON (phalanx/store.py), so a RESERVING record holds
+    exactly these bytes; a user string cannot fake them (its quotes are
+    escaped), and a nested match only keeps a record that the check parses
+    anyway. A record left out takes the etcd read, as before."""
+    return b'"state":"RESERVING"' in kv.value
+
+
 def _plan_of(g: GangRecord) -> dict[str, dict[str, tuple[list[int], list[str]]]]:
     plan: dict[str, dict[str, tuple[list[int], list[str]]]] = {}
     for m in g.placement:
@@ -311,7 +328,9 @@ class TwoPhaseDriver:
                 if g is not None and not g.state.terminal:
                     # The gang's run-time effects go through the leader's one
                     # interpreter (docs/design.md §19.9).
-                    await self.l.perform(fx.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
+                    done = await self.l.perform(fx.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
+                    if isinstance(done, fx.WriteRefused):
+                        log.info("gang %s: not failed (%s): %s", e.gang, e.reason, done.why)
             case _:
                 log.error("two-phase: unhandled effect %r", e)
 
@@ -437,8 +456,10 @@ class TwoPhaseDriver:
         key = self.keys.decision(e.gang, e.incarnation)
         value = DecisionRecord(gang=e.gang, incarnation=e.incarnation, outcome=e.outcome, by=self.az,
                                reason=e.reason).to_dict()
-        if e.outcome is Outcome.COMMIT and not failpoints.on("twophase.decision_overwrite") \
-                and await self._commit_with_reserved(e, key, value):
+        fold = NOT_FOLDED
+        if e.outcome is Outcome.COMMIT and not failpoints.on("twophase.decision_overwrite"):
+            fold = await self._commit_with_reserved(e, key, value)
+        if fold == FOLDED:
             won, kv = True, None
         else:
             try:
@@ -456,7 +477,13 @@ class TwoPhaseDriver:
                     return
                 won = False  # unknown whether ours; what the key holds is what counts
         outcome = e.outcome if kv is None else _decision(kv, e.gang, e.incarnation).outcome
-        if won:
+        # A folded COMMIT whose reply was lost may have applied: then the
+        # create above found our own COMMIT (only an owner writes COMMIT, and
+        # the record names who did). Counted and logged as decided here; the
+        # cores are told what the create saw.
+        ours = won or (fold == FOLD_UNKNOWN and outcome is Outcome.COMMIT and kv is not None
+                       and _decision(kv, e.gang, e.incarnation).by == self.az)
+        if ours:
             log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
             self.l.metrics.twophase_decided(outcome.value, e.reason)
             if e.gang in self.owners:
@@ -464,22 +491,22 @@ class TwoPhaseDriver:
         self._to_both(e.gang, DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                               won=won, outcome=outcome))
 
-    async def _commit_with_reserved(self, e: CreateDecision, key: str, value: dict) -> bool:
+    async def _commit_with_reserved(self, e: CreateDecision, key: str, value: dict) -> str:
         """The owner's COMMIT and its gang's RESERVED record in one fenced
         txn: the decision key's create-if-absent (``absent(key)``) plus the
         gang write guarded by the record's revision. Only while this leader
         owns the gang, its record is RESERVING at this incarnation and no
-        other write of it is in flight. True when written; False when it did
-        not apply or may not have (a lost compare: the key exists or the gang
-        record moved; a timeout): then the decision is created alone as
-        before, which reports what the key holds, and MarkGangReserved writes
-        the record (or finds it written). One write less per admission; the
+        other write of it is in flight. FOLDED when written; NOT_FOLDED when it
+        did not apply (a lost compare: the key exists or the gang record
+        moved; or not tried), FOLD_UNKNOWN when it may have (a timeout): then
+        the decision is created alone as before, which reports what the key
+        holds, and MarkGangReserved writes the record (or finds it written). One write less per admission; the
         one-decision rule is unchanged (the key is still created at most
         once), only a deposed owner can no longer create COMMIT this way."""
         g = self.l.gangs.get(e.gang)
         if (e.gang not in self.owners or g is None or g.incarnation != e.incarnation
                 or g.state != GangState.RESERVING or self.l.busy(g.id)):
-            return False
+            return NOT_FOLDED
         new, events = self._reserved(g)
         # The watch may show the COMMIT (and the owner emit MarkGangReserved)
         # before this write's reply is back: _mark_reserved leaves it here.
@@ -488,12 +515,15 @@ class TwoPhaseDriver:
             with self.l.acting_on(g.id):
                 self._rt(e.gang)
                 await self.l.write_gang(new, g, ops=[Put(key, value)], compares=[absent(key)], events=events)
-            done = True
+            done = FOLDED
         except (Conflict, StoreUnavailable) as exc:
             log.info("two-phase %s: COMMIT of %s#%d not written with its RESERVED record (%s); creating it alone",
                      self.az, e.gang, e.incarnation, exc)
-            done = False
-        deferred = self._folding.pop((e.gang, e.incarnation), None)
+            done = FOLD_UNKNOWN if isinstance(exc, StoreUnavailable) else NOT_FOLDED
+        finally:
+            # Whatever ends the write (a lost leadership too), no later
+            # MarkGangReserved may stay parked behind it.
+            deferred = self._folding.pop((e.gang, e.incarnation), None)
         if deferred is not None:
             await self._mark_reserved(deferred)
         return done
@@ -1082,7 +1112,7 @@ class TwoPhaseDriver:
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         self.revision = rev
         self.epochs = {kv.key[len(k.leaders()):]: kv.create_revision for kv in leader_kvs}
-        self.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs}
+        self.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs if _reserving(kv)}
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
         if self.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records)
@@ -1248,7 +1278,10 @@ class TwoPhaseDriver:
                 self.watched_gangs.pop(gang, None)
                 self.forget(gang)
                 return
-            self.watched_gangs[gang] = ev.kv  # (for a Prepare's check; parsed only then)
+            if _reserving(ev.kv):
+                self.watched_gangs[gang] = ev.kv  # (for a Prepare's check; parsed only then)
+            else:
+                self.watched_gangs.pop(gang, None)
             mine = self.l.gangs.get(gang)
             if mine is None and gang not in self.participant.holds and gang not in self.gang_cache:
                 return  # (parse only the gangs this leader cares about)
@@ -1295,6 +1328,10 @@ class TwoPhaseDriver:
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         if self.remote.reset(node_kvs, res_kvs, leader_kvs):
             self.l.wake.set()
+        # The epochs peer calls are checked against, as of ``rev`` (the watch
+        # resumes after it, as after recover()); the gangs' records refill
+        # from the watch, since an attempt's write precedes its Prepare.
+        self.epochs = {kv.key[len(k.leaders()):]: kv.create_revision for kv in leader_kvs}
         return rev
 
     def forget(self, gang: str) -> None:
