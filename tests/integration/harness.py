@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 
 from agent.sim import run_agents
+from phalanx import procs
 from phalanx.timings import Timings
 from coordinator.core.records import GangRecord
 from phalanx.reservation import HoldState, Reservation
@@ -151,12 +152,15 @@ class LocalCluster:
                           extra_args: list[str] | None = None) -> CoordProc:
         log_path = self.workdir / f"{cid}.log"
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
-        proc = subprocess.Popen(
+        # Through procs.spawn: the coordinator dies with this process however
+        # it dies (a killed pytest leaves no orphan coordinator behind).
+        proc = procs.spawn(
             [sys.executable, "-m", "coordinator", "--cluster", self.cluster, "--az", az, "--id", cid,
              "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO",
              # extra_args last: a test that gives its own --tls-dir (its own CA) wins.
              *self.coordinator_args(cid), *(extra_args or [])],
-            stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO, env=env,
+            die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO,
+            env=env,
         )
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if ready else ""

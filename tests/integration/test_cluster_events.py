@@ -13,6 +13,7 @@ from typing import Callable
 
 import pytest
 
+from phalanx import procs
 from phalanx.client import AsyncClient, Client
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
@@ -65,8 +66,9 @@ async def test_a_standby_streams_new_events_of_the_cluster_or_of_one_queue(local
     # Running before the streams open: only what happens to it afterwards is sent.
     old = await c.submit(tiny("old", members=1, gpus=8, duration=600.0, queue="q2"))
     await c.wait_state(old.id, {pb.GANG_STATE_RUNNING})
-    cli = subprocess.Popen([sys.executable, "-m", "phalanx", "events", "--queue", "q1", "--address", standby.address],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=c.client_env())
+    cli = procs.spawn([sys.executable, "-m", "phalanx", "events", "--queue", "q1", "--address", standby.address],
+                      die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                      env=c.client_env())
     try:
         async with AsyncClient(standby.address, timeout=10, tls_dir=c.client_dir()) as client:
             ids: dict[str, str] = {}

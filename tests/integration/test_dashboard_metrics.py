@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from phalanx import procs
 from phalanx.metrics import scrape
 from tests.integration.harness import REPO, LocalCluster
 from tests.unit.test_dashboards import all_references, exposed_names, missing
@@ -28,12 +29,12 @@ def start_agent(c: LocalCluster) -> tuple[subprocess.Popen, str]:
     """A real agent (recorded H100 topology) serving /metrics; returns the
     process and the metrics address from its ready line."""
     log = c.workdir / f"agent-{NODE}.log"
-    p = subprocess.Popen(
+    p = procs.spawn(
         [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", NODE,
          "--timings", c._timings_json(), *c.agent_args(NODE), "--metrics-listen", "127.0.0.1:0",
          "--nvml-recording", str(FIX / "nvml.json"), "--sysfs-recording", str(FIX / "sysfs.json"),
          "--advertise-address", "127.0.0.1", "--state-dir", str(c.workdir / "agent-state"), "--log-level", "INFO"],
-        stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
+        die_with_parent=procs.TERM, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
     ready, _, _ = select.select([p.stdout], [], [], 30)
     line = p.stdout.readline() if ready else ""
     if not line.startswith("PHALANX_AGENT_READY") or " metrics=" not in line:

@@ -22,6 +22,7 @@ import pytest
 from agent.launcher import MemberKey, MemberLaunch
 from agent.process import EXIT_UNKNOWN, ProcessLauncher, read_proc_environ, read_proc_stat
 from agent.shim import EXIT_FENCED, LEASE_FILE, SHIM_FILE_NAME, read_exit_record, read_lease, write_lease
+from phalanx import procs
 from phalanx.member_logs import member_exit_path
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import LocalCluster
@@ -102,9 +103,9 @@ class Shim:
         self.lease = lease or tmp / "lease"
         extra = ["--exit-file", str(exit_file)] if exit_file is not None else []
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
+            self.proc = procs.spawn(  # TERM: the shim stops its member first
                 [sys.executable, "-I", str(SHIM), "--lease", str(self.lease), "--fence-after", str(fence_after),
-                 "--grace", str(grace), *extra, "--", *cmd],
+                 "--grace", str(grace), *extra, "--", *cmd], die_with_parent=procs.TERM,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from phalanx import procs
 from phalanx.timings import Timings
 from coordinator.core import events as ev
 from phalanx import limits
@@ -62,8 +63,8 @@ def address(c: LocalCluster) -> str:
 
 
 def cli(c: LocalCluster, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "phalanx", *args, "--address", address(c)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=c.client_env())
+    return procs.spawn([sys.executable, "-m", "phalanx", *args, "--address", address(c)], die_with_parent=procs.KILL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=c.client_env())
 
 
 def kinds(gang: pb.Gang) -> list[str]:

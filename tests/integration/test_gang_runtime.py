@@ -18,6 +18,7 @@ import pytest
 
 from agent.launcher import MemberKey
 from agent.shim import read_exit_record
+from phalanx import procs as phalanx_procs  # (tests here name their process lists procs)
 from phalanx.member_logs import member_exit_path
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
@@ -53,13 +54,14 @@ def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failp
     env = dict(os.environ)
     if failpoints is not None:
         env["PHALANX_FAILPOINTS_FILE"] = str(failpoints)
-    p = subprocess.Popen(
+    p = phalanx_procs.spawn(
         [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
          "--spine", "s0", "--leaf", leaf, "--state-dir", str(state_dir), "--history", str(history),
          "--timings", c._timings_json(), "--log-level", "INFO",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),
          "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"), *c.agent_args(node), *extra],
-        stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "a"), text=True, cwd=REPO, env=env,
+        die_with_parent=phalanx_procs.TERM, stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "a"), text=True,
+        cwd=REPO, env=env,
     )
     ready, _, _ = select.select([p.stdout], [], [], 30)
     assert ready and "PHALANX_AGENT_READY" in p.stdout.readline(), (c.workdir / f"agent-{node}.log").read_text()
@@ -295,7 +297,7 @@ async def test_restarted_agent_adopts_members_and_stops_unreserved_ones(restart_
     # (RUNNING: the shims run; a member's own process may follow a moment later.)
     kept, dropped = gang_pids(keep.id), gang_pids(drop.id)
     assert kept and dropped and not kept & dropped, (kept, dropped)
-    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    stray = phalanx_procs.spawn([sys.executable, "-c", "import time; time.sleep(300)"], die_with_parent=phalanx_procs.KILL)
     try:
         procs["n0"].send_signal(signal.SIGKILL)  # members live on in their own groups
         procs["n0"].wait(10)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from phalanx import procs
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,8 +66,8 @@ def test_a_sigkilled_gpu_node_check_leaves_nothing_behind(tmp_path: Path) -> Non
     env = dict(os.environ, OUT=str(tmp_path / "out"), GPU_CHECK_DRY_RUN="1", GPU_CHECK_PYTHON=sys.executable,
                TMPDIR=str(tmp))
     assert _run_processes() == {}, "another gpu_node_check is running"
-    proc = subprocess.Popen(["bash", str(REPO / "scripts" / "gpu_node_check.sh")], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = procs.spawn(["bash", str(REPO / "scripts" / "gpu_node_check.sh")], die_with_parent=procs.KILL, cwd=REPO,
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         # Wait until the agent runs (etcd, coordinator and agent are up).

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx import procs
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import REPO, TERMINAL, LocalCluster, dgx_node, stop_agent_then_coordinator, tiny
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
@@ -50,13 +51,13 @@ def json_lines(path: Path) -> list[dict]:
 
 def start_agent(c: LocalCluster, node: str, state_dir: Path) -> subprocess.Popen:
     log = c.workdir / f"agent-{node}.log"
-    p = subprocess.Popen(
+    p = procs.spawn(
         [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
          "--spine", "s0", "--leaf", "l0", "--state-dir", str(state_dir), "--timings", c._timings_json(),
          "--log-level", "INFO", "--log-format", "json",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),
          "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"), *c.agent_args(node)],
-        stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO, env=dict(os.environ),
+        die_with_parent=procs.TERM, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO, env=dict(os.environ),
     )
     ready, _, _ = select.select([p.stdout], [], [], 30)
     assert ready and "PHALANX_AGENT_READY" in p.stdout.readline(), log.read_text()

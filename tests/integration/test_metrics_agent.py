@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from phalanx import procs
 from phalanx.metrics import ScrapeError, scrape
 from phalanx.v1 import types_pb2 as pb
 from agent.metrics import AgentMetrics
@@ -69,7 +70,7 @@ def start_agent(c: LocalCluster, port: int, history: Path) -> tuple[subprocess.P
         "--advertise-address", "127.0.0.1", "--rendezvous-ports", f"{port}-{port}",
         "--state-dir", str(c.workdir / "agent-state"), "--history", str(history), "--log-level", "INFO",
     ]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "a"), text=True, cwd=REPO)
+    p = procs.spawn(cmd, die_with_parent=procs.TERM, stdout=subprocess.PIPE, stderr=open(log, "a"), text=True, cwd=REPO)
     ready, _, _ = select.select([p.stdout], [], [], 30)
     line = p.stdout.readline() if ready else ""
     assert line.startswith("PHALANX_AGENT_READY") and " metrics=" in line, (line, log.read_text())

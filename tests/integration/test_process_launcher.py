@@ -28,6 +28,7 @@ from agent.process import (
     ProcessLauncher,
     stale_log_dirs,
 )
+from phalanx import procs
 from phalanx.member_logs import read_log
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
@@ -137,8 +138,8 @@ class Harness:
 
     def spawn(self, argv: tuple[str, ...], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
         """A process this agent's launcher did not start (stray or orphan)."""
-        p = subprocess.Popen(argv, env=dict(env), start_new_session=True,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        p = procs.spawn(argv, die_with_parent=procs.KILL, env=dict(env), start_new_session=True,
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         self.strays.append(p)
         self.pgids.add(p.pid)
         return p

@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from coordinator.server import ETCD_PLAINTEXT_WARNING, PLAINTEXT_WARNING
-from phalanx import certs
+from phalanx import certs, procs
 from phalanx.client import AsyncClient
 from phalanx.errors import PhalanxError
 from phalanx.v1 import types_pb2 as pb
@@ -70,7 +70,7 @@ def start_agent(c: LocalCluster, node: str = NODE) -> subprocess.Popen:
         "--nvml-recording", str(FIX / "nvml.json"), "--sysfs-recording", str(FIX / "sysfs.json"),
         "--state-dir", str(c.workdir / f"agent-state-{node}"), "--log-level", "INFO",
     ]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
+    p = procs.spawn(cmd, die_with_parent=procs.TERM, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
     ready, _, _ = select.select([p.stdout], [], [], 30)
     line = p.stdout.readline() if ready else ""
     assert "PHALANX_AGENT_READY" in line, log.read_text()
@@ -197,8 +197,8 @@ async def test_insecure_coordinator_warns_once_per_plaintext_hop(local_cluster: 
     in. --insecure with the gRPC credentials only: one WARNING for etcd."""
     c = local_cluster
     log = tmp_path / "p0.log"
-    p = subprocess.Popen(coordinator_cmd(c, "p0", "--insecure", "--etcd-tls-dir", str(c.etcd_tls_dir("coordinator"))),
-                         stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
+    p = procs.spawn(coordinator_cmd(c, "p0", "--insecure", "--etcd-tls-dir", str(c.etcd_tls_dir("coordinator"))),
+                    die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
     try:
         ready, _, _ = select.select([p.stdout], [], [], 30)
         line = p.stdout.readline() if ready else ""
@@ -214,8 +214,8 @@ async def test_insecure_coordinator_warns_once_per_plaintext_hop(local_cluster: 
 
     c.pki.coordinator("p1")
     log = tmp_path / "p1.log"
-    p = subprocess.Popen(coordinator_cmd(c, "p1", "--insecure", "--tls-dir", str(c.pki.server_dir())),
-                         stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
+    p = procs.spawn(coordinator_cmd(c, "p1", "--insecure", "--tls-dir", str(c.pki.server_dir())),
+                    die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + 30
         while ETCD_PLAINTEXT_WARNING not in log.read_text() and p.poll() is None and time.monotonic() < deadline:

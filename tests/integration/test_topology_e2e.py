@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from phalanx import procs as phalanx_procs  # (tests here name their process lists procs)
 from phalanx import wire
 from phalanx.topology_view import render_tree
 from phalanx.v1 import gang_pb2 as gpb
@@ -31,8 +32,9 @@ def start_agent(c: LocalCluster, node: str, fixture: str, *, leaf: str, spine: s
     # No --state-dir: the agent makes a throw-away one under TMPDIR.
     tmp = c.workdir / "agent-tmp"
     tmp.mkdir(exist_ok=True)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(c.workdir / f"agent-{node}.log", "w"), text=True, cwd=REPO,
-                         env=dict(os.environ, TMPDIR=str(tmp)))
+    p = phalanx_procs.spawn(cmd, die_with_parent=phalanx_procs.TERM, stdout=subprocess.PIPE,
+                            stderr=open(c.workdir / f"agent-{node}.log", "w"), text=True, cwd=REPO,
+                            env=dict(os.environ, TMPDIR=str(tmp)))
     ready, _, _ = select.select([p.stdout], [], [], 30)
     line = p.stdout.readline() if ready else ""
     assert "PHALANX_AGENT_READY" in line, (c.workdir / f"agent-{node}.log").read_text()

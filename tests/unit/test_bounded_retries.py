@@ -20,6 +20,7 @@ from chaos.faults import Fault, HealthCheckFailed
 from chaos.netns import ChaosEnvironmentError, Host
 from chaos.proxy import ProxyControl, ProxyError
 from chaos.workload import Recorder, Workload, plan
+from phalanx import procs
 from phalanx.store import Store, StoreUnavailable
 from phalanx.etcd_server import free_port
 from tests.pki import EtcdPki
@@ -101,9 +102,9 @@ def test_a_missing_program_is_said_at_once_not_after_the_settle_timeout(tmp_path
 
 def test_wait_ready_returns_when_a_real_proxy_answers(tmp_path: Path) -> None:
     control = tmp_path / "control.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "chaos.proxy", "--listen", f"127.0.0.1:{free_port()}",
-                             "--target", f"127.0.0.1:{free_port()}", "--control", str(control)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = procs.spawn([sys.executable, "-m", "chaos.proxy", "--listen", f"127.0.0.1:{free_port()}",
+                         "--target", f"127.0.0.1:{free_port()}", "--control", str(control)],
+                        die_with_parent=procs.KILL, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         ctl = ProxyControl(control).wait_ready(60, proc)
         assert ctl.ping()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from agent.launcher import MemberKey
-from phalanx import cli
+from phalanx import cli, procs
 from phalanx.member_logs import member_exit_path, member_log_path
 from phalanx.model import GangState
 
@@ -541,9 +541,9 @@ class _Output:
 def test_logs_follow_prints_new_output_and_ends_with_the_members(tmp_path: Path) -> None:
     root = tmp_path / "az-a" / "n1-agent"
     write_member_log(root, "g1", 1, 0, "rank 0 starts\n")
-    proc = subprocess.Popen(
+    proc = procs.spawn(
         [sys.executable, "-m", "phalanx", "logs", "g1", "-f", "--state-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
     )
     out = _Output(proc)
     try:
@@ -573,9 +573,9 @@ def test_logs_follow_prints_new_output_and_ends_with_the_members(tmp_path: Path)
 
 def test_logs_follow_ends_on_ctrl_c(tmp_path: Path) -> None:
     write_member_log(tmp_path / "n1-agent", "g1", 1, 0, "running\n")
-    proc = subprocess.Popen(
+    proc = procs.spawn(
         [sys.executable, "-m", "phalanx", "logs", "g1", "-f", "--state-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+        die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
     )
     try:
         _Output(proc).until("running")

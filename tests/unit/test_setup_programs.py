@@ -3,7 +3,8 @@
 The programs are derived from the code, not from a list kept by hand: every
 literal program name that reaches a subprocess call (``subprocess.run`` /
 ``Popen`` / ``check_output`` / ``check_call`` / ``call``,
-``asyncio.create_subprocess_exec``, ``os.exec*``, ``shutil.which``) directly,
+``asyncio.create_subprocess_exec``, ``os.exec*``, ``shutil.which``,
+``phalanx.procs.spawn``) directly,
 through a local or module-level argv constant, a parameter default, or a
 function of ours that passes its argument on to one of those (found by a
 fixed point over the whole tree, so ``run_cmd([...])`` and
@@ -127,6 +128,8 @@ class Scanner:
         if qual == "subprocess" and name in SUBPROCESS_FUNCS or qual == "" and name in mod.from_subprocess & SUBPROCESS_FUNCS:
             index = 0
         elif name == "create_subprocess_exec" or name == "which" or qual == "os" and name.startswith("exec"):
+            index = 0
+        elif name == "spawn" and qual.endswith("procs"):  # phalanx.procs.spawn (its Popen is a parameter)
             index = 0
         elif name in self.wrappers and qual not in mod.stdlib:  # asyncio.run is not Host.run
             index = self.wrappers[name]
