@@ -362,6 +362,17 @@ class LocalCluster:
         await self.store.close()
 
 
+async def until(what: str, ok: Any, timeout: float = 30.0) -> None:
+    """Poll the coroutine function ``ok`` every 0.1 s until it is true;
+    TimeoutError naming ``what`` after ``timeout`` s (a "never happened"
+    bound, not a speed assertion)."""
+    deadline = time.monotonic() + timeout
+    while not await ok():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not {what} after {timeout}s")
+        await asyncio.sleep(0.1)
+
+
 def stop_agent_then_coordinator(agent: subprocess.Popen, coord: CoordProc, timeout: float = 20) -> None:
     """Stops a real agent process, then its coordinator, each with SIGTERM,
     and waits for both: a test that reads their logs afterwards sees both

@@ -23,7 +23,7 @@ from phalanx.reservation import HoldState
 from phalanx.timings import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
-from tests.integration.harness import CoordProc, LocalCluster, dgx_node, tiny
+from tests.integration.harness import CoordProc, LocalCluster, dgx_node, tiny, until
 
 pytestmark = pytest.mark.integration
 METRICS = ["--metrics-listen", "127.0.0.1:0"]
@@ -71,14 +71,6 @@ async def two_azs(c: LocalCluster, b_env: dict[str, str] | None = None) -> tuple
     for az in ("az-a", "az-b"):
         await c.wait_nodes_ready(az, 1)
     return a, b
-
-
-async def until(what: str, ok, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await ok():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what} after {timeout}s")
-        await asyncio.sleep(0.1)
 
 
 async def cancel(c: LocalCluster, p: CoordProc, gang: str) -> None:

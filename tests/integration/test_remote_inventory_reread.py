@@ -13,10 +13,8 @@ the owner, and only the reread can show them."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import signal
-import time
 
 import pytest
 
@@ -25,7 +23,7 @@ from phalanx.timings import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.conftest import etcdctl
-from tests.integration.harness import LocalCluster, dgx_node, tiny
+from tests.integration.harness import LocalCluster, dgx_node, tiny, until
 
 pytestmark = pytest.mark.integration
 
@@ -42,14 +40,6 @@ def long_lease_timings() -> Timings:
     is about its watch, not about a failover."""
     return dataclasses.replace(Timings.fast(), lease_ttl_s=20, fence_after_s=25.0,
                                owner_adopt_after_s=25.0).validate()
-
-
-async def until(what: str, ok, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await ok():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not {what} after {timeout}s")
-        await asyncio.sleep(0.1)
 
 
 async def test_owner_rereads_other_azs_after_a_compacted_watch_and_places_with_what_changed_in_the_gap(
