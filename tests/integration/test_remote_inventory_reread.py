@@ -24,6 +24,7 @@ from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.conftest import etcdctl
 from tests.integration.harness import LocalCluster, dgx_node, tiny, until
+from tests.pki import PrivateEtcd
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +44,17 @@ def long_lease_timings() -> Timings:
 
 
 async def test_owner_rereads_other_azs_after_a_compacted_watch_and_places_with_what_changed_in_the_gap(
-        etcd_endpoint, cluster_name, tmp_path) -> None:
+        cluster_name, tmp_path) -> None:
+    # An etcd of its own: compacting the session's etcd would take the
+    # history later tests watch from revision 1 (test_stimulus_trace.py).
+    etcd = PrivateEtcd(tmp_path, cluster_name).__enter__()
+    etcd_endpoint = etcd.endpoint
     c = LocalCluster(etcd_endpoint, cluster_name, tmp_path, long_lease_timings())
-    await c.start()
+    try:
+        await c.start()
+    except BaseException:
+        etcd.__exit__()
+        raise
     try:
         owner = c.start_coordinator("az-a", "a0")
         b = c.start_coordinator("az-b", "b0")
@@ -94,4 +103,7 @@ async def test_owner_rereads_other_azs_after_a_compacted_watch_and_places_with_w
         assert [kv.json()["outcome"] for kv in decisions] == ["COMMIT"], decisions
         assert await c.check_etcd_invariants() == []
     finally:
-        await c.close()
+        try:
+            await c.close()
+        finally:
+            etcd.__exit__()
