@@ -51,6 +51,7 @@ from chaos.netns import (
 )
 from chaos.probe import Outcome, probe_from
 from chaos.proxy import Proxy, start_proxy
+from phalanx import procs
 from tests.chaos.conftest import start_echo
 
 pytestmark = pytest.mark.chaos
@@ -462,8 +463,10 @@ def start_owner(tmp_path: Path, mode: str = "sleep") -> tuple[subprocess.Popen[s
     script = tmp_path / "owner.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    owner = subprocess.Popen([sys.executable, str(script), mode], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True, env=env)
+    # TERM when this test run dies: the owner's handler then tears its cluster
+    # down, so a killed pytest leaves neither the owner nor its namespaces.
+    owner = procs.spawn([sys.executable, str(script), mode], die_with_parent=procs.TERM,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     assert owner.stdout is not None
     line = owner.stdout.readline().split()
     assert len(line) == 2, f"owner did not start (exit {owner.poll()})"
@@ -498,7 +501,10 @@ def test_cleanup_stale_removes_a_killed_runs_leftovers_only(tmp_path: Path) -> N
     # ...and so does someone's hand-made namespace with a process in it.
     hand = "phx0stale0"
     subprocess.run(["ip", "netns", "add", f"{hand}-x"], check=True)
-    hand_proc = subprocess.Popen(["ip", "netns", "exec", f"{hand}-x", "sleep", "1000"], start_new_session=True)
+    # Through spawn like Host.popen (the signal survives ip netns exec's exec):
+    # a killed test run leaves no sleeper behind, only the namespace for the
+    # next run's cleanup_stale().
+    hand_proc = procs.spawn(["ip", "netns", "exec", f"{hand}-x", "sleep", "1000"], die_with_parent=procs.KILL)
     wait_until(lambda: hand_proc.pid in namespace_pids(f"{hand}-x"),
                what="hand-made process in its namespace")
     with NetnsCluster(clean_stale=False) as live:

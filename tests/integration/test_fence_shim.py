@@ -323,9 +323,10 @@ def test_shim_passes_the_environment_through(tmp_path: Path, shims: list[Shim]) 
         code = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
         env = dict(os.environ, PHALANX_PROBE="x y", PYTHONPATH="/nowhere")
         with open(tmp_path / "log", "ab") as log:
-            p = subprocess.Popen([sys.executable, "-I", str(SHIM), "--lease", str(lease.path), "--fence-after", "5",
-                                  "--", sys.executable, "-c", code, str(out)],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            p = procs.spawn([sys.executable, "-I", str(SHIM), "--lease", str(lease.path), "--fence-after", "5",
+                             "--", sys.executable, "-c", code, str(out)],
+                            die_with_parent=procs.TERM,  # TERM: the shim stops its member first
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             assert p.wait(WAIT_S) == 0
     finally:
         lease.stop()

@@ -58,9 +58,11 @@ def test_a_coordinator_the_harness_started_dies_with_a_sigkilled_test_run(
 ) -> None:
     assert etcd_coordinator_dir.is_dir()  # the run's coordinator reads its etcd credentials from here
     with open(tmp_path / "run.log", "w") as log:
-        run = subprocess.Popen(
+        # The stand-in run itself dies with this test run too (its coordinator
+        # then dies with it): KILL, as a real SIGKILLed run gets.
+        run = procs.spawn(
             [sys.executable, "-c", RUN, etcd_endpoint, cluster_name, str(tmp_path), str(etcd_pki.dir)],
-            stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
+            die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO,
             env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True,
         )
     coord_pid, coord_start = 0, None

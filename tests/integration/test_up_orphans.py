@@ -89,8 +89,10 @@ def test_spawned_children_outlive_the_thread_that_asked_but_not_their_parent() -
     """The kernel signal fires on the death of the forking *thread*: a child
     asked for by a thread that ended must still run, and every child must
     end once the parent is SIGKILLed (no clean-up of the parent ran)."""
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=str(REPO_ROOT), start_new_session=True
+    # The parent under test dies with this test run too (and its children with it).
+    parent = procs.spawn(
+        [sys.executable, "-c", PARENT], die_with_parent=procs.KILL, stdout=subprocess.PIPE, text=True,
+        cwd=str(REPO_ROOT), start_new_session=True,
     )
     try:
         assert parent.stdout is not None
