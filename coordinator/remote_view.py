@@ -57,8 +57,9 @@ At = tuple[str, str]
 
 
 class RemoteInventory:
-    """Other AZs' nodes, holds and leaders for AZ ``az`` (whose own records
-    the leader's view has: they are ignored here)."""
+    """Other AZs' nodes and holds, and every AZ's leader, for AZ ``az``
+    (whose own nodes and holds the leader's view has: they are ignored here;
+    its leader epoch is kept, for the peer checks)."""
 
     def __init__(self, az: str, keys: Keys) -> None:
         self.az = az
