@@ -6,9 +6,9 @@ few hundred milliseconds while they wait. Reading other AZs from etcd each
 cycle would cost requests; rebuilding their NodeViews (and placement's
 per-node facts) each cycle would cost time proportional to the fleet. So one
 ``RemoteInventory`` keeps other AZs' node records, their reservations and
-which AZs have a leader, fed record by record from the watch (and replaced
-wholesale by a fresh read at recovery or after a compacted watch), and hands
-out:
+who leads each AZ with which epoch, fed record by record from the watch (and
+replaced wholesale by a fresh read at recovery or after a compacted watch),
+and hands out:
 
 - ``view()``: other AZs' nodes as placement sees them, cached: rebuilt only
   when a node's topology or readiness, a hold's devices or the set of led
@@ -19,7 +19,12 @@ out:
   cached until the set of registered topologies changes (``version``);
 - ``index()`` / ``placement_index(local)``: a ``FabricIndex`` over those
   topologies, refreshed when they change, so placement does not recompute
-  the static facts of remote nodes per cycle.
+  the static facts of remote nodes per cycle;
+- ``led`` / ``epoch(az)``: who leads where, and with which epoch (the create
+  revision of ``leader/<az>``, this AZ's included), for the view and for the
+  peer calls checked from the watch (docs/two-phase.md "Peer calls");
+- ``orphaned(now, after)``: the AZs without a leader for longer than
+  ``after`` (owner-AZ loss), clocked from the watch and the driver's poll.
 
 It does no I/O: each feeding method returns whether the admission cycle must
 wake (capacity may have grown), and the driver sets the event. The view may
@@ -52,8 +57,9 @@ At = tuple[str, str]
 
 
 class RemoteInventory:
-    """Other AZs' nodes, holds and leaders for AZ ``az`` (whose own records
-    the leader's view has: they are ignored here)."""
+    """Other AZs' nodes and holds, and every AZ's leader, for AZ ``az``
+    (whose own nodes and holds the leader's view has: they are ignored here;
+    its leader epoch is kept, for the peer checks)."""
 
     def __init__(self, az: str, keys: Keys) -> None:
         self.az = az
@@ -61,7 +67,17 @@ class RemoteInventory:
         self._nodes: dict[At, NodeRecord] = {}  # (az, node)
         self._holds: dict[At, Reservation] = {}  # (az, gang): any reservation there, of any state
         self._holds_on: dict[At, dict[str, NodeDevices]] = {}  # (az, node) -> gang -> what its hold takes there
-        self._led: set[str] = set()  # AZs whose leader key exists (this one included)
+        # AZ -> create revision of its leader key (this AZ included): who
+        # leads where with which epoch, as of the last event fed.
+        self._epochs: dict[str, int] = {}
+        # False from a compacted watch until the next reset: events in between
+        # are lost, so the epochs no longer answer what an etcd read would.
+        self._epochs_current = True
+        # The owner-loss clock: AZs watched for losing their leader (seen led
+        # once, or owning a gang recovered here) and, of those without one,
+        # since when (monotonic) this leader has seen them so.
+        self._watched: set[str] = set()
+        self._leaderless_since: dict[str, float] = {}
         # Bumped whenever the set of registered topologies changes: the
         # leader's never-fits memo and the index follow it.
         self.version = 0
@@ -150,26 +166,53 @@ class RemoteInventory:
             return True
         return False  # a state change (PREPARED -> COMMITTED -> RELEASING) holds the same devices
 
-    def on_leader(self, az: str, present: bool) -> bool:
-        """``leader/<az>`` was written (``present``) or deleted. True when an
-        AZ gained a leader: its nodes may be placed on again (an AZ without
-        one cannot vote)."""
-        if present == (az in self._led):
-            return False
-        for at in self._nodes:
-            if at[0] == az:
-                self._touch(at)
-        if present:
-            self._led.add(az)
-            return True
-        self._led.discard(az)
-        return False
+    def on_leader(self, az: str, kv: Any, now: float) -> bool:
+        """``leader/<az>`` was written (``kv``) or deleted (None) at ``now``.
+        Its epoch is the key's create revision: a re-put by the same leader
+        keeps it, a new leadership brings a new one. True when an AZ gained
+        a leader: its nodes may be placed on again (an AZ without one cannot
+        vote)."""
+        self._watched.add(az)
+        was_led = az in self._epochs
+        if kv is None:
+            self._epochs.pop(az, None)
+            self._leaderless_since[az] = now
+        else:
+            self._epochs[az] = kv.create_revision
+            self._leaderless_since.pop(az, None)
+        if was_led == (kv is not None):
+            return False  # the set of led AZs is the same: so is the view
+        self._touch_az(az)
+        return kv is not None
+
+    def on_leaders_polled(self, led: Iterable[str], now: float) -> None:
+        """A read of ``leader/`` at ``now`` found ``led`` led: it moves the
+        owner-loss clock only (the epochs follow the watch, whose events are
+        in revision order; the poll's read is not)."""
+        led = set(led)
+        for az in led:
+            self._watched.add(az)
+            self._leaderless_since.pop(az, None)
+        for az in self._watched - led:
+            self._leaderless_since.setdefault(az, now)
+
+    def watch_for_loss(self, az: str) -> None:
+        """Clock ``az`` from the next poll that finds it leaderless (it owns
+        a gang this leader recovered)."""
+        self._watched.add(az)
+
+    def on_compacted(self) -> None:
+        """The watch was compacted: the events until the next ``reset`` are
+        lost, so ``epoch`` answers None (peer calls are checked against etcd)
+        until then. The view keeps the AZs last seen led."""
+        self._epochs_current = False
 
     def reset(self, node_kvs: Iterable[Any], reservation_kvs: Iterable[Any], leader_kvs: Iterable[Any]) -> bool:
         """Replace everything by one read (recovery, or a compacted watch
         whose events in between are lost): every AZ's node records,
-        reservations and leader keys (this AZ's are skipped). Always True:
-        anything may have changed."""
+        reservations and leader keys (this AZ's nodes and reservations are
+        skipped; every AZ's epoch is kept). The owner-loss clock is left as
+        it was. Always True: anything may have changed."""
         self._nodes.clear()
         self._holds.clear()
         self._holds_on.clear()
@@ -180,7 +223,8 @@ class RemoteInventory:
         for kv in reservation_kvs:
             self.on_reservation(kv.key, kv)
         prefix = self.keys.leaders()
-        self._led = {kv.key[len(prefix):] for kv in leader_kvs}
+        self._epochs = {kv.key[len(prefix):]: kv.create_revision for kv in leader_kvs}
+        self._epochs_current = True
         self._stale.update(self._nodes)
         self._changed_topologies()
         return True
@@ -193,6 +237,12 @@ class RemoteInventory:
         """Node ``at``'s NodeView must be computed again."""
         self._stale.add(at)
         self._view = None
+
+    def _touch_az(self, az: str) -> None:
+        """Every node of ``az``: its readiness follows its AZ's leader."""
+        for at in self._nodes:
+            if at[0] == az:
+                self._touch(at)
 
     def _take(self, hold: At, old: Reservation | None, new: Reservation | None) -> None:
         """Hold ``hold`` (az, gang) went from ``old`` to ``new`` (None:
@@ -213,7 +263,17 @@ class RemoteInventory:
     @property
     def led(self) -> frozenset[str]:
         """AZs whose leader key exists (this AZ's included when it has one)."""
-        return frozenset(self._led)
+        return frozenset(self._epochs)
+
+    def epoch(self, az: str) -> int | None:
+        """The create revision of ``leader/<az>`` as last fed (any AZ, this
+        one included); None when it has no leader here, or after a compacted
+        watch until the next reset: the caller reads etcd then."""
+        return self._epochs.get(az) if self._epochs_current else None
+
+    def orphaned(self, now: float, after: float) -> set[str]:
+        """Other AZs seen without a leader for longer than ``after``."""
+        return {az for az, since in self._leaderless_since.items() if az != self.az and now - since > after}
 
     def node(self, az: str, node: str) -> NodeRecord | None:
         """Another AZ's node record as last seen (None if unknown)."""
@@ -232,7 +292,7 @@ class RemoteInventory:
                     continue  # a hold on a node with no record (yet): nothing to place on
                 self.node_views_computed += 1
                 taken = capacity.held((at[0], {at[1]: d}) for d in self._holds_on.get(at, {}).values())
-                self._node_views[at] = capacity.free_view([(rec.topology, rec.ready and at[0] in self._led)], taken)[0]
+                self._node_views[at] = capacity.free_view([(rec.topology, rec.ready and at[0] in self._epochs)], taken)[0]
             self._stale.clear()
             self._view = tuple(self._node_views[at] for at in self._nodes)
         return self._view

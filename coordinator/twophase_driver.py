@@ -190,14 +190,15 @@ class TwoPhaseDriver:
         self.local_reports: dict[tuple[str, int], dict[int, progress.MemberReport]] = {}
         self.revoked_at: dict[tuple[str, int], float] = {}
         self.finished_fed: set[tuple[str, int]] = set()
-        self.leader_seen: dict[str, float] = {}
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
         self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
         self._last_eval = 0.0
         # Other AZs as the cluster-root watch shows them (read at recovery,
         # then kept from the watch): the admission cycle's global view costs
         # no etcd request, and is rebuilt only when it changed. Possibly
-        # stale; the participants' ledgers refuse a conflicting prepare.
+        # stale; the participants' ledgers refuse a conflicting prepare. It
+        # also keeps who leads each AZ with which epoch (peer calls, owner
+        # loss).
         self.remote = RemoteInventory(self.az, self.keys)
         self.dec_by_key: dict[tuple[str, int], Outcome] = {}  # decisions read at recovery
         self._published: dict[tuple[str, int], MemberSummary] = {}  # last member summary written per (gang, inc)
@@ -206,10 +207,9 @@ class TwoPhaseDriver:
         self.revision = 0
         # Peer calls checked from the watch, without an etcd read, when it
         # already shows what the read would (docs/two-phase.md "Peer
-        # calls"): each AZ's leader epoch (the create revision of
-        # leader/<az>) and the last record of every gang, kept raw (parsed
-        # only for a Prepare). Cleared after a compacted watch.
-        self.epochs: dict[str, int] = {}
+        # calls"): each AZ's leader epoch (self.remote.epoch) and the last
+        # record of every gang, kept raw (parsed only for a Prepare). Cleared
+        # after a compacted watch.
         self.watched_gangs: dict[str, Any] = {}
         # (gang, inc) -> MarkGangReserved that arrived while the COMMIT+RESERVED
         # txn was in flight (None: none yet): _commit_with_reserved.
@@ -767,7 +767,7 @@ class TwoPhaseDriver:
         (ParticipantState._on_gang_finished)."""
         caller = req.caller
         kv = self.watched_gangs.get(req.gang)
-        if kv is None or not caller.az or self.epochs.get(caller.az) != caller.epoch:
+        if kv is None or not caller.az or self.remote.epoch(caller.az) != caller.epoch:
             return None
         try:
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
@@ -782,7 +782,7 @@ class TwoPhaseDriver:
         bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
         caller = req.caller
         want = Outcome.COMMIT if commit else Outcome.ABORT
-        if (caller.az and self.epochs.get(caller.az) == caller.epoch
+        if (caller.az and self.remote.epoch(caller.az) == caller.epoch
                 and self.participant.known_decisions.get((req.gang, req.incarnation)) is want):
             # Already learnt from a durable source (the watch, a read, our own
             # create) and the watched epoch is the caller's: what the read
@@ -1111,16 +1111,15 @@ class TwoPhaseDriver:
         node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         self.revision = rev
-        self.epochs = {kv.key[len(k.leaders()):]: kv.create_revision for kv in leader_kvs}
         self.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs if _reserving(kv)}
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
-        if self.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records)
+        if self.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records; keeps every epoch)
             self.l.wake.set()
         gangs = {g.id: g for g in read_records(gang_kvs, GangRecord.from_dict)[0]}
         for g in gangs.values():
             if not g.state.terminal and g.owner_az != self.az:
-                self.leader_seen.setdefault(g.owner_az, -1.0)  # watched for owner-AZ loss
+                self.remote.watch_for_loss(g.owner_az)
         decisions = []
         for kv in dec_kvs:
             try:
@@ -1245,7 +1244,7 @@ class TwoPhaseDriver:
                 # Events in between are lost: peer calls are checked against
                 # etcd again until the watch has refilled these.
                 self.watched_gangs.clear()
-                self.epochs.clear()
+                self.remote.on_compacted()
                 while True:
                     try:
                         rev = (await self._reread_other_azs()) + 1
@@ -1300,13 +1299,7 @@ class TwoPhaseDriver:
                 self.on_member_summary(gang, MemberSummary.from_dict(ev.kv.json()))
         elif key.startswith(k.leaders()):
             az = key[len(k.leaders()):]
-            if ev.kind == "put":
-                self.leader_seen[az] = -1.0  # has a leader
-                self.epochs[az] = ev.kv.create_revision
-            else:
-                self.leader_seen[az] = self.now()  # leaderless since now
-                self.epochs.pop(az, None)
-            if self.remote.on_leader(az, ev.kind == "put"):
+            if self.remote.on_leader(az, ev.kv if ev.kind == "put" else None, self.now()):
                 self.l.wake.set()  # its nodes may be placed on again
         elif key.startswith(k.nodes()):
             if self.remote.on_node(key, ev.kv if ev.kind == "put" else None):
@@ -1326,12 +1319,12 @@ class TwoPhaseDriver:
         node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
         res_kvs, _ = await self.store.get_prefix_paged(k.reservations(), revision=rev)
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
+        # The reset also restores the epochs peer calls are checked against,
+        # as of ``rev`` (the watch resumes after it, as after recover()); the
+        # gangs' records refill from the watch, since an attempt's write
+        # precedes its Prepare.
         if self.remote.reset(node_kvs, res_kvs, leader_kvs):
             self.l.wake.set()
-        # The epochs peer calls are checked against, as of ``rev`` (the watch
-        # resumes after it, as after recover()); the gangs' records refill
-        # from the watch, since an attempt's write precedes its Prepare.
-        self.epochs = {kv.key[len(k.leaders()):]: kv.create_revision for kv in leader_kvs}
         return rev
 
     def forget(self, gang: str) -> None:
@@ -1365,16 +1358,8 @@ class TwoPhaseDriver:
             return
         self._last_leader_poll = now
         kvs, _ = await self.store.get_prefix(self.keys.leaders())
-        have = {kv.key[len(self.keys.leaders()):] for kv in kvs}
-        for az in have:
-            self.leader_seen[az] = -1.0
-        for az, since in list(self.leader_seen.items()):
-            if az in have:
-                continue
-            if since < 0:
-                self.leader_seen[az] = since = now
-        orphaned = {az for az, since in self.leader_seen.items()
-                    if az != self.az and since >= 0 and now - since > self.l.t.owner_adopt_after_s}
+        self.remote.on_leaders_polled((kv.key[len(self.keys.leaders()):] for kv in kvs), now)
+        orphaned = self.remote.orphaned(now, self.l.t.owner_adopt_after_s)
         if not orphaned:
             return
         gkvs, _ = await self.store.get_prefix_paged(self.keys.gangs())

@@ -43,14 +43,17 @@ def hold_kv(gang: str, nodes: dict[str, tuple[tuple[int, ...], tuple[str, ...]]]
     return kv(KEYS.reservation(az, gang), r.to_dict(), rev)
 
 
-def leader_kv(az: str) -> KV:
-    return kv(KEYS.leader(az), {"id": f"coord-{az}"})
+def leader_kv(az: str, epoch: int = 1, rev: int | None = None) -> KV:
+    """leader/<az> as its leader writes it: created at ``epoch`` (its create
+    revision), last written at ``rev``."""
+    return KV(key=KEYS.leader(az), value=json.dumps({"id": f"coord-{az}"}).encode(), create_revision=epoch,
+              mod_revision=rev if rev is not None else epoch, version=1, lease=0)
 
 
 def inventory(*azs_led: str) -> RemoteInventory:
     inv = RemoteInventory(HERE, KEYS)
     for az in azs_led:
-        inv.on_leader(az, True)
+        inv.on_leader(az, leader_kv(az), 0.0)
     return inv
 
 
@@ -179,13 +182,97 @@ def test_an_az_without_a_leader_is_not_placed_on_and_wakes_when_it_gets_one() ->
     inv = inventory()
     inv.on_node(KEYS.node("b", "n0"), node_kv("n0"))
     assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, False)}
-    assert inv.on_leader("b", True) is True
-    assert inv.on_leader("b", True) is False  # a re-put (same leader renewing): nothing new
+    assert inv.on_leader("b", leader_kv("b"), 0.0) is True
+    assert inv.on_leader("b", leader_kv("b", rev=2), 0.0) is False  # a re-put (same leader renewing): nothing new
     assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, True)}
     assert inv.led == {"b"}
-    assert inv.on_leader("b", False) is False  # losing one shrinks capacity
+    assert inv.on_leader("b", None, 0.0) is False  # losing one shrinks capacity
     assert free(inv) == {("b", "n0"): ({0, 1, 2, 3}, False)}
     assert inv.led == frozenset()
+
+
+# Epochs: leader/<az>'s create revision, for peer calls checked from the watch
+# (they must answer what an etcd read would). Each step: ("put", az, epoch),
+# ("delete", az), ("reset", {az: epoch}) or ("compacted",); then the epochs of
+# every AZ asked, None where the check must fall back to the read.
+@pytest.mark.parametrize("steps, epochs, led", [
+    # A put gives the AZ's epoch.
+    ([("put", "b", 5)], {"b": 5, "c": None}, {"b"}),
+    # A re-put by the same leader (a renewal) keeps it.
+    ([("put", "b", 5), ("put", "b", 5)], {"b": 5}, {"b"}),
+    # A new create revision is a new leadership: the new epoch, the old one is refused.
+    ([("put", "b", 5), ("put", "b", 9)], {"b": 9}, {"b"}),
+    # A delete: no leader, no epoch.
+    ([("put", "b", 5), ("delete", "b")], {"b": None}, set()),
+    # Led again after a delete: the new leadership's epoch.
+    ([("put", "b", 5), ("delete", "b"), ("put", "b", 12)], {"b": 12}, {"b"}),
+    # This AZ's own leader key counts too (a peer check may name it), though the view ignores its nodes.
+    ([("put", HERE, 3)], {HERE: 3}, {HERE}),
+    # A reset replaces them with the read's (this AZ's included), dropping AZs not led then.
+    ([("put", "b", 5), ("put", "c", 6), ("reset", {HERE: 2, "b": 8})], {HERE: 2, "b": 8, "c": None}, {HERE, "b"}),
+    # A compacted watch: no epoch answers until the next reset (the read decides); the view keeps who led.
+    ([("put", "b", 5), ("compacted",)], {"b": None}, {"b"}),
+    # Nor after a put in between: events before it are lost.
+    ([("put", "b", 5), ("compacted",), ("put", "c", 7)], {"b": None, "c": None}, {"b", "c"}),
+    # The reset after it restores them.
+    ([("put", "b", 5), ("compacted",), ("reset", {"b": 9})], {"b": 9}, {"b"}),
+], ids=["put", "re-put", "new-leadership", "delete", "led-again", "own-az", "reset", "compacted",
+        "compacted-then-put", "compacted-then-reset"])
+def test_leader_epochs(steps, epochs, led) -> None:  # type: ignore[no-untyped-def]
+    inv = RemoteInventory(HERE, KEYS)
+    for step in steps:
+        if step[0] == "put":
+            inv.on_leader(step[1], leader_kv(step[1], epoch=step[2], rev=step[2] + 1), 0.0)
+        elif step[0] == "delete":
+            inv.on_leader(step[1], None, 0.0)
+        elif step[0] == "reset":
+            inv.reset([], [], [leader_kv(az, epoch=e) for az, e in step[1].items()])
+        else:
+            inv.on_compacted()
+    assert {az: inv.epoch(az) for az in epochs} == epochs
+    assert inv.led == led
+
+
+# The owner-loss clock: AZs without a leader for longer than `after` (here 10 s)
+# are orphaned. Steps: ("put", az, now), ("delete", az, now), ("poll", {az...}, now),
+# ("watch", az) (a recovered gang's owner), ("reset", {az...}); then orphaned at `at`.
+@pytest.mark.parametrize("steps, at, orphaned", [
+    # Leaderless since the delete: orphaned once over `after` has passed, not before.
+    ([("put", "b", 0.0), ("delete", "b", 5.0)], 15.0, set()),
+    ([("put", "b", 0.0), ("delete", "b", 5.0)], 15.5, {"b"}),
+    # Led again: the clock stops.
+    ([("delete", "b", 0.0), ("put", "b", 3.0)], 50.0, set()),
+    # A later delete restarts it (the leaderless time is that of the last delete seen).
+    ([("delete", "b", 0.0), ("delete", "b", 8.0)], 15.0, set()),
+    # A poll that misses a led AZ starts its clock; a later poll keeps the first time.
+    ([("put", "b", 0.0), ("poll", set(), 2.0), ("poll", set(), 9.0)], 12.5, {"b"}),
+    # A poll that finds it led stops the clock the watch started.
+    ([("delete", "b", 0.0), ("poll", {"b"}, 4.0)], 50.0, set()),
+    # An AZ never seen is not clocked by a poll ...
+    ([("poll", set(), 0.0)], 50.0, set()),
+    # ... unless it owns a recovered gang, or a poll once found it led.
+    ([("watch", "c"), ("poll", set(), 1.0)], 12.0, {"c"}),
+    ([("poll", {"c"}, 0.0), ("poll", set(), 1.0)], 12.0, {"c"}),
+    # This AZ is never orphaned.
+    ([("put", HERE, 0.0), ("delete", HERE, 1.0)], 50.0, set()),
+    # A reset (recovery read, compacted watch) leaves the clock as it was.
+    ([("delete", "b", 0.0), ("reset", {"b"})], 11.0, {"b"}),
+], ids=["before-after", "after", "led-again", "last-delete", "poll-starts", "poll-stops", "unknown-az",
+        "recovered-owner", "polled-once", "own-az", "reset-keeps-clock"])
+def test_owner_loss_clock(steps, at, orphaned) -> None:  # type: ignore[no-untyped-def]
+    inv = RemoteInventory(HERE, KEYS)
+    for step in steps:
+        if step[0] == "put":
+            inv.on_leader(step[1], leader_kv(step[1]), step[2])
+        elif step[0] == "delete":
+            inv.on_leader(step[1], None, step[2])
+        elif step[0] == "poll":
+            inv.on_leaders_polled(step[1], step[2])
+        elif step[0] == "watch":
+            inv.watch_for_loss(step[1])
+        else:
+            inv.reset([], [], [leader_kv(az) for az in step[1]])
+    assert inv.orphaned(at, 10.0) == orphaned
 
 
 # --- reset (recovery, compacted watch) ------------------------------------------
@@ -227,7 +314,7 @@ def test_cycles_without_changes_rebuild_nothing() -> None:
         inv.on_node(KEYS.node("b", "n0"), node_kv("n0", heartbeat=float(i), rev=10 + i))
         inv.on_reservation(KEYS.reservation("b", "g1"),
                            hold_kv("g1", {"n0": ((0,), ())}, state=HoldState.COMMITTED, rev=10 + i))
-        inv.on_leader("b", True)
+        inv.on_leader("b", leader_kv("b", rev=10 + i), float(i))
         assert inv.view() is view
         assert inv.registered() is registered
         assert inv.index() is index
@@ -241,7 +328,7 @@ def test_cycles_without_changes_rebuild_nothing() -> None:
     (lambda inv: inv.on_node(KEYS.node("b", "n0"), node_kv("n0", ready=False, rev=5)), 1, 0),
     (lambda inv: inv.on_node(KEYS.node("b", "n0"), node_kv("n0", gpus=8, rev=5)), 1, 1),
     (lambda inv: inv.on_node(KEYS.node("b", "n0"), None), 1, 1),
-    (lambda inv: inv.on_leader("c", False), 1, 0),
+    (lambda inv: inv.on_leader("c", None, 0.0), 1, 0),
 ], ids=["hold-deleted", "hold-added", "not-ready", "new-topology", "node-deleted", "leader-lost"])
 def test_a_change_rebuilds_once(change, view, registered) -> None:  # type: ignore[no-untyped-def]
     inv = fleet(20)
@@ -288,7 +375,7 @@ def test_a_hold_change_computes_only_the_nodes_it_touches() -> None:
     inv.on_reservation(KEYS.reservation("b", "g7"), hold_kv("g7", {"n2": ((0,), ()), "n4": ((1,), ())}))
     assert free(inv)[("b", "n2")] == ({1, 2, 3}, True) and free(inv)[("b", "n4")] == ({0, 2, 3}, True)
     assert inv.node_views_computed - before == 2
-    inv.on_leader("c", False)  # every node of c (50) becomes unplaceable
+    inv.on_leader("c", None, 0.0)  # every node of c (50) becomes unplaceable
     assert not any(ready for (az, _), (_, ready) in free(inv).items() if az == "c")
     assert inv.node_views_computed - before == 52
 
@@ -334,7 +421,7 @@ def test_any_sequence_of_records_gives_the_view_computed_from_scratch() -> None:
             inv.on_reservation(bad.key, bad)  # skipped: the model keeps what it had
         else:
             up = rnd.random() < 0.6
-            inv.on_leader(az, up)
+            inv.on_leader(az, leader_kv(az, epoch=step) if up else None, float(step))
             (led.add if up else led.discard)(az)
         if rnd.random() < 0.5:
             continue  # several changes between two cycles
