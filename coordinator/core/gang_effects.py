@@ -6,7 +6,9 @@ The AZ leader decides with ``admission.plan_admissions`` and
 (imperative: ``ReserveDevices``, ``WriteTransition``, ``SendRevoke``, ...)
 and, from the event that performing one returned (past tense:
 ``GangWritten``, ``WriteRefused``, ``NotApplied``), decide the follow-up (a
-reservation that committed is dispatched, then marked STARTING).
+reservation that committed is dispatched, then marked STARTING). An
+agent's registration is decided here too: its node record, then what
+becomes of each member it reports and of those it does not.
 ``AzLeader.perform`` (coordinator/leader.py) is the one interpreter: a
 handler per effect, doing only the I/O and the cache updates. Nothing here
 does I/O; ``now`` is passed in.
