@@ -419,6 +419,15 @@ class AzLeader:
                 await self._mark_not_ready(effect)
             case fx.NodeLost():
                 await self._lose_node(effect)
+            case fx.RegisterNode():
+                await self._register_node(effect)
+            case fx.IgnoreMemberReport():
+                log.warning("ignored a member report at registration: %s", effect.why)
+            case fx.PublishMemberReport():
+                # Cross-AZ gang committed here: kept, and published for its owner.
+                await self.twophase.on_member(effect.node, effect.member)
+            case fx.TrackMembers():
+                self.members.setdefault((effect.gang, effect.incarnation), {}).update(effect.reports)
             case _:
                 raise TypeError(f"AzLeader.perform: no handler for {type(effect).__name__}")
         return fx.Performed()
@@ -883,67 +892,33 @@ class AzLeader:
     # -------------------------------------------------------- agent events
     async def on_register(self, conn: AgentConn, members: list[Any]) -> None:
         """An agent connected: record its node (fenced write), then reconcile
-        what it runs against committed reservations."""
+        what it runs against committed reservations. The core decides
+        (``gang_effects.register_node``, ``reported_member_effects``,
+        ``unreported_effects``); each member's facts and the gangs are read
+        after the node record's write, as before: a reservation may commit
+        while it is in flight."""
         self.check_valid()
         await self.until_rebuilt()
         node = conn.node
         old = self.conns.get(node)
-        if old is not None and old is not conn:
-            old.closed = True
-            old.queue.put_nowait(None)
-        rec = NodeRecord(topology=conn.topology, ready=True, agent_id=conn.agent_id, last_heartbeat=self.wall(),
-                         address=conn.address, ports=conn.ports)
-        prev = self.nodes.get(node)
-        key = self.keys.node(self.az, node)
-        res = await self.store.fenced_txn(self.fence, [], [Put(key, rec.to_dict())])
-        self.nodes[node] = rec.__class__(**{**rec.__dict__, "mod_revision": res.revision})
-        self.index = self.index.refreshed(n.topology for n in self.nodes.values())
-        self.conns[node] = conn
-        conn.last_seen = self.mono()
-        self.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
-        if prev is None or not prev.ready:
-            log.info("node %s ready (agent %s)", node, conn.agent_id)
-        # Reconcile: members the agent reports.
+        await self.perform(fx.register_node(conn, self.nodes.get(node), replaces_session=old is not None and old is not conn,
+                                            wall=self.wall(), stimulus_id=self._stimulus()))
+        # Members the agent reports, one at a time (the two-phase call may
+        # change the hold the next member's facts come from).
         reported: dict[tuple[str, int], set[int]] = {}
         for m in members:
-            key_ = (m.gang, m.incarnation)
-            why = self._report_refused(node, m)
-            if why is not None:
-                # Not revoked: a revocation names gang and incarnation, not
-                # the rank, and would stop this node's own members of it.
-                log.warning("ignored a member report at registration: %s", why)
-                continue
-            if self.twophase.owns_members(m.gang, m.incarnation):
-                # Cross-AZ gang committed here: kept, and published for its owner.
-                reported.setdefault(key_, set()).add(m.rank)
-                await self.twophase.on_member(node, m)
-                continue
-            g = self.gangs.get(m.gang)
-            committed = self.reservations.get(m.gang)
-            report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
-            verdict = lifecycle.reported_member(g, committed, m.gang, m.incarnation)
-            if verdict is not lifecycle.Reported.ADOPT:
-                await self.perform(fx.SendRevoke(node, m.gang, m.incarnation, "no committed reservation for this member",
-                                                 self._stimulus()))
-                if verdict is lifecycle.Reported.REVOKE_AND_TRACK:
-                    # Torn down while the agent was away: the member still
-                    # holds its devices until the agent reports it stopped.
-                    reported.setdefault(key_, set()).add(m.rank)
-                    self.members.setdefault(key_, {})[m.rank] = report
-                continue
-            reported.setdefault(key_, set()).add(m.rank)
-            self.members.setdefault(key_, {})[m.rank] = report
+            d = fx.reported_member_effects(
+                node, m, refused=self._report_refused(node, m),
+                cross_az=self.twophase.owns_members(m.gang, m.incarnation), gang=self.gangs.get(m.gang),
+                committed=self.reservations.get(m.gang), stimulus_id=self._stimulus())
+            for effect in d.effects:
+                await self.perform(effect)
+            if d.runs:
+                reported.setdefault((m.gang, m.incarnation), set()).add(m.rank)
         # Reservations on this node whose members the agent does not report.
-        for g in list(self.gangs.values()):
-            have = reported.get((g.id, g.incarnation), set())
-            u = lifecycle.unreported_members(g, node, self.az, have, two_phase=is_two_phase(g))
-            if u is None:
-                continue
-            if u.redispatch:
-                await self.perform(fx.SendAssignments(g, node, frozenset(have), self._stimulus()))
-            else:
-                # A running gang's member vanished; a torn-down one's is gone.
-                self.members.setdefault((g.id, g.incarnation), {}).update(u.reports)
+        for effect in fx.unreported_effects(node, self.az, list(self.gangs.values()), reported, two_phase=is_two_phase,
+                                            stimulus_id=self._stimulus()):
+            await self.perform(effect)
         await self.twophase.on_register(node, reported)
         for key_ in reported:
             await self.evaluate(key_[0])
@@ -1135,6 +1110,26 @@ class AzLeader:
         res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, e.node), e.record.to_dict())])
         self.nodes[e.node] = dataclasses.replace(e.record, mod_revision=res.revision)
         log.warning("node %s not ready: %s", e.node, e.record.reason, extra={"node": e.node})
+
+    async def _register_node(self, e: fx.RegisterNode) -> None:
+        """The registration's node record and liveness: the replaced session
+        ends before the write (its agent is gone or reconnected), the caches
+        follow the write."""
+        node = e.node
+        old = self.conns.get(node)
+        if e.replaces_session and old is not None:
+            old.closed = True
+            old.queue.put_nowait(None)
+        res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), e.record.to_dict())])
+        self.nodes[node] = dataclasses.replace(e.record, mod_revision=res.revision)
+        self.index = self.index.refreshed(n.topology for n in self.nodes.values())
+        conn = e.session  # the AgentConn on_register passed through the core
+        assert isinstance(conn, AgentConn)
+        self.conns[node] = conn
+        conn.last_seen = self.mono()
+        self.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
+        if e.announce_ready:
+            log.info("node %s ready (agent %s)", node, e.record.agent_id)
 
     async def _lose_node(self, e: fx.NodeLost) -> None:
         """Past the node's fence deadline its agent has stopped every member:

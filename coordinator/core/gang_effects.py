@@ -6,7 +6,9 @@ The AZ leader decides with ``admission.plan_admissions`` and
 (imperative: ``ReserveDevices``, ``WriteTransition``, ``SendRevoke``, ...)
 and, from the event that performing one returned (past tense:
 ``GangWritten``, ``WriteRefused``, ``NotApplied``), decide the follow-up (a
-reservation that committed is dispatched, then marked STARTING).
+reservation that committed is dispatched, then marked STARTING). An
+agent's registration is decided here too: its node record, then what
+becomes of each member it reports and of those it does not.
 ``AzLeader.perform`` (coordinator/leader.py) is the one interpreter: a
 handler per effect, doing only the I/O and the cache updates. Nothing here
 does I/O; ``now`` is passed in.
@@ -16,21 +18,23 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Container, Mapping, Sequence
+from typing import Callable, Container, Iterable, Mapping, Protocol, Sequence
 
 from coordinator.core import events as ev
 from coordinator.core import lifecycle
 from coordinator.core.admission import Decision, KeepPending, Reserve, spans_azs
 from coordinator.core.admission import FailAdmission as FailDecision
 from coordinator.core.placement import Placement
+from coordinator.core.progress import MemberReport
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
 from coordinator.core.rendezvous import pick_master_port
-from phalanx.agent_messages import Assign
+from phalanx.agent_messages import Assign, MemberStatus
 from phalanx.errors import AlreadyExists, Conflict
-from phalanx.model import GangState
+from phalanx.model import GangState, MemberPhase
 from phalanx.ports import DEFAULT_PORTS
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.timings import Timings
+from phalanx.topology import NodeTopology
 
 
 # ------------------------------------------------------------------ effects
@@ -189,9 +193,57 @@ class NodeLost:
     stimulus_id: str = ""
 
 
+@dataclass(frozen=True)
+class RegisterNode:
+    """An agent registered: end the session it replaces, write its node
+    record ready (fenced), then keep its session and its liveness.
+    ``session`` is the agent's live stream (the leader's ``AgentConn``),
+    opaque here: the leader keeps it as the node's session."""
+
+    node: str
+    record: NodeRecord
+    replaces_session: bool  # another session of this node is open: it is closed first
+    announce_ready: bool  # the node was unknown or not ready: "node %s ready" is logged
+    session: object = None
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class IgnoreMemberReport:
+    """A member report at registration that is not taken (placed on another
+    node): only logged. Not revoked: a revocation names gang and
+    incarnation, not the rank, and would stop this node's own members of it."""
+
+    why: str
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class PublishMemberReport:
+    """A member of a cross-AZ gang committed here: kept by the two-phase
+    participant and published for its owner (a call into
+    ``TwoPhaseDriver.on_member``, which decides the rest)."""
+
+    node: str
+    member: MemberStatus
+    stimulus_id: str = ""
+
+
+@dataclass(frozen=True)
+class TrackMembers:
+    """Record what members of one incarnation report, or are taken to
+    report: adopted at registration, stopping after a revoke, vanished or
+    gone. Merged into what the leader already knows of that incarnation."""
+
+    gang: str
+    incarnation: int
+    reports: Mapping[int, MemberReport]
+    stimulus_id: str = ""
+
+
 Effect = (ReserveDevices | StartTwoPhaseAttempt | FailAdmission | KeepWaiting | WriteTransition | Finish | TearDown
           | Requeue | ReleaseDevices | ForgetGang | SendAssignments | SendRevoke | MarkStarting | CloseSession
-          | MarkNodeNotReady | NodeLost)
+          | MarkNodeNotReady | NodeLost | RegisterNode | IgnoreMemberReport | PublishMemberReport | TrackMembers)
 
 
 # ------------------------------------------------------------------- events
@@ -381,6 +433,90 @@ def liveness_effects(v: lifecycle.NodeVerdict, record: NodeRecord | None, stimul
                                     stimulus_id))
     if v.lost_reason:
         out.append(NodeLost(v.node, v.lost_reason, stimulus_id))
+    return out
+
+
+# -------------------------------------------------------------- registration
+class AgentSession(Protocol):
+    """What a registering agent's session says of its node (the leader's
+    ``AgentConn`` has these)."""
+
+    node: str
+    agent_id: str
+    topology: NodeTopology
+    address: str
+    ports: tuple[int, int]
+
+
+def register_node(session: AgentSession, previous: NodeRecord | None, *, replaces_session: bool, wall: float,
+                  stimulus_id: str = "") -> RegisterNode:
+    """The node record a registration writes (ready, heard from at ``wall``)
+    and whether the node becomes ready by it: a re-registration of a ready
+    node logs no second "ready" line."""
+    record = NodeRecord(topology=session.topology, ready=True, agent_id=session.agent_id, last_heartbeat=wall,
+                        address=session.address, ports=session.ports)
+    return RegisterNode(session.node, record, replaces_session, previous is None or not previous.ready, session,
+                        stimulus_id)
+
+
+REVOKE_UNRESERVED = "no committed reservation for this member"
+
+
+@dataclass(frozen=True)
+class ReportedAtRegistration:
+    """What the leader does with one member an agent reports when it
+    registers: the effects, in order, and whether the member counts as
+    running on the node (what the two-phase driver's ``on_register`` and the
+    unreported members are judged against)."""
+
+    effects: tuple[Effect, ...]
+    runs: bool
+
+
+def reported_member_effects(node: str, m: MemberStatus, *, refused: str | None, cross_az: bool,
+                            gang: GangRecord | None, committed: Reservation | None,
+                            stimulus_id: str = "") -> ReportedAtRegistration:
+    """One reported member (``lifecycle.reported_member`` decides): refused
+    (``refused``: placed on another node) it is only logged; of a cross-AZ
+    gang committed here (``cross_az``) it goes to the two-phase participant;
+    else it is adopted, or revoked (and tracked until it stops when its
+    incarnation is still the gang's). The leader asks one member at a time,
+    right before its turn: the two-phase call may change the hold the next
+    member's facts come from."""
+    if refused is not None:
+        return ReportedAtRegistration((IgnoreMemberReport(refused, stimulus_id),), runs=False)
+    if cross_az:
+        return ReportedAtRegistration((PublishMemberReport(node, m, stimulus_id),), runs=True)
+    report = MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
+    track = TrackMembers(m.gang, m.incarnation, {m.rank: report}, stimulus_id)
+    verdict = lifecycle.reported_member(gang, committed, m.gang, m.incarnation)
+    if verdict is lifecycle.Reported.ADOPT:
+        return ReportedAtRegistration((track,), runs=True)
+    revoke = SendRevoke(node, m.gang, m.incarnation, REVOKE_UNRESERVED, stimulus_id)
+    if verdict is lifecycle.Reported.REVOKE_AND_TRACK:
+        # Torn down while the agent was away: the member still holds its
+        # devices until the agent reports it stopped.
+        return ReportedAtRegistration((revoke, track), runs=True)
+    return ReportedAtRegistration((revoke,), runs=False)
+
+
+def unreported_effects(node: str, az: str, gangs: Iterable[GangRecord], running: Mapping[tuple[str, int], Container[int]],
+                       *, two_phase: Callable[[GangRecord], bool], stimulus_id: str = "") -> list[Effect]:
+    """For each gang placed on a registering node whose agent does not
+    report every member there (``lifecycle.unreported_members`` decides):
+    one not started yet is dispatched again (skipping the ranks it runs),
+    a running one's missing members vanished, a torn-down one's are gone.
+    ``running``: per incarnation, the ranks the agent runs."""
+    out: list[Effect] = []
+    for g in gangs:
+        have = set(running.get((g.id, g.incarnation), ()))
+        u = lifecycle.unreported_members(g, node, az, have, two_phase=two_phase(g))
+        if u is None:
+            continue
+        if u.redispatch:
+            out.append(SendAssignments(g, node, frozenset(have), stimulus_id))
+        else:
+            out.append(TrackMembers(g.id, g.incarnation, u.reports, stimulus_id))
     return out
 
 
