@@ -49,6 +49,7 @@ from coordinator.core.twophase import (
     CommitReceived,
     CommitWriteFailed,
     CommitWritten,
+    Core,
     CreateDecision,
     DecisionCreated,
     DecisionCreateFailed,
@@ -78,6 +79,7 @@ from coordinator.core.twophase import (
     PlacementMade,
     PrepareReceived,
     ReleaseHold,
+    Routed,
     ScheduleTimeout,
     SendAbort,
     SendCommit,
@@ -230,9 +232,22 @@ class TwoPhaseDriver:
     def _spawn(self, coro: Any, name: str) -> None:
         self.l.spawn(coro, name)
 
-    def feed_participant(self, ev: Event) -> None:
-        if self.l.stopped.is_set():
-            return
+    def feed(self, *routed: Routed) -> None:
+        """The one feed loop: each event goes to its core(s), and what they
+        decide is performed; what comes of each effect is fed back here as
+        ``Routed`` events (``_do``). Every stimulus (an RPC, the watch, a
+        timer, the admission cycle, recovery) enters through this method."""
+        for r in routed:
+            if self.l.stopped.is_set():
+                return
+            if Core.PARTICIPANT in r.to:
+                self.perform(self._participant_decides(r.event))
+            if Core.OWNER in r.to:
+                o = self.owners.get(getattr(r.event, "gang", ""))
+                if o is not None:
+                    self.perform(o.handle(r.event, self.now()))
+
+    def _participant_decides(self, ev: Event) -> list[Effect]:
         if isinstance(ev, HoldReleased):
             self.releasing.pop((ev.gang, ev.incarnation), None)
         before = {g: (h.incarnation, h.nodes) for g, h in self.participant.holds.items()}
@@ -244,21 +259,14 @@ class TwoPhaseDriver:
         for e in effects:
             if isinstance(e, ReleaseHold) and e.gang in before and before[e.gang][0] == e.incarnation:
                 self.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
-        self.perform(effects, None)
+        return effects
 
-    def feed_owner(self, gang: str, ev: Event) -> None:
-        if self.l.stopped.is_set():
-            return
-        o = self.owners.get(gang)
-        if o is None:
-            return
-        effects = o.handle(ev, self.now())
-        self.perform(effects, gang)
-
-    def perform(self, effects: list[Effect], owner: str | None) -> None:
+    def perform(self, effects: Sequence[Effect]) -> None:
+        """Perform what a core decided: the effects without I/O at once, in
+        order; each I/O effect as a task whose result ``_do`` feeds back."""
         prepares = [e for e in effects if isinstance(e, SendPrepare)]
         if prepares:
-            self._spawn(self._send_prepares(prepares), f"prepare-{prepares[0].gang}")
+            self._spawn(self._results(self._send_prepares(prepares), prepares[0]), f"prepare-{prepares[0].gang}")
         for e in effects:
             # One line per effect, under the stimulus that caused it: INFO
             # for those that change state, DEBUG for the chatty ones
@@ -272,7 +280,7 @@ class TwoPhaseDriver:
                 case SendPrepare():
                     pass
                 case ScheduleTimeout():
-                    self._schedule(e, owner)
+                    self._schedule(e)
                 case SendVote():
                     for fut in self._vote_waiters.pop((e.gang, e.incarnation), []):
                         if not fut.done():
@@ -291,36 +299,31 @@ class TwoPhaseDriver:
                     self.l.pending_reason[e.gang] = e.reason
                     self.l.wake.set()
                 case _:
-                    self._spawn(self._do(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
+                    self._spawn(self._results(self._do(e), e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
 
-    def _schedule(self, e: ScheduleTimeout, owner: str | None) -> None:
+    def _schedule(self, e: ScheduleTimeout) -> None:
         delay = max(0.0, e.at - self.now())
+        asyncio.get_running_loop().call_later(delay, self.feed, Routed(e.event, frozenset({e.to})))
 
-        def fire() -> None:
-            if self.l.stopped.is_set():
-                return
-            if owner is None:
-                self.feed_participant(e.event)
-            else:
-                self.feed_owner(owner, e.event)
-
-        asyncio.get_running_loop().call_later(delay, fire)
-
-    async def _do(self, e: Effect) -> None:
+    async def _results(self, performing: Any, e: Effect) -> None:
+        """Await an effect's handler and feed back what came of it."""
         bind_event(e)  # this effect's task: its lines name the gang and the stimulus that caused it
+        self.feed(*await performing)
+
+    async def _do(self, e: Effect) -> list[Routed]:
         match e:
             case WriteHold():
-                await self._write_hold(e)
+                return await self._write_hold(e)
             case MarkCommitted():
-                await self._mark_committed(e)
+                return await self._mark_committed(e)
             case ReleaseHold():
-                await self._release_hold(e)
+                return await self._release_hold(e)
             case CreateDecision():
-                await self._create_decision(e)
+                return await self._create_decision(e)
             case WriteAttempt():
-                await self._write_attempt(e)
+                return await self._write_attempt(e)
             case SendCommit() | SendAbort():
-                await self._send_decision(e)
+                return await self._send_decision(e)
             case MarkGangReserved():
                 await self._mark_reserved(e)
             case MarkGangFailed():
@@ -333,6 +336,7 @@ class TwoPhaseDriver:
                         log.info("gang %s: not failed (%s): %s", e.gang, e.reason, done.why)
             case _:
                 log.error("two-phase: unhandled effect %r", e)
+        return []
 
     # ------------------------------------------------------- store effects
     async def _read(self, key: str, gang: str = "") -> Any:
@@ -364,7 +368,7 @@ class TwoPhaseDriver:
     def _record(self, e: WriteHold) -> Reservation:
         return dataclasses.replace(e.record(), epoch=self.l.epoch)
 
-    async def _write_hold(self, e: WriteHold) -> None:
+    async def _write_hold(self, e: WriteHold) -> list[Routed]:
         """Write the hold under the guard the core chose (absent, or
         unchanged since ``e.replaces``); what is found instead goes back to
         the core as ``HoldFound`` (it decides whether to overwrite)."""
@@ -375,23 +379,21 @@ class TwoPhaseDriver:
         if res is not None and res.succeeded:
             self._hold_rev[(e.gang, e.incarnation)] = res.revision
             await failpoints.hit("participant.after_prepared")
-            self.feed_participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
-            return
+            return [Routed.participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         if res is None:  # outcome unknown: read it back
             kv = await self._read(key, e.gang)
         else:
             kv = res.results[0][0] if res.results[0] else None
         if kv is None:
-            self.feed_participant(HoldWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                  reason="write timed out" if res is None else "raced with another write"))
-            return
+            return [Routed.participant(HoldWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                       reason="write timed out" if res is None else "raced with another write"))]
         cur = _stored(kv)
         if cur is not None and cur.incarnation == e.incarnation:
             await failpoints.hit("participant.after_prepared")  # a PREPARED record of ours is durable
-        self.feed_participant(HoldFound(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                        found=cur.incarnation if cur is not None else None, revision=kv.mod_revision))
+        return [Routed.participant(HoldFound(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                             found=cur.incarnation if cur is not None else None, revision=kv.mod_revision))]
 
-    async def _mark_committed(self, e: MarkCommitted) -> None:
+    async def _mark_committed(self, e: MarkCommitted) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
         rev = self._hold_rev.pop((e.gang, e.incarnation), None)
         if rev is not None:
@@ -403,26 +405,23 @@ class TwoPhaseDriver:
                                           submitted_at=hold.submitted_at)
                 res = await self._fenced([unchanged_since(key, rev)], [Put(key, rec.to_dict())], gang=e.gang)
                 if res is not None and res.succeeded:
-                    self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
-                    return
+                    return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         kv = await self._read(key, e.gang)
         cur = _stored(kv) if kv is not None else None
         if cur is None or cur.incarnation != e.incarnation:
-            self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason="record is not this incarnation"))
-            return
+            return [Routed.participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                         reason="record is not this incarnation"))]
         if cur.state is HoldState.COMMITTED:
-            self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
-            return
+            return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         committed = dataclasses.replace(cur, state=HoldState.COMMITTED, epoch=self.l.epoch)
         res = await self._fenced([unchanged_since(key, kv.mod_revision)], [Put(key, committed.to_dict())], gang=e.gang)
         if res is not None and res.succeeded:
-            self.feed_participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+            return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         else:
-            self.feed_participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason="record changed or write timed out"))
+            return [Routed.participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                         reason="record changed or write timed out"))]
 
-    async def _release_hold(self, e: ReleaseHold) -> None:
+    async def _release_hold(self, e: ReleaseHold) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
         kv = await self._read(key)
         cur = _stored(kv) if kv is not None else None
@@ -430,29 +429,27 @@ class TwoPhaseDriver:
             # A record we cannot read: it may name these devices, so they stay
             # held (safety before liveness) and the release is retried until
             # an operator repairs or deletes the key.
-            self.feed_participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason="the stored record cannot be read"))
-            return
+            return [Routed.participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                         reason="the stored record cannot be read"))]
         if cur is None or cur.incarnation != e.incarnation:
-            self.feed_participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
-            return
+            return [Routed.participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         ops: list = [Delete(key)]
         msum = self.keys.member_summary(e.gang, self.az)
         ops.append(Delete(msum))
         res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops)
+        self.l.wake.set()  # released or not, the cycle looks again
         if res is not None and res.succeeded:
             self._hold_rev.pop((e.gang, e.incarnation), None)
             self._published.pop((e.gang, e.incarnation), None)
             self.local_reports.pop((e.gang, e.incarnation), None)
             self.revoked_at.pop((e.gang, e.incarnation), None)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
-            self.feed_participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+            return [Routed.participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         else:
-            self.feed_participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                    reason="record changed or delete timed out"))
-        self.l.wake.set()
+            return [Routed.participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                         reason="record changed or delete timed out"))]
 
-    async def _create_decision(self, e: CreateDecision) -> None:
+    async def _create_decision(self, e: CreateDecision) -> list[Routed]:
         key = self.keys.decision(e.gang, e.incarnation)
         value = DecisionRecord(gang=e.gang, incarnation=e.incarnation, outcome=e.outcome, by=self.az,
                                reason=e.reason).to_dict()
@@ -473,8 +470,7 @@ class TwoPhaseDriver:
                 if kv is None:
                     ev = DecisionCreateFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                               reason=str(exc))
-                    self._to_both(e.gang, ev)
-                    return
+                    return [Routed.both(ev)]
                 won = False  # unknown whether ours; what the key holds is what counts
         outcome = e.outcome if kv is None else _decision(kv, e.gang, e.incarnation).outcome
         # A folded COMMIT whose reply was lost may have applied: then the
@@ -488,8 +484,8 @@ class TwoPhaseDriver:
             self.l.metrics.twophase_decided(outcome.value, e.reason)
             if e.gang in self.owners:
                 await failpoints.hit("owner.after_decide")
-        self._to_both(e.gang, DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                              won=won, outcome=outcome))
+        return [Routed.both(DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                            won=won, outcome=outcome))]
 
     async def _commit_with_reserved(self, e: CreateDecision, key: str, value: dict) -> str:
         """The owner's COMMIT and its gang's RESERVED record in one fenced
@@ -535,11 +531,7 @@ class TwoPhaseDriver:
                                f"{reason} ({', '.join(sorted({m.az for m in g.placement}))})")
         return g.evolve(state=GangState.RESERVED, reason=reason, updated_at=self.l.wall()), [reserved]
 
-    def _to_both(self, gang: str, ev: Event) -> None:
-        self.feed_participant(ev)
-        self.feed_owner(gang, ev)
-
-    async def _write_attempt(self, e: WriteAttempt) -> None:
+    async def _write_attempt(self, e: WriteAttempt) -> list[Routed]:
         g = self.l.gangs.get(e.gang)
         p = self.placements.get((e.gang, e.incarnation))
         if g is None or g.state.terminal:
@@ -552,15 +544,13 @@ class TwoPhaseDriver:
             self.owners.pop(e.gang, None)
             self.placements = {key: v for key, v in self.placements.items() if key[0] != e.gang}
             self.l.wake.set()
-            return
+            return []
         if p is None:
-            self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                       reason="gang or plan gone"))
-            return
+            return [Routed.owner(AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason="gang or plan gone"))]
         if g.incarnation > e.incarnation:
-            self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                       reason=f"gang already at incarnation {g.incarnation}"))
-            return
+            return [Routed.owner(AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason=f"gang already at incarnation {g.incarnation}"))]
         placement = tuple(MemberAssignment(m.rank, m.az, m.node, tuple(m.gpus), tuple(m.nics)) for m in p.members)
         try:
             # The rendezvous goes into the record with the placement: every
@@ -575,12 +565,11 @@ class TwoPhaseDriver:
             await failpoints.hit("owner.before_attempt_write")
             await self.l.write_gang(new, g, events=[placed])
         except (Conflict, StoreUnavailable) as exc:
-            self.feed_owner(e.gang, AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                       reason=str(exc)))
-            return
+            return [Routed.owner(AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
+                                                    reason=str(exc)))]
         finally:
             self.l.rendezvous_settled(e.gang)
-        self.feed_owner(e.gang, AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))
+        return [Routed.owner(AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
 
     async def _mark_reserved(self, e: MarkGangReserved) -> None:
         if (e.gang, e.incarnation) in self._folding:
@@ -637,18 +626,21 @@ class TwoPhaseDriver:
     def identity(self) -> Any:
         return peer_pb2.PeerIdentity(az=self.az, epoch=self.l.epoch, coordinator_id=self.l.info.coordinator_id)
 
-    async def _send_prepares(self, prepares: list[SendPrepare]) -> None:
-        bind_event(prepares[0])
+    async def _send_prepares(self, prepares: list[SendPrepare]) -> list[Routed]:
+        """Every Prepare at once; the votes that came back, for the owner (a
+        peer that did not answer is left to the vote timer)."""
         results = await asyncio.gather(*(self._prepare_one(p) for p in prepares), return_exceptions=True)
         await failpoints.hit("owner.after_prepare")
+        votes = []
         for p, r in zip(prepares, results):
             if isinstance(r, BaseException) or r is None:
                 if isinstance(r, (NotLeader,)):
                     raise r
                 continue
             yes, reason = r
-            self.feed_owner(p.gang, VoteReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation,
-                                                 from_az=p.to_az, yes=yes, reason=reason))
+            votes.append(Routed.owner(VoteReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation,
+                                                   from_az=p.to_az, yes=yes, reason=reason)))
+        return votes
 
     async def _prepare_one(self, p: SendPrepare) -> tuple[bool, str] | None:
         if p.to_az == self.az:
@@ -674,16 +666,16 @@ class TwoPhaseDriver:
             return None  # no leader there: the vote timer decides
         return resp.vote == peer_pb2.VOTE_YES, resp.reason
 
-    async def _send_decision(self, e: SendCommit | SendAbort) -> None:
+    async def _send_decision(self, e: SendCommit | SendAbort) -> list[Routed]:
         if e.to_az == self.az:
             cls = CommitReceived if isinstance(e, SendCommit) else AbortReceived
-            self.feed_participant(cls(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, from_az=self.az))
-            return
+            return [Routed.participant(cls(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, from_az=self.az))]
         req = peer_pb2.DecisionRequest(caller=self.identity(), gang=e.gang, incarnation=e.incarnation)
         try:
             await self._peer_call(e.to_az, e.gang, "Commit" if isinstance(e, SendCommit) else "Abort", req)
         except grpc.aio.AioRpcError as exc:
             log.info("%s %s#%d -> %s: %s %s", type(e).__name__, e.gang, e.incarnation, e.to_az, exc.code().name, exc.details())
+        return []
 
     # ------------------------------------------------ participant entry points
     def single_az_conflict(self, nodes: Any) -> str:
@@ -706,13 +698,13 @@ class TwoPhaseDriver:
                 return False, f"node(s) {', '.join(down)} not ready in {self.az}"
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._vote_waiters.setdefault(ev.key, []).append(fut)
-        self.feed_participant(ev)
+        self.feed(Routed.participant(ev))
         return await fut
 
     async def local_decision(self, ev: CommitReceived | AbortReceived) -> tuple[bool, str]:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._ack_waiters.setdefault(ev.key, []).append(fut)
-        self.feed_participant(ev)
+        self.feed(Routed.participant(ev))
         return await asyncio.wait_for(fut, 5.0)
 
     async def handle_prepare_rpc(self, req: Any) -> tuple[bool, str]:
@@ -803,8 +795,8 @@ class TwoPhaseDriver:
         hold = self.participant.holds.get(req.gang)
         if hold is None or hold.incarnation != req.incarnation:
             # Not held here: learn the decision (it is durable), refuse the call.
-            self.feed_participant(DecisionObserved(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}",
-                                                   gang=req.gang, incarnation=req.incarnation, outcome=have))
+            self.feed(Routed.participant(DecisionObserved(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}",
+                                                          gang=req.gang, incarnation=req.incarnation, outcome=have)))
             raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"{req.gang}#{req.incarnation} was never prepared in {self.az} (NOT_PREPARED)")
         cls = CommitReceived if commit else AbortReceived
@@ -835,8 +827,8 @@ class TwoPhaseDriver:
         if o is None or o.phase is not OwnerPhase.UNPLACED:
             return
         self.placements[(g.id, o.incarnation)] = placement
-        self.feed_owner(g.id, PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
-                                            plan=placement.by_az()))
+        self.feed(Routed.owner(PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
+                                             plan=placement.by_az())))
 
     def last_reason(self, gang: str) -> str:
         """Why the gang's last two-phase attempt ended as it did ("" if none)."""
@@ -1064,7 +1056,7 @@ class TwoPhaseDriver:
             # until its decision is known and decides it now (one rule,
             # ParticipantState._on_gang_finished; docs/two-phase.md).
             self.finished_fed.add(key_)
-            self.feed_participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc))
+            self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
             return
         now = self.now()
         if key_ not in self.revoked_at:
@@ -1092,7 +1084,7 @@ class TwoPhaseDriver:
             self._spawn(self._publish_members(g.id, inc), f"members-{g.id}")
             return
         self.finished_fed.add(key_)
-        self.feed_participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc))
+        self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
 
     # -------------------------------------------------------------- watch
     async def recover(self) -> None:
@@ -1138,8 +1130,8 @@ class TwoPhaseDriver:
                 finished.append((r.gang, r.incarnation))
             elif g is not None:
                 self.gang_cache[g.id] = g
-        self.feed_participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
-                                                   decisions=decisions, finished=finished))
+        self.feed(Routed.participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
+                                                          decisions=decisions, finished=finished)))
         # Member summaries of this AZ (the agents will re-report anyway).
         for kv in sum_kvs:
             try:
@@ -1162,7 +1154,7 @@ class TwoPhaseDriver:
         o = OwnerState(g.id, self.az, g.spec.priority, g.submitted_at, self.cfg)
         self.owners[g.id] = o
         if g.state == GangState.PENDING:
-            self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
+            self.feed(Routed.owner(GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
             return
         plan = _plan_of(g) if g.placement else None
         decision = self.dec_by_key.get((g.id, g.incarnation))
@@ -1177,8 +1169,8 @@ class TwoPhaseDriver:
             # Rebuild the Placement for the ranks (WriteAttempt is not
             # re-issued for this incarnation, but MarkGangReserved needs none).
             pass
-        self.feed_owner(g.id, OwnerRecovered(stimulus_id=f"owner-recover:{g.id}:{self.l.epoch}", gang=g.id,
-                                             incarnation=g.incarnation, plan=plan, decision=decision, finished=finished))
+        self.feed(Routed.owner(OwnerRecovered(stimulus_id=f"owner-recover:{g.id}:{self.l.epoch}", gang=g.id,
+                                              incarnation=g.incarnation, plan=plan, decision=decision, finished=finished)))
 
     def tick(self) -> None:
         """Called from the leader's cycle, before its admission plan: owners
@@ -1197,9 +1189,9 @@ class TwoPhaseDriver:
                 continue
             if o.phase is OwnerPhase.RESERVED and (g.state.terminal or g.state == GangState.RESTARTING
                                                    or g.incarnation > o.incarnation):
-                self.feed_owner(g.id, GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation))
+                self.feed(Routed.owner(GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation)))
             if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
-                self.feed_owner(g.id, GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation))
+                self.feed(Routed.owner(GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
         if now - self._last_eval > self.l.t.member_evaluate_interval_s:
             # Member summaries may arrive while a write of the gang is in
             # flight (then _evaluate skips them): re-evaluate owned cross-AZ
@@ -1267,8 +1259,7 @@ class TwoPhaseDriver:
                 log.warning("two-phase watch: skipped unreadable decision %s: %r", key[:200], exc)
                 return
             de = DecisionObserved(stimulus_id=f"watch:{ev.revision}", gang=gang, incarnation=inc, outcome=outcome)
-            self.feed_participant(de)
-            self.feed_owner(gang, de)
+            self.feed(Routed.both(de))
         elif key.startswith(k.gangs()):
             gang = key[len(k.gangs()):]
             if ev.kind == "delete":
@@ -1338,7 +1329,7 @@ class TwoPhaseDriver:
         if o is not None and not o.phase.settled:
             return
         self.owners.pop(gang, None)
-        self.feed_participant(GangForgotten(stimulus_id=f"collected:{gang}", gang=gang))
+        self.feed(Routed.participant(GangForgotten(stimulus_id=f"collected:{gang}", gang=gang)))
         self.gang_cache.pop(gang, None)
         self.etcd_requests.pop(gang, None)
         self.placements = {key: p for key, p in self.placements.items() if key[0] != gang}

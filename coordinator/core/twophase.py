@@ -32,6 +32,7 @@ from coordinator.core.twophase_events import (
     CommitReceived,
     CommitWriteFailed,
     CommitWritten,
+    Core,
     CreateDecision,
     DecisionCreated,
     DecisionCreateFailed,
@@ -62,6 +63,7 @@ from coordinator.core.twophase_events import (
     PrepareTimedOut,
     ReleaseHold,
     RetryDue,
+    Routed,
     ScheduleTimeout,
     SendAbort,
     SendCommit,
@@ -106,8 +108,8 @@ __all__ = [
     "Hold", "ParkedPrepare", "ParticipantState", "OwnerPhase", "OwnerState",
     # invariants
     "InvariantViolated", "Violation", "WorldSnapshot", "assert_invariants", "check",
-    # events
-    "Event", "GangEvent", "ParticipantEvent", "OwnerEvent",
+    # events, and where the driver feeds them
+    "Core", "Routed", "Event", "GangEvent", "ParticipantEvent", "OwnerEvent",
     "AbortReceived", "AttemptWriteFailed", "AttemptWritten", "CommitReceived",
     "CommitWriteFailed", "CommitWritten", "DecisionCreated", "DecisionCreateFailed",
     "DecisionObserved", "GangFinished", "GangForgotten", "GangSubmitted", "HoldReleased", "HoldReleaseFailed",

@@ -23,6 +23,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -67,6 +68,39 @@ class Effect:
     """Something the driver must do; output of ``handle``."""
 
     stimulus_id: str
+
+
+class Core(enum.Enum):
+    """The two state machines of a leader: its AZ's participant, and the
+    owner of each cross-AZ gang it owns (keyed by the event's gang)."""
+
+    PARTICIPANT = "participant"
+    OWNER = "owner"
+
+
+@dataclass(frozen=True)
+class Routed:
+    """An event with the core(s) it is fed to. What an effect's handler
+    returns: the driver's one feed loop hands it to its core(s) and performs
+    what they decide. Routing is not by the event's type alone: a timer's
+    ``RetryDue`` or a ``GangFinished`` goes to the core it is about, and a
+    decision's outcome (``DecisionCreated``/``...Observed``/``...Failed``)
+    to both."""
+
+    event: Event
+    to: frozenset[Core]
+
+    @staticmethod
+    def participant(event: Event) -> "Routed":
+        return Routed(event, frozenset({Core.PARTICIPANT}))
+
+    @staticmethod
+    def owner(event: Event) -> "Routed":
+        return Routed(event, frozenset({Core.OWNER}))
+
+    @staticmethod
+    def both(event: Event) -> "Routed":
+        return Routed(event, frozenset({Core.PARTICIPANT, Core.OWNER}))
 
 
 # --------------------------------------------------------------------------
@@ -493,12 +527,14 @@ class SendDecisionAck(Effect):
 
 @dataclass(frozen=True, kw_only=True)
 class ScheduleTimeout(Effect):
-    """Feed ``event`` back at time ``at`` (same clock as ``now``). Timers are
-    in memory: a new leader re-creates the ones it needs on recovery, and the
-    core ignores a timer that is no longer relevant."""
+    """Feed ``event`` back at time ``at`` (same clock as ``now``) to the core
+    ``to`` (the one that set the timer). Timers are in memory: a new leader
+    re-creates the ones it needs on recovery, and the core ignores a timer
+    that is no longer relevant."""
 
     at: float
     event: Event
+    to: Core
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -27,9 +27,10 @@ from coordinator.core.ordering import GangOrderKey, gang_order_key
 from coordinator.core.twophase_events import (
     AttemptWriteFailed,
     AttemptWritten,
+    Core,
     CreateDecision,
-    DecisionCreated,
     DecisionCreateFailed,
+    DecisionCreated,
     DecisionObserved,
     Effect,
     Event,
@@ -227,7 +228,7 @@ class OwnerState:
             for az in self.participants
         ]
         effects.append(ScheduleTimeout(
-            stimulus_id=ev.stimulus_id, at=self.vote_deadline,
+            to=Core.OWNER, stimulus_id=ev.stimulus_id, at=self.vote_deadline,
             event=VotesTimedOut(stimulus_id=f"vote-timeout:{self.gang}:{self.incarnation}",
                                 gang=self.gang, incarnation=self.incarnation),
         ))
@@ -265,7 +266,7 @@ class OwnerState:
             return []
         assert self.vote_deadline is not None
         if now < self.vote_deadline:
-            return [ScheduleTimeout(stimulus_id=ev.stimulus_id, at=self.vote_deadline, event=ev)]
+            return [ScheduleTimeout(to=Core.OWNER, stimulus_id=ev.stimulus_id, at=self.vote_deadline, event=ev)]
         missing = [az for az in self.participants if not self.votes.get(az)]
         return self._decide(
             ev.stimulus_id, Outcome.ABORT,
@@ -418,7 +419,7 @@ class OwnerState:
 
     def _retry_timer(self, stimulus_id: str, at: float) -> ScheduleTimeout:
         return ScheduleTimeout(
-            stimulus_id=stimulus_id, at=at,
+            to=Core.OWNER, stimulus_id=stimulus_id, at=at,
             event=RetryDue(stimulus_id=f"owner-retry:{self.gang}:{self.incarnation}",
                            gang=self.gang, incarnation=self.incarnation),
         )

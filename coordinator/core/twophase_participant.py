@@ -36,9 +36,10 @@ from coordinator.core.twophase_events import (
     CommitReceived,
     CommitWriteFailed,
     CommitWritten,
+    Core,
     CreateDecision,
-    DecisionCreated,
     DecisionCreateFailed,
+    DecisionCreated,
     DecisionObserved,
     DispatchGang,
     Effect,
@@ -46,8 +47,8 @@ from coordinator.core.twophase_events import (
     GangFinished,
     GangForgotten,
     HoldFound,
-    HoldReleased,
     HoldReleaseFailed,
+    HoldReleased,
     HoldWriteFailed,
     HoldWritten,
     InventoryChanged,
@@ -760,14 +761,14 @@ class ParticipantState:
 
     def _prepare_timer(self, stimulus_id: str, hold: Hold, at: float) -> ScheduleTimeout:
         return ScheduleTimeout(
-            stimulus_id=stimulus_id, at=at,
+            to=Core.PARTICIPANT, stimulus_id=stimulus_id, at=at,
             event=PrepareTimedOut(stimulus_id=f"prepare-timeout:{self.az}:{hold.gang}:{hold.incarnation}",
                                   gang=hold.gang, incarnation=hold.incarnation),
         )
 
     def _retry_timer(self, stimulus_id: str, gang: str, inc: int, now: float) -> ScheduleTimeout:
         return ScheduleTimeout(
-            stimulus_id=stimulus_id, at=now + self.config.store_retry_s,
+            to=Core.PARTICIPANT, stimulus_id=stimulus_id, at=now + self.config.store_retry_s,
             event=RetryDue(stimulus_id=f"store-retry:{self.az}:{gang}:{inc}",
                            gang=gang, incarnation=inc),
         )
