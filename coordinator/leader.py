@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from coordinator.book import Book, NodeLiveness
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle, peer_auth, progress
@@ -63,12 +64,6 @@ class AgentConn:
     identity: Any = None  # phalanx.certs.Identity of its client certificate (None: plaintext)
 
 
-@dataclass
-class NodeLiveness:
-    last_contact: float  # monotonic; takeover time for nodes not yet heard from
-    ready: bool = False
-
-
 class AzLeader:
     def __init__(
         self,
@@ -100,14 +95,10 @@ class AzLeader:
         self.session = session
         self.wall = wall
         self.mono = mono
-        self.gangs: dict[str, GangRecord] = {}  # owned, not terminal (+ terminal ones still RELEASING)
-        self.reservations: dict[str, Reservation] = {}
-        self.ledger = DeviceLedger()
-        self.nodes: dict[str, NodeRecord] = {}
-        self.liveness: dict[str, NodeLiveness] = {}
+        # The one owner of this leadership's gang, hold and node state; the
+        # two-phase driver and the collector are given it (coordinator/book.py).
+        self.book = Book.of(self.az, self.keys, self.t)
         self.conns: dict[str, AgentConn] = {}
-        self.members: dict[tuple[str, int], dict[int, progress.MemberReport]] = {}
-        self.pending_reason: dict[str, str] = {}  # the last cycle's reason per pending gang, served by explain
         # Never-fits answers by request shape, valid while the registered
         # nodes do not change (keyed by the FabricIndex they were built with).
         self._verdicts: dict[tuple, str] = {}
@@ -157,7 +148,7 @@ class AzLeader:
             self.spawn(self.twophase.watch(), "twophase-watch")
             self.spawn(self.collector.run(), "gang-collector")
             log.info("leader of %s (epoch %d): %d gangs, %d finished, %d reservations, %d nodes", self.az, self.epoch,
-                     len(self.gangs), len(self.collector.finished), len(self.reservations), len(self.nodes))
+                     len(self.book.gangs), len(self.book.finished), len(self.book.reservations), len(self.book.nodes))
             lost = asyncio.create_task(self.session.lost.wait())
             try:
                 while not self.stopped.is_set():
@@ -289,23 +280,23 @@ class AzLeader:
         for r in reservations:
             if r.two_phase:
                 continue  # the two-phase participant's (TwoPhaseDriver.recover)
-            self.reservations[r.gang] = r
-        self.ledger = DeviceLedger.from_reservations(self.reservations)
+            self.book.reservations[r.gang] = r
+        self.book.ledger = DeviceLedger.from_reservations(self.book.reservations)
         for hold in holds_for_unreadable((key for key, _ in bad_res), k.reservations(self.az), gangs, self.az):
-            self.ledger.hold(hold)
+            self.book.ledger.hold(hold)
         for g in gangs:
-            if g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations):
+            if g.owner_az == self.az and (not g.state.terminal or g.id in self.book.reservations):
                 # (RESTARTING gangs are not terminal: they are kept too.)
-                self.gangs[g.id] = g
+                self.book.gangs[g.id] = g
                 before = ev.last_epoch(g.events)
                 if before and before != self.epoch and not g.state.terminal:
                     self._unwritten_events[g.id] = [ev.fenced(self.wall(), self.epoch, self.az, before, g.incarnation)]
             self.collector.note(g)  # finished gangs we own: collected after gang_retention_s
         for n in nodes:
-            self.nodes[n.name] = n
+            self.book.nodes[n.name] = n
             # Not placeable until its agent reaches us; lost only after a
             # full replace_after_s from now (it may be fencing right now).
-            self.liveness[n.name] = NodeLiveness(last_contact=now, ready=False)
+            self.book.liveness[n.name] = NodeLiveness(last_contact=now, ready=False)
 
     # --------------------------------------------------------------- writes
     async def write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = (),
@@ -332,14 +323,14 @@ class AzLeader:
                 if cur.owner_az == self.az:
                     self._count(old, cur)  # e.g. our own earlier write whose reply was lost
                 if cur.owner_az != self.az:
-                    self.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
-                elif not cur.state.terminal or cur.id in self.reservations:
-                    self.gangs[cur.id] = cur
+                    self.book.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
+                elif not cur.state.terminal or cur.id in self.book.reservations:
+                    self.book.gangs[cur.id] = cur
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
         self._unwritten_events.pop(new.id, None)
         self._count(old, written)
-        self.gangs[new.id] = written
+        self.book.gangs[new.id] = written
         self.collector.note(written)
         return written
 
@@ -358,12 +349,12 @@ class AzLeader:
         """The gang was collected (deleted from etcd after its retention):
         drop whatever this leader still remembers of it."""
         self._counted.pop(gang_id, None)
-        g = self.gangs.get(gang_id)
-        if g is not None and g.state.terminal and gang_id not in self.reservations:
-            del self.gangs[gang_id]
-        for key in [k for k in self.members if k[0] == gang_id]:
-            del self.members[key]
-        self.pending_reason.pop(gang_id, None)
+        g = self.book.gangs.get(gang_id)
+        if g is not None and g.state.terminal and gang_id not in self.book.reservations:
+            del self.book.gangs[gang_id]
+        for key in [k for k in self.book.members if k[0] == gang_id]:
+            del self.book.members[key]
+        self.book.pending_reason.pop(gang_id, None)
         self._unwritten_events.pop(gang_id, None)
         self.twophase.forget(gang_id)
 
@@ -406,7 +397,7 @@ class AzLeader:
             case fx.ReleaseDevices():
                 await self._release(effect.gang)
             case fx.ForgetGang():
-                self.gangs.pop(effect.gang.id, None)  # participants release their own holds
+                self.book.gangs.pop(effect.gang.id, None)  # participants release their own holds
             case fx.SendAssignments():
                 self.dispatch(effect.gang, effect.only_node, effect.skip_ranks)
             case fx.SendRevoke():
@@ -427,7 +418,7 @@ class AzLeader:
                 # Cross-AZ gang committed here: kept, and published for its owner.
                 await self.twophase.on_member(effect.node, effect.member)
             case fx.TrackMembers():
-                self.members.setdefault((effect.gang, effect.incarnation), {}).update(effect.reports)
+                self.book.members.setdefault((effect.gang, effect.incarnation), {}).update(effect.reports)
             case _:
                 raise TypeError(f"AzLeader.perform: no handler for {type(effect).__name__}")
         return fx.Performed()
@@ -473,8 +464,8 @@ class AzLeader:
             if idempotency_key and res.results[1]:
                 existing = await self._by_idempotency(idempotency_key, spec)
                 if existing:
-                    if fx.adopt_retried(existing, self.az, self.gangs):
-                        self.gangs[existing.id] = existing
+                    if fx.adopt_retried(existing, self.az, self.book.gangs):
+                        self.book.gangs[existing.id] = existing
                         self.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
                         self.wake.set()
                     return existing, False
@@ -486,7 +477,7 @@ class AzLeader:
                     holder = "its name record cannot be read"  # still taken: the key exists
             raise fx.submission_refused(spec.name, holder)
         rec = rec.evolve(mod_revision=res.revision)
-        self.gangs[gang_id] = rec
+        self.book.gangs[gang_id] = rec
         # The RPC's task: its later lines (and the service's) carry the gang.
         bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=stimulus)
         log.info("gang %s submitted to queue %s (%d members)", gang_id, spec.queue, spec.members)
@@ -513,9 +504,9 @@ class AzLeader:
             log.info("submission %s did not apply (reply lost)", gang_id)
             return
         rec = GangRecord.from_dict(kv.json(), kv.mod_revision)
-        if rec.owner_az == self.az and not rec.state.terminal and gang_id not in self.gangs:
+        if rec.owner_az == self.az and not rec.state.terminal and gang_id not in self.book.gangs:
             log.info("submission %s applied although its reply was lost; admitting it", gang_id)
-            self.gangs[gang_id] = rec
+            self.book.gangs[gang_id] = rec
             self.metrics.submitted(rec.spec.queue)
             self.wake.set()
 
@@ -544,7 +535,7 @@ class AzLeader:
         # Before rebuild() the reservations are unknown: cancelling then would
         # strand the gang's reservation.
         await self.until_rebuilt()
-        g = self.gangs.get(gang_id)
+        g = self.book.gangs.get(gang_id)
         if g is None:
             kv = await self.store.get(self.keys.gang(gang_id))
             if kv is None:
@@ -563,8 +554,8 @@ class AzLeader:
         gang's next incarnation) while an old member may still run: at most
         one incarnation of a gang is ever alive."""
         inc = g.incarnation
-        t = lifecycle.teardown(g, state, reason, events, self.reservations.get(g.id),
-                               lifecycle.live_member_nodes(g, self.members.get((g.id, inc), {})), self.wall(), self.epoch)
+        t = lifecycle.teardown(g, state, reason, events, self.book.reservations.get(g.id),
+                               lifecycle.live_member_nodes(g, self.book.members.get((g.id, inc), {})), self.wall(), self.epoch)
         effect = fx.TearDown(g, t, self._stimulus())
         done = await self.perform(effect)
         if isinstance(done, fx.WriteRefused):
@@ -591,12 +582,12 @@ class AzLeader:
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
         if t.releasing is not None:
-            self.reservations[g.id] = t.releasing
+            self.book.reservations[g.id] = t.releasing
         elif t.delete_reservation:
             self._drop_reservation(g.id)
         if t.releasing is None and t.record.state != GangState.RESTARTING:
-            self.gangs.pop(g.id, None)
-            self.members.pop((g.id, g.incarnation), None)
+            self.book.gangs.pop(g.id, None)
+            self.book.members.pop((g.id, g.incarnation), None)
         return fx.GangWritten(written)
 
     async def _requeue(self, e: fx.Requeue) -> fx.Event:
@@ -610,26 +601,24 @@ class AzLeader:
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
         self._drop_reservation(g.id)
-        self.members.pop((g.id, g.incarnation), None)
+        self.book.members.pop((g.id, g.incarnation), None)
         log.info("gang %s restarts as incarnation %d in %.1fs", g.id, written.incarnation, q.backoff_s,
                  extra={"gang": g.id, "incarnation": written.incarnation})
         self.wake.set()
         return fx.GangWritten(written)
 
     def _drop_reservation(self, gang_id: str) -> None:
-        self.reservations.pop(gang_id, None)
-        self.ledger.release(gang_id)
+        self.book.reservations.pop(gang_id, None)
+        self.book.ledger.release(gang_id)
 
     # ---------------------------------------------------------------- cycle
     def placeable_nodes(self) -> list[NodeView]:
         """Nodes whose agent is connected and ready, less every device held
         here: reservations (and stand-ins for unreadable ones), cross-AZ
         holds (PREPARED or COMMITTED) and cross-AZ releases not yet done."""
-        slices = [*self.ledger.slices(), *(h.nodes for h in self.twophase.participant.holds.values()),
-                  *self.twophase.releasing.values()]
-        taken = capacity.held((self.az, s) for s in slices)
-        up = [(rec.topology, True) for name, rec in self.nodes.items()
-              if (live := self.liveness.get(name)) is not None and live.ready and name in self.conns]
+        taken = capacity.held((self.az, s) for s in self.book.held_slices())
+        up = [(rec.topology, True) for name, rec in self.book.nodes.items()
+              if (live := self.book.liveness.get(name)) is not None and live.ready and name in self.conns]
         return capacity.free_view(up, taken)
 
     async def cycle(self) -> None:
@@ -657,8 +646,8 @@ class AzLeader:
             if isinstance(e, fx.ReserveDevices):
                 # Hold the devices in memory now, so later decisions (this
                 # cycle or the next) never see them free; undone on failure.
-                self.reservations[e.gang.id] = e.reservation
-                self.ledger.hold(e.reservation)
+                self.book.reservations[e.gang.id] = e.reservation
+                self.book.ledger.hold(e.reservation)
                 self._inflight.add(e.gang.id)
                 with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):  # the reserve task's lines
                     self.spawn(self._admit(e), f"reserve-{e.gang.id}")
@@ -673,7 +662,7 @@ class AzLeader:
         """The gangs the admission plan orders, in one queue: single-AZ gangs
         PENDING here and cross-AZ gangs whose two-phase owner waits for a
         placement; none with a write in flight."""
-        return [g for g in self.gangs.values() if g.id not in self._inflight
+        return [g for g in self.book.gangs.values() if g.id not in self._inflight
                 and (self.twophase.awaits_placement(g) if is_two_phase(g) else g.state == GangState.PENDING)]
 
     def publish_view(self) -> None:
@@ -682,7 +671,7 @@ class AzLeader:
         the run loop at most every metrics_view_interval_s."""
         pending: list[str] = []
         classes: dict[str, str] = {}
-        for g in self.gangs.values():
+        for g in self.book.gangs.values():
             wide = is_two_phase(g)
             c = fx.pending_gauge_class(g.state, wide, wide and self.twophase.awaits_placement(g),
                                        self.pending_classes.get(g.id, "no_room"))
@@ -695,8 +684,8 @@ class AzLeader:
         free = sum(len(v.free_gpus) for v in views)
         total = sum(len(v.topology.gpu_indices) for v in views)
         self.metrics.view(
-            pending=pending, reservations=[r.state.value for r in self.reservations.values()],
-            holds=[h.state.name for h in self.twophase.participant.holds.values()],
+            pending=pending, reservations=[r.state.value for r in self.book.reservations.values()],
+            holds=[h.state.name for h in self.book.participant.holds.values()],
             agents=sum(1 for c in self.conns.values() if not c.closed), nodes_ready=len(views),
             gpus_free=free, gpus_used=total - free,
         )
@@ -711,7 +700,7 @@ class AzLeader:
 
     def registered_topologies(self) -> list[NodeTopology]:
         """Every node of this AZ with a record, ready or not."""
-        return [n.topology for n in self.nodes.values()]
+        return [n.topology for n in self.book.nodes.values()]
 
     def _plan(self, pending: list[GangRecord]) -> list:
         """plan_admissions on the live view (pure; the cycle and explain both
@@ -728,7 +717,7 @@ class AzLeader:
         # in as not ready: placement skips them, shortfalls count them.
         up = {v.name for v in views}
         views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
-                  for name, n in self.nodes.items() if name not in up]
+                  for name, n in self.book.nodes.items() if name not in up]
         if wide:
             # Cross-AZ gangs are placed over every AZ: the others as the
             # watch shows them (no etcd request; stale at worst, which the
@@ -746,8 +735,8 @@ class AzLeader:
 
     def _keep_waiting(self, e: fx.KeepWaiting) -> None:
         self.pending_classes[e.gang.id] = e.pending_class
-        if self.pending_reason.get(e.gang.id) != e.reason:
-            self.pending_reason[e.gang.id] = e.reason
+        if self.book.pending_reason.get(e.gang.id) != e.reason:
+            self.book.pending_reason[e.gang.id] = e.reason
             log.debug("gang %s pending: %s", e.gang.id, e.reason, extra={"gang": e.gang.id})
 
     async def _admit(self, e: fx.ReserveDevices) -> None:
@@ -763,7 +752,7 @@ class AzLeader:
         try:
             async with self._reserve_slots:
                 placement = fx.member_assignments(p)
-                master = self.rendezvous_for(g, g.incarnation, placement, self.nodes.get(placement[0].node))
+                master = self.rendezvous_for(g, g.incarnation, placement, self.book.nodes.get(placement[0].node))
                 new, events = fx.reserved_record(g, p, r, master, self.wall(), self.epoch)
                 key = self.keys.reservation(self.az, g.id)
                 await failpoints.hit("leader.before_reserve")
@@ -775,19 +764,19 @@ class AzLeader:
                     # outcome from etcd (we are its only writer), never guess.
                     learned = await self._learn_reserve_outcome(g, r)
                     if learned is None:
-                        if self.reservations.get(g.id) is r:
+                        if self.book.reservations.get(g.id) is r:
                             self._drop_reservation(g.id)
                         return fx.NotApplied(g.id)  # still PENDING: the next cycle places it again
                     written = learned
                 await failpoints.hit("leader.after_reserve")
         except BaseException:
-            if self.reservations.get(g.id) is r:
+            if self.book.reservations.get(g.id) is r:
                 self._drop_reservation(g.id)
             raise
         finally:
             self._inflight.discard(g.id)
             self._picking.pop(g.id, None)
-        self.pending_reason.pop(g.id, None)
+        self.book.pending_reason.pop(g.id, None)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
         return fx.GangWritten(written)
@@ -811,7 +800,7 @@ class AzLeader:
         if gkvs:
             cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
             self._count(g, cur)
-            self.gangs[g.id] = cur
+            self.book.gangs[g.id] = cur
         try:
             written = Reservation.from_dict(rkvs[0].json()) if rkvs else None
         except UNREADABLE:
@@ -826,7 +815,7 @@ class AzLeader:
     async def mark_starting(self, g: GangRecord) -> None:
         """RESERVED -> STARTING once its assignments went out (a no-op if the
         record moved on meanwhile), then evaluate what members reported."""
-        cur = self.gangs.get(g.id)
+        cur = self.book.gangs.get(g.id)
         if cur is None or cur.state != GangState.RESERVED or cur.incarnation != g.incarnation:
             return
         await self.write_gang(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.wall()), cur)
@@ -847,7 +836,7 @@ class AzLeader:
         """Send this AZ's members of ``g`` their assignments (only to
         ``only_node`` and not ``skip_ranks`` when an agent re-registers)."""
         rank0 = g.placement[0] if g.placement else None
-        rec0 = self.nodes.get(rank0.node) if rank0 is not None and rank0.az == self.az else None
+        rec0 = self.book.nodes.get(rank0.node) if rank0 is not None and rank0.az == self.az else None
         sent: set[str] = set()
         for node, msg in fx.assignments(g, self.az, rec0, only_node, skip_ranks):
             sent.add(node)
@@ -869,9 +858,9 @@ class AzLeader:
         node = placement[0].node
         if g.incarnation == incarnation and g.placement and g.master_port and g.placement[0].node == node:
             return g.master_addr, g.master_port
-        live = [*self.gangs.values(), *self.twophase.gang_cache.values()]
+        live = [*self.book.gangs.values(), *self.book.gang_cache.values()]
         taken = ports_taken_on(node, ((o.id, o.placement[0].node, o.master_port) for o in live
-                                      if o.placement and (not o.state.terminal or o.id in self.reservations)),
+                                      if o.placement and (not o.state.terminal or o.id in self.book.reservations)),
                                except_gang=g.id)
         taken |= {port for gid, (n, port) in self._picking.items() if n == node and gid != g.id}
         if g.master_port:
@@ -901,7 +890,7 @@ class AzLeader:
         await self.until_rebuilt()
         node = conn.node
         old = self.conns.get(node)
-        await self.perform(fx.register_node(conn, self.nodes.get(node), replaces_session=old is not None and old is not conn,
+        await self.perform(fx.register_node(conn, self.book.nodes.get(node), replaces_session=old is not None and old is not conn,
                                             wall=self.wall(), stimulus_id=self._stimulus()))
         # Members the agent reports, one at a time (the two-phase call may
         # change the hold the next member's facts come from).
@@ -909,20 +898,20 @@ class AzLeader:
         for m in members:
             d = fx.reported_member_effects(
                 node, m, refused=self._report_refused(node, m),
-                cross_az=self.twophase.owns_members(m.gang, m.incarnation), gang=self.gangs.get(m.gang),
-                committed=self.reservations.get(m.gang), stimulus_id=self._stimulus())
+                cross_az=self.twophase.owns_members(m.gang, m.incarnation), gang=self.book.gangs.get(m.gang),
+                committed=self.book.reservations.get(m.gang), stimulus_id=self._stimulus())
             for effect in d.effects:
                 await self.perform(effect)
             if d.runs:
                 reported.setdefault((m.gang, m.incarnation), set()).add(m.rank)
         # Reservations on this node whose members the agent does not report.
-        for effect in fx.unreported_effects(node, self.az, list(self.gangs.values()), reported, two_phase=is_two_phase,
+        for effect in fx.unreported_effects(node, self.az, list(self.book.gangs.values()), reported, two_phase=is_two_phase,
                                             stimulus_id=self._stimulus()):
             await self.perform(effect)
         await self.twophase.on_register(node, reported)
         for key_ in reported:
             await self.evaluate(key_[0])
-        for g in list(self.gangs.values()):
+        for g in list(self.book.gangs.values()):
             if any(m.node == node for m in g.placement):
                 await self.evaluate(g.id)
         self.wake.set()
@@ -941,7 +930,7 @@ class AzLeader:
     def on_heartbeat(self, conn: AgentConn) -> bool:
         """Returns whether to acknowledge: only while we are a valid leader."""
         conn.last_seen = self.mono()
-        live = self.liveness.get(conn.node)
+        live = self.book.liveness.get(conn.node)
         if live is not None:
             live.last_contact = conn.last_seen
         return self.session.is_valid() and not self.stopped.is_set()
@@ -951,8 +940,8 @@ class AzLeader:
         placed on another node (or nowhere in this AZ). None when it is, or
         when its incarnation is unknown here (the callers already drop or
         revoke those)."""
-        hold = self.twophase.participant.holds.get(m.gang)
-        g = (self.twophase.gang_cache.get(m.gang) if hold is not None else None) or self.gangs.get(m.gang)
+        hold = self.book.participant.holds.get(m.gang)
+        g = (self.book.gang_cache.get(m.gang) if hold is not None else None) or self.book.gangs.get(m.gang)
         if g is not None and g.incarnation == m.incarnation:
             placed = next((p.node for p in g.placement if p.rank == m.rank and p.az == self.az), None)
         elif hold is not None and hold.incarnation == m.incarnation:
@@ -967,20 +956,20 @@ class AzLeader:
         if why is not None:
             log.warning("ignored a member report: %s", why)
             return
-        if m.gang in self.twophase.participant.holds:
+        if m.gang in self.book.participant.holds:
             # Cross-AZ gang: this AZ publishes its members' status for the owner.
             await self.twophase.on_member(conn.node, m)
             return
-        g = self.gangs.get(m.gang)
+        g = self.book.gangs.get(m.gang)
         if g is None or g.incarnation != m.incarnation:
             return
-        self.members.setdefault((m.gang, m.incarnation), {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
+        self.book.members.setdefault((m.gang, m.incarnation), {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
         await self.evaluate(m.gang)
 
     def on_disconnect(self, conn: AgentConn) -> None:
         if self.conns.get(conn.node) is conn:
             del self.conns[conn.node]
-            live = self.liveness.get(conn.node)
+            live = self.book.liveness.get(conn.node)
             if live is not None:
                 live.ready = False
         conn.closed = True
@@ -989,19 +978,19 @@ class AzLeader:
         """Decide on the gang from what its members reported: a run-time
         transition, or once a torn-down incarnation is gone, its requeue or
         release. Skipped while the gang is busy."""
-        g = self.gangs.get(gang_id)
+        g = self.book.gangs.get(gang_id)
         if g is None or gang_id in self._inflight:
             return
-        reports = self.members.get((g.id, g.incarnation), {})
+        reports = self.book.members.get((g.id, g.incarnation), {})
         if lifecycle.torn_down(g.state):
             # Torn down: act once no member of this incarnation can be alive.
-            then = lifecycle.after_teardown(g, reports, has_reservation=g.id in self.reservations,
+            then = lifecycle.after_teardown(g, reports, has_reservation=g.id in self.book.reservations,
                                             two_phase=is_two_phase(g))
             if then is None:
                 return
             with self.acting_on(gang_id):
                 effect = fx.after_teardown_effect(then, g, self.wall(), self.t, stimulus_id=self._stimulus(),
-                                                  has_reservation=g.id in self.reservations)
+                                                  has_reservation=g.id in self.book.reservations)
                 done = await self.perform(effect)
             if isinstance(done, fx.WriteRefused):
                 log.info("gang %s: %s", gang_id, done.why)
@@ -1019,7 +1008,7 @@ class AzLeader:
         if isinstance(done, fx.WriteRefused):
             log.info("gang %s: %s", g.id, done.why)
         # A teardown may already allow the release (no live members).
-        if fx.reevaluate_after(step, self.gangs.get(g.id)):
+        if fx.reevaluate_after(step, self.book.gangs.get(g.id)):
             await self.evaluate(g.id)
 
     async def _write_transition(self, e: fx.WriteTransition) -> fx.Event:
@@ -1034,7 +1023,7 @@ class AzLeader:
 
     async def _release(self, g: GangRecord) -> None:
         key = self.keys.reservation(self.az, g.id)
-        r = self.reservations.get(g.id)
+        r = self.book.reservations.get(g.id)
         if r is None:
             return
         self.check_valid()
@@ -1042,8 +1031,8 @@ class AzLeader:
         log.info("gang %s#%d released its devices: every member is gone", g.id, g.incarnation,
                  extra={"gang": g.id, "incarnation": g.incarnation})
         self._drop_reservation(g.id)
-        self.gangs.pop(g.id, None)
-        self.members.pop((g.id, g.incarnation), None)
+        self.book.gangs.pop(g.id, None)
+        self.book.members.pop((g.id, g.incarnation), None)
         self.wake.set()
 
     # ------------------------------------------------------------ liveness
@@ -1058,7 +1047,7 @@ class AzLeader:
         self._last_persist = now_m
         ops = []
         for node, conn in self.conns.items():
-            rec = self.nodes.get(node)
+            rec = self.book.nodes.get(node)
             if rec is None or not rec.ready or conn.closed:
                 continue
             seen_wall = now_w - (now_m - conn.last_seen)
@@ -1071,24 +1060,24 @@ class AzLeader:
             self.check_valid()
             res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, n), r.to_dict()) for n, r in chunk])
             for n, r in chunk:
-                self.nodes[n] = dataclasses.replace(r, mod_revision=res.revision)
+                self.book.nodes[n] = dataclasses.replace(r, mod_revision=res.revision)
 
     async def _check_start_barrier(self) -> None:
         """A gang whose members have not all started within its
         start_timeout_s is torn down (all-or-nothing at run time too)."""
         now = self.wall()
-        for g in list(self.gangs.values()):
+        for g in list(self.book.gangs.values()):
             if self.busy(g.id):
                 continue
-            reports = self.members.get((g.id, g.incarnation), {})
+            reports = self.book.members.get((g.id, g.incarnation), {})
             why = lifecycle.start_barrier(g, reports, now)
             if why is not None:
                 await self._transition(g, lifecycle.run_time_step(g, GangState.FAILED, why, reports, now, self.epoch), now)
 
     async def _check_liveness(self) -> None:
         now = self.mono()
-        for node, live in list(self.liveness.items()):
-            rec = self.nodes.get(node)
+        for node, live in list(self.book.liveness.items()):
+            rec = self.book.nodes.get(node)
             v = lifecycle.node_verdict(node, last_contact=live.last_contact, ready=live.ready,
                                        record_ready=None if rec is None else rec.ready, now=now,
                                        not_ready_after_s=self.t.node_not_ready_after_s,
@@ -1097,7 +1086,7 @@ class AzLeader:
                 await self.perform(effect)
 
     def _close_session(self, node: str) -> None:
-        live = self.liveness.get(node)
+        live = self.book.liveness.get(node)
         if live is not None:
             live.ready = False
         conn = self.conns.pop(node, None)
@@ -1108,7 +1097,7 @@ class AzLeader:
     async def _mark_not_ready(self, e: fx.MarkNodeNotReady) -> None:
         self.check_valid()
         res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, e.node), e.record.to_dict())])
-        self.nodes[e.node] = dataclasses.replace(e.record, mod_revision=res.revision)
+        self.book.nodes[e.node] = dataclasses.replace(e.record, mod_revision=res.revision)
         log.warning("node %s not ready: %s", e.node, e.record.reason, extra={"node": e.node})
 
     async def _register_node(self, e: fx.RegisterNode) -> None:
@@ -1121,13 +1110,13 @@ class AzLeader:
             old.closed = True
             old.queue.put_nowait(None)
         res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), e.record.to_dict())])
-        self.nodes[node] = dataclasses.replace(e.record, mod_revision=res.revision)
-        self.index = self.index.refreshed(n.topology for n in self.nodes.values())
+        self.book.nodes[node] = dataclasses.replace(e.record, mod_revision=res.revision)
+        self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
         conn = e.session  # the AgentConn on_register passed through the core
         assert isinstance(conn, AgentConn)
         self.conns[node] = conn
         conn.last_seen = self.mono()
-        self.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
+        self.book.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
         if e.announce_ready:
             log.info("node %s ready (agent %s)", node, e.record.agent_id)
 
@@ -1135,8 +1124,8 @@ class AzLeader:
         """Past the node's fence deadline its agent has stopped every member:
         fail gangs that had members there and free devices."""
         await self.twophase.on_node_lost(e.node, e.reason)
-        for g, stopped in lifecycle.lost_member_reports(list(self.gangs.values()), e.node, self.az, e.reason):
-            self.members.setdefault((g.id, g.incarnation), {}).update(stopped)
+        for g, stopped in lifecycle.lost_member_reports(list(self.book.gangs.values()), e.node, self.az, e.reason):
+            self.book.members.setdefault((g.id, g.incarnation), {}).update(stopped)
             await self.evaluate(g.id)
 
     # ---------------------------------------------------------------- view
@@ -1150,7 +1139,7 @@ class AzLeader:
         caller answers from etcd)."""
         self.check_valid()
         await self.until_rebuilt()
-        g = self.gangs.get(gang_id)
+        g = self.book.gangs.get(gang_id)
         if g is None or g.state not in (GangState.PENDING, GangState.RESERVING):
             return None
         waited = max(0.0, self.wall() - g.submitted_at)
@@ -1168,7 +1157,7 @@ class AzLeader:
         return explanation.of_decision(d, pos, len(decisions), head, grace, self.az)
 
     async def _explain_two_phase(self, g: GangRecord, head: str, grace: str) -> Explanation:
-        o = self.twophase.owners.get(g.id)
+        o = self.book.owners.get(g.id)
         phase = o.phase if o is not None else None
         views, registered, led = await self.twophase.snapshot()
         owner = explanation.owner_summary(phase, o.attempts if o is not None else 0,

@@ -53,27 +53,26 @@ class GangCollector:
         self.l = leader
         self.az = leader.az
         self.keys = leader.keys
-        self.finished: dict[str, FinishedGang] = {}  # owned, terminal, not yet collected
-        self.seen_mono: dict[str, float] = {}  # gang -> when this leader first saw it finished
+        self.book = leader.book  # finished gangs and when this leader first saw them (coordinator/book.py)
         self.collected = 0  # this leadership's total (logged)
 
     # ----------------------------------------------------------- the index
     def note(self, g: GangRecord) -> None:
         """Every gang record this leader reads or writes passes here."""
         if g.owner_az == self.az and g.state.terminal:
-            self.finished[g.id] = FinishedGang.of(g)
+            self.book.finished[g.id] = FinishedGang.of(g)
             # When *this* process first knew it finished (monotonic): the
             # record's wall time comes from another replica's clock, so a
             # skewed or stepped clock must not shorten a client's retry window.
-            self.seen_mono.setdefault(g.id, self.l.mono())
+            self.book.seen_mono.setdefault(g.id, self.l.mono())
         else:
-            self.finished.pop(g.id, None)
-            self.seen_mono.pop(g.id, None)
+            self.book.finished.pop(g.id, None)
+            self.book.seen_mono.pop(g.id, None)
 
     def forget(self, gang_id: str) -> None:
         """The gang is gone from etcd: drop it from this leader's memory."""
-        self.finished.pop(gang_id, None)
-        self.seen_mono.pop(gang_id, None)
+        self.book.finished.pop(gang_id, None)
+        self.book.seen_mono.pop(gang_id, None)
         self.l.forget_gang(gang_id)
 
     # ------------------------------------------------------------- sweeps
@@ -97,27 +96,20 @@ class GangCollector:
             except Exception:  # noqa: BLE001 - one bad record must not stop collection for good
                 log.exception("gang collection in %s failed; next sweep in %gs", self.az, interval)
 
-    def _held_here(self) -> set[str]:
-        """Gangs this leader still holds devices for (RELEASING, or a
-        two-phase hold it has not released), or whose two-phase owner state
-        is not settled (it could still write a decision for them)."""
-        unsettled = {g for g, o in self.l.twophase.owners.items() if not o.phase.settled}
-        return set(self.l.reservations) | set(self.l.twophase.participant.holds) | unsettled
-
     def _recently_seen(self) -> set[str]:
         """Gangs this leader has known finished for less than a client's
         submit retry window, on its own monotonic clock."""
         now, window = self.l.mono(), self.l.t.submit_retry_window_s
-        return {g for g, t in self.seen_mono.items() if now - t < window}
+        return {g for g, t in self.book.seen_mono.items() if now - t < window}
 
     def _due(self, held: set[str], limit: int) -> list[FinishedGang]:
-        return due_for_collection(self.finished.values(), az=self.az, now=self.l.wall(),
+        return due_for_collection(self.book.finished.values(), az=self.az, now=self.l.wall(),
                                   retention_s=self.l.t.gang_retention_s, limit=limit,
                                   held=held | self._recently_seen())
 
     async def sweep(self) -> int:
         """One sweep; returns how many gangs were collected."""
-        if not self._due(self._held_here(), limit=1):
+        if not self._due(self.book.held_here(), limit=1):
             return 0
         k = self.keys
         # Which gangs still have a reservation (any AZ) or a member summary:
@@ -138,7 +130,7 @@ class GangCollector:
         # The cap applies after this filter: gangs held elsewhere (another
         # AZ's leaderless participant, say) must not fill every sweep and
         # starve the collectable ones behind them.
-        due = self._due(self._held_here() | reserved | summarised, limit=MAX_PER_SWEEP)
+        due = self._due(self.book.held_here() | reserved | summarised, limit=MAX_PER_SWEEP)
         if not due:
             return 0
         collected = 0

@@ -75,7 +75,6 @@ from coordinator.core.twophase import (
     OwnerRecovered,
     OwnerState,
     ParticipantRecovered,
-    ParticipantState,
     PlacementMade,
     PrepareReceived,
     ReleaseHold,
@@ -87,14 +86,13 @@ from coordinator.core.twophase import (
     SendFinish,
     SendPrepare,
     SendVote,
-    TwoPhaseConfig,
     VoteReceived,
     WriteAttempt,
     WriteHold,
 )
 from coordinator.core.twophase_model import normalize_slice
 from coordinator.election import observe
-from coordinator.remote_view import RemoteInventory
+from coordinator.book import two_phase_config
 from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent, unchanged_since
 from phalanx.reservation import HoldState, Reservation
 from phalanx import failpoints
@@ -173,46 +171,20 @@ class TwoPhaseDriver:
         self.az = leader.az
         self.store = leader.store
         self.keys = leader.keys
-        t = leader.t
-        self.cfg = TwoPhaseConfig(
-            vote_timeout_s=t.vote_timeout_s, prepare_timeout_s=t.prepare_timeout_s,
-            retry_backoff_s=t.twophase_retry_backoff_s, retry_backoff_max_s=t.twophase_retry_backoff_max_s,
-            store_retry_s=t.twophase_store_retry_s,
-        )
+        # Every state of the protocol (the cores, the holds being released,
+        # other AZs as watched, ...) is in the leader's book; this driver
+        # keeps only its I/O: futures of calls waiting for a vote or an ack,
+        # the peer-address cache, writes in flight, cadences.
+        self.book = leader.book
+        self.cfg = two_phase_config(leader.t)
         self.peer_channel = peer_channel
-        self.participant = ParticipantState(self.az, self.cfg)
-        # (gang, incarnation) -> node -> (gpus, nics) of holds whose release
-        # is decided but whose record delete has not committed yet.
-        self.releasing: dict[tuple[str, int], Any] = {}
-        self.owners: dict[str, OwnerState] = {}
-        self.placements: dict[tuple[str, int], Placement] = {}
         self._vote_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
         self._ack_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
-        self.gang_cache: dict[str, GangRecord] = {}  # gangs with a hold here (any owner)
-        self.local_reports: dict[tuple[str, int], dict[int, progress.MemberReport]] = {}
-        self.revoked_at: dict[tuple[str, int], float] = {}
-        self.finished_fed: set[tuple[str, int]] = set()
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
-        self._hold_rev: dict[tuple[str, int], int] = {}  # (gang, inc) -> mod_revision of the record we wrote
         self._last_eval = 0.0
-        # Other AZs as the cluster-root watch shows them (read at recovery,
-        # then kept from the watch): the admission cycle's global view costs
-        # no etcd request, and is rebuilt only when it changed. Possibly
-        # stale; the participants' ledgers refuse a conflicting prepare. It
-        # also keeps who leads each AZ with which epoch (peer calls, owner
-        # loss).
-        self.remote = RemoteInventory(self.az, self.keys)
-        self.dec_by_key: dict[tuple[str, int], Outcome] = {}  # decisions read at recovery
-        self._published: dict[tuple[str, int], MemberSummary] = {}  # last member summary written per (gang, inc)
-        self._publishing: set[tuple[str, int]] = set()
+        self._publishing: set[tuple[str, int]] = set()  # member summaries being written
         self._last_leader_poll = 0.0
         self.revision = 0
-        # Peer calls checked from the watch, without an etcd read, when it
-        # already shows what the read would (docs/two-phase.md "Peer
-        # calls"): each AZ's leader epoch (self.remote.epoch) and the last
-        # record of every gang, kept raw (parsed only for a Prepare). Cleared
-        # after a compacted watch.
-        self.watched_gangs: dict[str, Any] = {}
         # (gang, inc) -> MarkGangReserved that arrived while the COMMIT+RESERVED
         # txn was in flight (None: none yet): _commit_with_reserved.
         self._folding: dict[tuple[str, int], MarkGangReserved | None] = {}
@@ -243,22 +215,22 @@ class TwoPhaseDriver:
             if Core.PARTICIPANT in r.to:
                 self.perform(self._participant_decides(r.event))
             if Core.OWNER in r.to:
-                o = self.owners.get(getattr(r.event, "gang", ""))
+                o = self.book.owners.get(getattr(r.event, "gang", ""))
                 if o is not None:
                     self.perform(o.handle(r.event, self.now()))
 
     def _participant_decides(self, ev: Event) -> list[Effect]:
         if isinstance(ev, HoldReleased):
-            self.releasing.pop((ev.gang, ev.incarnation), None)
-        before = {g: (h.incarnation, h.nodes) for g, h in self.participant.holds.items()}
-        effects = self.participant.handle(ev, self.now())
+            self.book.releasing.pop((ev.gang, ev.incarnation), None)
+        before = {g: (h.incarnation, h.nodes) for g, h in self.book.participant.holds.items()}
+        effects = self.book.participant.handle(ev, self.now())
         # The core frees a hold's devices when it decides to release it; the
         # durable record goes only when ReleaseHold's delete commits. Until
         # then the devices stay taken for single-AZ placement too, so etcd
         # never holds two reservations on one GPU (chaos finding 7).
         for e in effects:
             if isinstance(e, ReleaseHold) and e.gang in before and before[e.gang][0] == e.incarnation:
-                self.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
+                self.book.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
         return effects
 
     def perform(self, effects: Sequence[Effect]) -> None:
@@ -296,7 +268,7 @@ class TwoPhaseDriver:
                 case MarkGangPending():
                     # The owner waits for placement: the next admission
                     # cycle places it (one order with single-AZ gangs).
-                    self.l.pending_reason[e.gang] = e.reason
+                    self.book.pending_reason[e.gang] = e.reason
                     self.l.wake.set()
                 case _:
                     self._spawn(self._results(self._do(e), e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
@@ -327,7 +299,7 @@ class TwoPhaseDriver:
             case MarkGangReserved():
                 await self._mark_reserved(e)
             case MarkGangFailed():
-                g = self.l.gangs.get(e.gang)
+                g = self.book.gangs.get(e.gang)
                 if g is not None and not g.state.terminal:
                     # The gang's run-time effects go through the leader's one
                     # interpreter (docs/design.md §19.9).
@@ -377,7 +349,7 @@ class TwoPhaseDriver:
         guard = absent(key) if e.replaces is None else unchanged_since(key, e.replaces)
         res = await self._fenced([guard], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
         if res is not None and res.succeeded:
-            self._hold_rev[(e.gang, e.incarnation)] = res.revision
+            self.book.hold_revision[(e.gang, e.incarnation)] = res.revision
             await failpoints.hit("participant.after_prepared")
             return [Routed.participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         if res is None:  # outcome unknown: read it back
@@ -395,11 +367,11 @@ class TwoPhaseDriver:
 
     async def _mark_committed(self, e: MarkCommitted) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
-        rev = self._hold_rev.pop((e.gang, e.incarnation), None)
+        rev = self.book.hold_revision.pop((e.gang, e.incarnation), None)
         if rev is not None:
             # Our own PREPARED write, unchanged since: commit it without a read.
             rec = Reservation(self.az, e.gang, e.incarnation, HoldState.COMMITTED, e.nodes, self.l.epoch)
-            hold = self.participant.holds.get(e.gang)
+            hold = self.book.participant.holds.get(e.gang)
             if hold is not None and hold.incarnation == e.incarnation:
                 rec = dataclasses.replace(rec, two_phase=True, owner_az=hold.owner_az, priority=hold.priority,
                                           submitted_at=hold.submitted_at)
@@ -439,10 +411,10 @@ class TwoPhaseDriver:
         res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops)
         self.l.wake.set()  # released or not, the cycle looks again
         if res is not None and res.succeeded:
-            self._hold_rev.pop((e.gang, e.incarnation), None)
-            self._published.pop((e.gang, e.incarnation), None)
-            self.local_reports.pop((e.gang, e.incarnation), None)
-            self.revoked_at.pop((e.gang, e.incarnation), None)
+            self.book.hold_revision.pop((e.gang, e.incarnation), None)
+            self.book.published.pop((e.gang, e.incarnation), None)
+            self.book.local_reports.pop((e.gang, e.incarnation), None)
+            self.book.revoked_at.pop((e.gang, e.incarnation), None)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
             return [Routed.participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         else:
@@ -482,7 +454,7 @@ class TwoPhaseDriver:
         if ours:
             log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
             self.l.metrics.twophase_decided(outcome.value, e.reason)
-            if e.gang in self.owners:
+            if e.gang in self.book.owners:
                 await failpoints.hit("owner.after_decide")
         return [Routed.both(DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                             won=won, outcome=outcome))]
@@ -499,8 +471,8 @@ class TwoPhaseDriver:
         holds, and MarkGangReserved writes the record (or finds it written). One write less per admission; the
         one-decision rule is unchanged (the key is still created at most
         once), only a deposed owner can no longer create COMMIT this way."""
-        g = self.l.gangs.get(e.gang)
-        if (e.gang not in self.owners or g is None or g.incarnation != e.incarnation
+        g = self.book.gangs.get(e.gang)
+        if (e.gang not in self.book.owners or g is None or g.incarnation != e.incarnation
                 or g.state != GangState.RESERVING or self.l.busy(g.id)):
             return NOT_FOLDED
         new, events = self._reserved(g)
@@ -532,8 +504,8 @@ class TwoPhaseDriver:
         return g.evolve(state=GangState.RESERVED, reason=reason, updated_at=self.l.wall()), [reserved]
 
     async def _write_attempt(self, e: WriteAttempt) -> list[Routed]:
-        g = self.l.gangs.get(e.gang)
-        p = self.placements.get((e.gang, e.incarnation))
+        g = self.book.gangs.get(e.gang)
+        p = self.book.placements.get((e.gang, e.incarnation))
         if g is None or g.state.terminal:
             # Cancelled (or ended) before this attempt was recorded: nothing
             # was sent for it, so no participant holds anything for it. The
@@ -541,8 +513,8 @@ class TwoPhaseDriver:
             # leadership and its plan would keep devices out of every view.
             log.info("two-phase %s: %s ended before its attempt #%d was recorded; its owner stops", self.az, e.gang,
                      e.incarnation)
-            self.owners.pop(e.gang, None)
-            self.placements = {key: v for key, v in self.placements.items() if key[0] != e.gang}
+            self.book.owners.pop(e.gang, None)
+            self.book.drop_attempts(e.gang)
             self.l.wake.set()
             return []
         if p is None:
@@ -575,7 +547,7 @@ class TwoPhaseDriver:
         if (e.gang, e.incarnation) in self._folding:
             self._folding[(e.gang, e.incarnation)] = e  # the folded write in flight finishes it
             return
-        g = self.l.gangs.get(e.gang)
+        g = self.book.gangs.get(e.gang)
         if g is None or g.incarnation != e.incarnation or g.state not in (GangState.RESERVING, GangState.RESERVED):
             return
         written = g  # RESERVED already: written with the COMMIT (_commit_with_reserved)
@@ -587,12 +559,12 @@ class TwoPhaseDriver:
                     written = await self.l.write_gang(new, g, events=events)
             except Conflict as exc:
                 log.info("gang %s: %s", e.gang, exc)
-                cur = self.l.gangs.get(e.gang)  # (write_gang keeps what it found)
+                cur = self.book.gangs.get(e.gang)  # (write_gang keeps what it found)
                 if cur is None or cur.incarnation != e.incarnation or cur.state != GangState.RESERVED:
                     return
                 written = cur  # our folded write applied though its reply was lost
         self._report_requests(e.gang, e.incarnation, "owner")
-        self.l.pending_reason.pop(e.gang, None)
+        self.book.pending_reason.pop(e.gang, None)
         self._spawn(self.l.perform(fx.MarkStarting(written, stimulus_id=e.stimulus_id)), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
@@ -680,7 +652,7 @@ class TwoPhaseDriver:
     # ------------------------------------------------ participant entry points
     def single_az_conflict(self, nodes: Any) -> str:
         for node, (gpus, nics) in nodes.items():
-            for gang, dev in self.l.ledger.held.get(node, {}).items():
+            for gang, dev in self.book.ledger.held.get(node, {}).items():
                 if set(gpus) & set(dev.gpus) or set(nics) & set(dev.nics):
                     return gang
         return ""
@@ -690,8 +662,8 @@ class TwoPhaseDriver:
         other = self.single_az_conflict(ev.nodes)
         if other:
             return False, f"devices committed to single-AZ gang {other} in {self.az}"
-        if ev.key not in {(h.gang, h.incarnation) for h in self.participant.holds.values()}:
-            down = sorted(n for n in ev.nodes if not (self.l.liveness.get(n) and self.l.liveness[n].ready and n in self.l.conns))
+        if ev.key not in {(h.gang, h.incarnation) for h in self.book.participant.holds.values()}:
+            down = sorted(n for n in ev.nodes if not (self.book.liveness.get(n) and self.book.liveness[n].ready and n in self.l.conns))
             if down:
                 # The owner's view of this AZ is stale: never vote YES for a
                 # node whose agent is not connected here.
@@ -733,7 +705,7 @@ class TwoPhaseDriver:
                 raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                                   f"the slice for {self.az} does not match the recorded plan of {g.id}#{g.incarnation}")
         nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
-        self.gang_cache[g.id] = g
+        self.book.gang_cache[g.id] = g
         ev = PrepareReceived(stimulus_id=f"rpc-prepare:{caller.az}:{req.gang}:{req.incarnation}", gang=req.gang,
                              incarnation=req.incarnation, owner_az=caller.az, priority=g.spec.priority,
                              submitted_at=g.submitted_at, nodes=nodes)
@@ -758,8 +730,8 @@ class TwoPhaseDriver:
         one's COMMIT, and a cancelled gang's PREPARED hold is decided at once
         (ParticipantState._on_gang_finished)."""
         caller = req.caller
-        kv = self.watched_gangs.get(req.gang)
-        if kv is None or not caller.az or self.remote.epoch(caller.az) != caller.epoch:
+        kv = self.book.watched_gangs.get(req.gang)
+        if kv is None or not caller.az or self.book.remote.epoch(caller.az) != caller.epoch:
             return None
         try:
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
@@ -774,8 +746,8 @@ class TwoPhaseDriver:
         bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
         caller = req.caller
         want = Outcome.COMMIT if commit else Outcome.ABORT
-        if (caller.az and self.remote.epoch(caller.az) == caller.epoch
-                and self.participant.known_decisions.get((req.gang, req.incarnation)) is want):
+        if (caller.az and self.book.remote.epoch(caller.az) == caller.epoch
+                and self.book.participant.known_decisions.get((req.gang, req.incarnation)) is want):
             # Already learnt from a durable source (the watch, a read, our own
             # create) and the watched epoch is the caller's: what the read
             # would say. Acting on a durable decision is safe whoever asks.
@@ -792,7 +764,7 @@ class TwoPhaseDriver:
         if have is not want:
             raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                               f"decision of {req.gang}#{req.incarnation} is {have.value}, not {want.value}")
-        hold = self.participant.holds.get(req.gang)
+        hold = self.book.participant.holds.get(req.gang)
         if hold is None or hold.incarnation != req.incarnation:
             # Not held here: learn the decision (it is durable), refuse the call.
             self.feed(Routed.participant(DecisionObserved(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}",
@@ -814,7 +786,7 @@ class TwoPhaseDriver:
         """Whether the admission cycle places ``g`` now: a cross-AZ gang
         whose owner waits for the placement of an attempt (UNPLACED: fresh,
         recovered, or the next incarnation after an aborted one's backoff)."""
-        o = self.owners.get(g.id)
+        o = self.book.owners.get(g.id)
         return (o is not None and o.phase is OwnerPhase.UNPLACED and o.incarnation >= g.incarnation
                 and g.state in (GangState.PENDING, GangState.RESERVING))
 
@@ -823,16 +795,16 @@ class TwoPhaseDriver:
         two-phase attempt starts now with it (the cycle has taken its
         devices from the free view; attempt_devices keeps them out of later
         cycles' views until the holds show)."""
-        o = self.owners.get(g.id)
+        o = self.book.owners.get(g.id)
         if o is None or o.phase is not OwnerPhase.UNPLACED:
             return
-        self.placements[(g.id, o.incarnation)] = placement
+        self.book.placements[(g.id, o.incarnation)] = placement
         self.feed(Routed.owner(PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
                                              plan=placement.by_az())))
 
     def last_reason(self, gang: str) -> str:
         """Why the gang's last two-phase attempt ended as it did ("" if none)."""
-        o = self.owners.get(gang)
+        o = self.book.owners.get(gang)
         return o.last_reason if o is not None else ""
 
     def attempt_devices(self) -> dict[capacity.NodeKey, Any]:
@@ -843,7 +815,7 @@ class TwoPhaseDriver:
         attempt record, other AZs' reach the watch later still). Where the
         holds already show, the two overlap, which costs nothing."""
         live = (OwnerPhase.PERSISTING, OwnerPhase.PREPARING, OwnerPhase.DECIDING, OwnerPhase.RESERVED)
-        return capacity.held((az, nodes) for gang, o in self.owners.items() if o.phase in live and o.plan
+        return capacity.held((az, nodes) for gang, o in self.book.owners.items() if o.phase in live and o.plan
                              and (o.phase is not OwnerPhase.PERSISTING or self._gang_goes_on(gang))
                              for az, nodes in o.plan.items())
 
@@ -852,13 +824,13 @@ class TwoPhaseDriver:
         still PERSISTING has sent nothing, so for an ended gang it keeps
         nothing; later phases keep their plan until the owner settles (a
         prepare may be on its way)."""
-        g = self.l.gangs.get(gang)
+        g = self.book.gangs.get(gang)
         return g is not None and not g.state.terminal
 
     @property
     def remote_version(self) -> int:
         """Changes when another AZ's registered nodes do (never-fits memo)."""
-        return self.remote.version
+        return self.book.remote.version
 
     def other_azs_view(self) -> Sequence[NodeView]:
         """Other AZs' nodes from the watched records (no etcd request; cached
@@ -866,16 +838,16 @@ class TwoPhaseDriver:
         any state; ready only while the node's record says so and its AZ has
         a leader (an AZ without one cannot vote). Possibly stale, which the
         participants' ledgers catch."""
-        return self.remote.view()
+        return self.book.remote.view()
 
     def other_azs_registered(self) -> list[NodeTopology]:
         """Every other AZ's registered node (ready or not), for never-fits."""
-        return list(self.remote.registered())
+        return list(self.book.remote.registered())
 
     def placement_index(self, local: FabricIndex) -> FabricIndex:
         """``local`` joined with the other AZs' node facts: the index for a
         cycle that places over every AZ (kept until either side changes)."""
-        return self.remote.placement_index(local)
+        return self.book.remote.placement_index(local)
 
     async def snapshot(self) -> tuple[list[NodeView], list[NodeTopology], set[str]]:
         """For explain: the global view cross-AZ gangs are placed on (this
@@ -886,10 +858,10 @@ class TwoPhaseDriver:
         views = list(self.l.placeable_nodes())
         placeable = {v.name for v in views}
         views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
-                  for name, n in self.l.nodes.items() if name not in placeable]
+                  for name, n in self.book.nodes.items() if name not in placeable]
         views += self.other_azs_view()
         registered = self.l.registered_topologies() + self.other_azs_registered()
-        return views, registered, set(self.remote.led) | {self.az}
+        return views, registered, set(self.book.remote.led) | {self.az}
 
     # ------------------------------------------------------------ dispatch
     async def _node_record(self, az: str, node: str) -> NodeRecord | None:
@@ -897,21 +869,21 @@ class TwoPhaseDriver:
         from the watched records, else from etcd (the rank-0 node's address
         and ports, for the rendezvous)."""
         if az == self.az:
-            return self.l.nodes.get(node)
-        cached = self.remote.node(az, node)
+            return self.book.nodes.get(node)
+        cached = self.book.remote.node(az, node)
         if cached is not None:
             return cached
         kv = await self.store.get(self.keys.node(az, node))
         return NodeRecord.from_dict(kv.json()) if kv is not None else None
 
     async def _gang(self, gang: str) -> GangRecord | None:
-        g = self.l.gangs.get(gang) or self.gang_cache.get(gang)
+        g = self.book.gangs.get(gang) or self.book.gang_cache.get(gang)
         if g is None:
             kv = await self._read(self.keys.gang(gang), gang)
             if kv is None:
                 return None
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-            self.gang_cache[gang] = g
+            self.book.gang_cache[gang] = g
         return g
 
     async def _dispatch(self, e: DispatchGang) -> None:
@@ -934,13 +906,13 @@ class TwoPhaseDriver:
         node that it does not run and that never finished are (re)sent; the
         dispatch may have gone out while it was away (e.g. right after a
         leader change)."""
-        for gang, hold in list(self.participant.holds.items()):
+        for gang, hold in list(self.book.participant.holds.items()):
             if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
                 continue
             g = await self._gang(gang)
             if g is None or g.incarnation != hold.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
                 continue
-            done = {r for r, rep in self.local_reports.get((gang, hold.incarnation), {}).items() if not rep.phase.live}
+            done = {r for r, rep in self.book.local_reports.get((gang, hold.incarnation), {}).items() if not rep.phase.live}
             have = reported.get((gang, hold.incarnation), set()) | done
             mine = {m.rank for m in g.placement if m.node == node}
             if mine - have:
@@ -951,25 +923,25 @@ class TwoPhaseDriver:
         if kv is None:
             return None
         g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-        self.gang_cache[gang] = g
+        self.book.gang_cache[gang] = g
         return g
 
     # --------------------------------------------------------- members
     def owns_members(self, gang: str, incarnation: int) -> bool:
-        h = self.participant.holds.get(gang)
+        h = self.book.participant.holds.get(gang)
         return h is not None and h.incarnation == incarnation and h.state is HoldState.COMMITTED
 
     async def on_member(self, node: str, m: Any) -> None:
         """A member of a two-phase gang reported to this AZ's leader: keep it
         and publish this AZ's summary for the owner (members/<gang>/<az>)."""
         key_ = (m.gang, m.incarnation)
-        reps = self.local_reports.setdefault(key_, {})
+        reps = self.book.local_reports.setdefault(key_, {})
         rep = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
         if reps.get(m.rank) == rep:
             return
         reps[m.rank] = rep
         self._spawn(self._publish_members(m.gang, m.incarnation), f"members-{m.gang}")
-        g = self.gang_cache.get(m.gang) or self.l.gangs.get(m.gang)
+        g = self.book.gang_cache.get(m.gang) or self.book.gangs.get(m.gang)
         if g is not None:
             self._maybe_finish(g)
 
@@ -977,13 +949,13 @@ class TwoPhaseDriver:
         """A node of this AZ is past its fence deadline: its members of
         committed cross-AZ holds are gone; tell their owners."""
         log.debug("two-phase %s: node %s lost: %s", self.az, node, reason)
-        for gang, hold in list(self.participant.holds.items()):
+        for gang, hold in list(self.book.participant.holds.items()):
             if hold.state is not HoldState.COMMITTED or node not in hold.nodes:
                 continue
             g = await self._gang(gang)
             if g is None or g.incarnation != hold.incarnation:
                 continue
-            reps = self.local_reports.setdefault((gang, hold.incarnation), {})
+            reps = self.book.local_reports.setdefault((gang, hold.incarnation), {})
             changed = False
             for m in g.placement:
                 if m.az == self.az and m.node == node and (reps.get(m.rank) is None or reps[m.rank].phase.live):
@@ -995,7 +967,7 @@ class TwoPhaseDriver:
             await self._publish_members(gang, hold.incarnation)
 
     def _summary(self, gang: str, inc: int) -> MemberSummary:
-        return MemberSummary.of(inc, self.az, self.local_reports.get((gang, inc), {}))
+        return MemberSummary.of(inc, self.az, self.book.local_reports.get((gang, inc), {}))
 
     async def _publish_members(self, gang: str, inc: int) -> None:
         """Write this AZ's summary of (gang, inc) unless already written.
@@ -1004,11 +976,11 @@ class TwoPhaseDriver:
         leader's tick re-publishes any summary whose write did not land."""
         key_ = (gang, inc)
         # Only while our hold of this incarnation exists (no summary outlives it).
-        hold = self.participant.holds.get(gang)
+        hold = self.book.participant.holds.get(gang)
         if hold is None or hold.incarnation != inc or key_ in self._publishing:
             return
         body = self._summary(gang, inc)
-        if self._published.get(key_) == body:
+        if self.book.published.get(key_) == body:
             return
         self._publishing.add(key_)
         try:
@@ -1026,28 +998,28 @@ class TwoPhaseDriver:
         if not res.succeeded:
             log.info("member summary of %s in %s not written: the hold is released", gang, self.az)
             return
-        self._published[key_] = body
+        self.book.published[key_] = body
         if self._summary(gang, inc) != body:
             self._spawn(self._publish_members(gang, inc), f"members-{gang}")  # changed meanwhile
 
     def on_member_summary(self, gang: str, summary: MemberSummary) -> None:
         """Owner side: a participant's summary arrived on the watch."""
-        g = self.l.gangs.get(gang)
+        g = self.book.gangs.get(gang)
         if g is None or summary.incarnation != g.incarnation:
             return
-        self.l.members.setdefault((gang, g.incarnation), {}).update(summary.members)
+        self.book.members.setdefault((gang, g.incarnation), {}).update(summary.members)
         self._spawn(self.l.evaluate(gang), f"evaluate-{gang}")
 
     # --------------------------------------------------------- finishing
     def _maybe_finish(self, g: GangRecord) -> None:
         """Participant: the gang record says the held incarnation is over:
         stop our members, and once none can be alive, GangFinished."""
-        hold = self.participant.holds.get(g.id)
+        hold = self.book.participant.holds.get(g.id)
         if hold is None:
             return
         inc = hold.incarnation
         over = g.incarnation > inc or (g.incarnation == inc and (g.state.terminal or g.state == GangState.RESTARTING))
-        if not over or (g.id, inc) in self.finished_fed:
+        if not over or (g.id, inc) in self.book.finished_fed:
             return
         key_ = (g.id, inc)
         if hold.state is HoldState.PREPARED:
@@ -1055,35 +1027,35 @@ class TwoPhaseDriver:
             # record): nothing to revoke or wait for. The core keeps the hold
             # until its decision is known and decides it now (one rule,
             # ParticipantState._on_gang_finished; docs/two-phase.md).
-            self.finished_fed.add(key_)
+            self.book.finished_fed.add(key_)
             self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
             return
         now = self.now()
-        if key_ not in self.revoked_at:
-            self.revoked_at[key_] = now
+        if key_ not in self.book.revoked_at:
+            self.book.revoked_at[key_] = now
             for node in hold.nodes:
                 self.l.send(node, Revoke(g.id, inc, g.reason or "gang over"))
-        reps = self.local_reports.get(key_, {})
+        reps = self.book.local_reports.get(key_, {})
         local_ranks = [m.rank for m in g.placement if m.az == self.az]
         if g.incarnation != inc:
             local_ranks = list(reps)
         live = [r for r in local_ranks if reps.get(r) is None or reps[r].phase.live]
-        waited = now - self.revoked_at[key_]
+        waited = now - self.book.revoked_at[key_]
         if live and waited < self.l.t.replace_after_s:
             return
         if live and g.incarnation == inc:
             # Past the fence deadline: whatever did not report is gone (its
             # agent has stopped it); say so, so that the owner stops waiting.
-            reps = self.local_reports.setdefault(key_, {})
+            reps = self.book.local_reports.setdefault(key_, {})
             node_of = {m.rank: m.node for m in g.placement}
             for r in live:
                 reps[r] = progress.MemberReport(MemberPhase.STOPPED, -1, "no report before the fence deadline", node_of.get(r, ""))
-        if reps and self._published.get(key_) != self._summary(g.id, inc):
+        if reps and self.book.published.get(key_) != self._summary(g.id, inc):
             # The owner must see how our members ended before the hold (and
             # with it the summary key) goes: publish first, finish on a later tick.
             self._spawn(self._publish_members(g.id, inc), f"members-{g.id}")
             return
-        self.finished_fed.add(key_)
+        self.book.finished_fed.add(key_)
         self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
 
     # -------------------------------------------------------------- watch
@@ -1103,15 +1075,15 @@ class TwoPhaseDriver:
         node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         self.revision = rev
-        self.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs if _reserving(kv)}
+        self.book.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs if _reserving(kv)}
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
-        if self.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records; keeps every epoch)
+        if self.book.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records; keeps every epoch)
             self.l.wake.set()
         gangs = {g.id: g for g in read_records(gang_kvs, GangRecord.from_dict)[0]}
         for g in gangs.values():
             if not g.state.terminal and g.owner_az != self.az:
-                self.remote.watch_for_loss(g.owner_az)
+                self.book.remote.watch_for_loss(g.owner_az)
         decisions = []
         for kv in dec_kvs:
             try:
@@ -1129,7 +1101,7 @@ class TwoPhaseDriver:
             if g is None or g.incarnation > r.incarnation or (g.incarnation == r.incarnation and g.state.terminal):
                 finished.append((r.gang, r.incarnation))
             elif g is not None:
-                self.gang_cache[g.id] = g
+                self.book.gang_cache[g.id] = g
         self.feed(Routed.participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
                                                           decisions=decisions, finished=finished)))
         # Member summaries of this AZ (the agents will re-report anyway).
@@ -1138,26 +1110,26 @@ class TwoPhaseDriver:
                 summary = MemberSummary.from_dict(kv.json())
                 gang = kv.key.rsplit("/", 2)[-2]
                 if summary.az == self.az:
-                    self.local_reports[(gang, summary.incarnation)] = summary.reports()
-                    self._published[(gang, summary.incarnation)] = summary
+                    self.book.local_reports[(gang, summary.incarnation)] = summary.reports()
+                    self.book.published[(gang, summary.incarnation)] = summary
                 else:
                     self.on_member_summary(gang, summary)
             except UNREADABLE as exc:
                 log.warning("two-phase recovery in %s: skipped unreadable member summary %s: %r", self.az, kv.key[:200], exc)
         # RESTARTING / terminal gangs whose holds we still keep.
-        for g in list(self.gang_cache.values()):
+        for g in list(self.book.gang_cache.values()):
             self._maybe_finish(g)
-        self.dec_by_key = {(d.gang, d.incarnation): d.outcome for d in decisions}
+        self.book.dec_by_key = {(d.gang, d.incarnation): d.outcome for d in decisions}
 
     def start_owner(self, g: GangRecord) -> None:
         """Cycle: a two-phase gang we own that no OwnerState drives yet."""
         o = OwnerState(g.id, self.az, g.spec.priority, g.submitted_at, self.cfg)
-        self.owners[g.id] = o
+        self.book.owners[g.id] = o
         if g.state == GangState.PENDING:
             self.feed(Routed.owner(GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
             return
         plan = _plan_of(g) if g.placement else None
-        decision = self.dec_by_key.get((g.id, g.incarnation))
+        decision = self.book.dec_by_key.get((g.id, g.incarnation))
         self._spawn(self._recover_owner(g, plan, decision), f"owner-recover-{g.id}")
 
     async def _recover_owner(self, g: GangRecord, plan: Any, decision: Outcome | None) -> None:
@@ -1178,10 +1150,10 @@ class TwoPhaseDriver:
         place them: no placement of their own, no retry timer; the
         admission timeout is the plan's rule 1, as for every gang)."""
         now = self.now()
-        for g in list(self.l.gangs.values()):
+        for g in list(self.book.gangs.values()):
             if not is_two_phase(g):
                 continue
-            o = self.owners.get(g.id)
+            o = self.book.owners.get(g.id)
             if o is None:
                 if g.state.terminal:
                     continue
@@ -1197,20 +1169,20 @@ class TwoPhaseDriver:
             # flight (then _evaluate skips them): re-evaluate owned cross-AZ
             # gangs periodically; it writes only on a transition.
             self._last_eval = now
-            for g in list(self.l.gangs.values()):
+            for g in list(self.book.gangs.values()):
                 if is_two_phase(g) and not self.l.busy(g.id) and g.state not in (GangState.PENDING, GangState.RESERVING):
                     self._spawn(self.l.evaluate(g.id), f"evaluate-{g.id}")
-        for gang, o in list(self.owners.items()):
-            if gang not in self.l.gangs and o.phase.settled:
+        for gang, o in list(self.book.owners.items()):
+            if gang not in self.book.gangs and o.phase.settled:
                 # Ended (or adopted elsewhere) and nothing in flight: forget it.
-                del self.owners[gang]
-                self.l.pending_reason.pop(gang, None)
-                self.placements = {k: v for k, v in self.placements.items() if k[0] != gang}
-        for g in list(self.gang_cache.values()):
+                del self.book.owners[gang]
+                self.book.pending_reason.pop(gang, None)
+                self.book.drop_attempts(gang)
+        for g in list(self.book.gang_cache.values()):
             self._maybe_finish(g)
-        for (gang, inc) in list(self.local_reports):
-            if self._published.get((gang, inc)) != self._summary(gang, inc) and (gang, inc) not in self._publishing:
-                hold = self.participant.holds.get(gang)
+        for (gang, inc) in list(self.book.local_reports):
+            if self.book.published.get((gang, inc)) != self._summary(gang, inc) and (gang, inc) not in self._publishing:
+                hold = self.book.participant.holds.get(gang)
                 if hold is not None and hold.incarnation == inc:
                     self._spawn(self._publish_members(gang, inc), f"members-{gang}")
 
@@ -1235,8 +1207,8 @@ class TwoPhaseDriver:
                 log.warning("two-phase watch compacted; other AZs' inventory read again, resuming from now")
                 # Events in between are lost: peer calls are checked against
                 # etcd again until the watch has refilled these.
-                self.watched_gangs.clear()
-                self.remote.on_compacted()
+                self.book.watched_gangs.clear()
+                self.book.remote.on_compacted()
                 while True:
                     try:
                         rev = (await self._reread_other_azs()) + 1
@@ -1265,38 +1237,38 @@ class TwoPhaseDriver:
             if ev.kind == "delete":
                 # Collected by its owner past gang_retention_s (with its
                 # decision keys, whose deletes this watch ignores).
-                self.watched_gangs.pop(gang, None)
+                self.book.watched_gangs.pop(gang, None)
                 self.forget(gang)
                 return
             if _reserving(ev.kv):
-                self.watched_gangs[gang] = ev.kv  # (for a Prepare's check; parsed only then)
+                self.book.watched_gangs[gang] = ev.kv  # (for a Prepare's check; parsed only then)
             else:
-                self.watched_gangs.pop(gang, None)
-            mine = self.l.gangs.get(gang)
-            if mine is None and gang not in self.participant.holds and gang not in self.gang_cache:
+                self.book.watched_gangs.pop(gang, None)
+            mine = self.book.gangs.get(gang)
+            if mine is None and gang not in self.book.participant.holds and gang not in self.book.gang_cache:
                 return  # (parse only the gangs this leader cares about)
             g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
             if mine is not None and g.owner_az != self.az and mine.owner_az == self.az:
                 # Adopted by another AZ (owner-AZ loss): stop owning it here.
                 log.warning("gang %s is now owned by %s", gang, g.owner_az)
-                self.l.gangs.pop(gang, None)
-                self.owners.pop(gang, None)
-            if gang in self.participant.holds or gang in self.gang_cache:
-                self.gang_cache[gang] = g
+                self.book.gangs.pop(gang, None)
+                self.book.owners.pop(gang, None)
+            if gang in self.book.participant.holds or gang in self.book.gang_cache:
+                self.book.gang_cache[gang] = g
                 self._maybe_finish(g)
         elif key.startswith(k.member_summaries()) and ev.kind == "put":
             gang = key[len(k.member_summaries()):].split("/", 1)[0]
-            if gang in self.l.gangs:
+            if gang in self.book.gangs:
                 self.on_member_summary(gang, MemberSummary.from_dict(ev.kv.json()))
         elif key.startswith(k.leaders()):
             az = key[len(k.leaders()):]
-            if self.remote.on_leader(az, ev.kv if ev.kind == "put" else None, self.now()):
+            if self.book.remote.on_leader(az, ev.kv if ev.kind == "put" else None, self.now()):
                 self.l.wake.set()  # its nodes may be placed on again
         elif key.startswith(k.nodes()):
-            if self.remote.on_node(key, ev.kv if ev.kind == "put" else None):
+            if self.book.remote.on_node(key, ev.kv if ev.kind == "put" else None):
                 self.l.wake.set()
         elif key.startswith(k.reservations()):
-            if self.remote.on_reservation(key, ev.kv if ev.kind == "put" else None):
+            if self.book.remote.on_reservation(key, ev.kv if ev.kind == "put" else None):
                 self.l.wake.set()
 
     # ------------------------------------------------- other AZs' inventory
@@ -1314,7 +1286,7 @@ class TwoPhaseDriver:
         # as of ``rev`` (the watch resumes after it, as after recover()); the
         # gangs' records refill from the watch, since an attempt's write
         # precedes its Prepare.
-        if self.remote.reset(node_kvs, res_kvs, leader_kvs):
+        if self.book.remote.reset(node_kvs, res_kvs, leader_kvs):
             self.l.wake.set()
         return rev
 
@@ -1323,21 +1295,14 @@ class TwoPhaseDriver:
         remembers of it, participant and owner side. A gang still held here,
         or whose owner state is not settled, is kept (the collector never
         deletes a held gang; this is the belt to its braces)."""
-        if gang in self.participant.holds or gang in self.participant.parked:
+        if gang in self.book.participant.holds or gang in self.book.participant.parked:
             return
-        o = self.owners.get(gang)
+        o = self.book.owners.get(gang)
         if o is not None and not o.phase.settled:
             return
-        self.owners.pop(gang, None)
         self.feed(Routed.participant(GangForgotten(stimulus_id=f"collected:{gang}", gang=gang)))
-        self.gang_cache.pop(gang, None)
+        self.book.forget_cross_az(gang)
         self.etcd_requests.pop(gang, None)
-        self.placements = {key: p for key, p in self.placements.items() if key[0] != gang}
-        for d in (self._hold_rev, self._published, self.local_reports, self.revoked_at,
-                  self.dec_by_key):
-            for key in [key for key in d if key[0] == gang]:
-                del d[key]
-        self.finished_fed = {key for key in self.finished_fed if key[0] != gang}
 
     # ------------------------------------------------------ owner-AZ loss
     async def adopt_orphans(self) -> None:
@@ -1349,8 +1314,8 @@ class TwoPhaseDriver:
             return
         self._last_leader_poll = now
         kvs, _ = await self.store.get_prefix(self.keys.leaders())
-        self.remote.on_leaders_polled((kv.key[len(self.keys.leaders()):] for kv in kvs), now)
-        orphaned = self.remote.orphaned(now, self.l.t.owner_adopt_after_s)
+        self.book.remote.on_leaders_polled((kv.key[len(self.keys.leaders()):] for kv in kvs), now)
+        orphaned = self.book.remote.orphaned(now, self.l.t.owner_adopt_after_s)
         if not orphaned:
             return
         gkvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
@@ -1364,7 +1329,7 @@ class TwoPhaseDriver:
                 log.warning("adopted gang %s from leaderless AZ %s", g.id, g.owner_az)
                 self.l.wake.set()
             except Conflict:
-                cur = self.l.gangs.get(g.id)
+                cur = self.book.gangs.get(g.id)
                 if cur is not None and cur.owner_az != self.az:
-                    self.l.gangs.pop(g.id, None)
+                    self.book.gangs.pop(g.id, None)
 

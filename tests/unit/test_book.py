@@ -1,0 +1,172 @@
+"""The book (coordinator/book.py): the one owner of a leadership's gang,
+hold and node state, and the questions the drivers ask of it. Also the
+rule that makes it the one owner: the drivers keep no gang state of their
+own (their constructors are read here, so a new map in a driver fails)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from coordinator.book import Book, two_phase_config
+from coordinator.core.twophase import GangSubmitted, OwnerPhase, OwnerState, PrepareReceived
+from coordinator.leader import AzLeader
+from coordinator.retention import GangCollector
+from coordinator.twophase_driver import TwoPhaseDriver
+from phalanx.reservation import HoldState, NodeDevices, Reservation
+from phalanx.store import Keys
+from phalanx.timings import Timings
+
+AZ = "az-a"
+T = Timings()
+
+
+def book() -> Book:
+    return Book.of(AZ, Keys("/phalanx/test"), T)
+
+
+def reservation(gang: str, node: str, gpus: tuple[int, ...]) -> Reservation:
+    return Reservation(AZ, gang, 1, HoldState.COMMITTED, {node: NodeDevices(gpus)})
+
+
+def prepared(b: Book, gang: str, node: str, gpus: tuple[int, ...]) -> None:
+    """A cross-AZ hold of ``gang`` in the participant, as a Prepare makes it."""
+    b.participant.handle(PrepareReceived(stimulus_id="t", gang=gang, incarnation=1, owner_az="az-b", priority=0,
+                                         submitted_at=1.0, nodes={node: (gpus, ())}), 0.0)
+    assert gang in b.participant.holds
+
+
+def owner(b: Book, gang: str, *, placed: bool) -> OwnerState:
+    o = OwnerState(gang, AZ, 0, 1.0, two_phase_config(T))
+    b.owners[gang] = o
+    if placed:
+        o.handle(GangSubmitted(stimulus_id="t", gang=gang, incarnation=1), 0.0)
+    return o
+
+
+# ---------------------------------------------------------------- held_slices
+def test_held_slices_are_reservations_holds_and_releases_not_yet_done():
+    b = book()
+    b.ledger.hold(reservation("single", "n0", (0, 1)))
+    prepared(b, "wide", "n1", (2,))
+    b.releasing[("gone", 3)] = {"n2": ((5,), ())}
+    got = sorted((node, tuple(dev[0])) for s in b.held_slices() for node, dev in s.items())
+    assert got == [("n0", (0, 1)), ("n1", (2,)), ("n2", (5,))]
+
+
+def test_an_empty_book_holds_nothing():
+    assert list(book().held_slices()) == []
+    assert book().held_here() == set()
+
+
+# ----------------------------------------------------------------- held_here
+@pytest.mark.parametrize("setup, held", [
+    pytest.param(lambda b: b.reservations.update(g=reservation("g", "n0", (0,))), {"g"}, id="a-reservation"),
+    pytest.param(lambda b: prepared(b, "g", "n0", (0,)), {"g"}, id="a-cross-az-hold"),
+    pytest.param(lambda b: owner(b, "g", placed=False), set(), id="an-owner-not-started-is-settled"),
+    pytest.param(lambda b: b.gangs.update(g=None), set(), id="an-owned-gang-alone-is-not-held"),
+    pytest.param(lambda b: b.finished.update(g=None), set(), id="a-finished-gang-is-not-held"),
+])
+def test_held_here(setup, held):
+    b = book()
+    setup(b)
+    assert b.held_here() == held
+
+
+def test_an_owner_waiting_for_placement_is_settled_and_one_in_flight_is_held():
+    b = book()
+    o = owner(b, "g", placed=True)
+    assert o.phase is OwnerPhase.UNPLACED and b.held_here() == set()
+    o.phase = OwnerPhase.PREPARING  # (what a placed attempt's owner is in)
+    assert b.held_here() == {"g"}
+
+
+# ------------------------------------------------------------ forget_cross_az
+def test_forget_cross_az_drops_only_that_gangs_entries():
+    b = book()
+    for gang in ("g", "other"):
+        owner(b, gang, placed=False)
+        b.gang_cache[gang] = None
+        b.placements[(gang, 1)] = None
+        b.hold_revision[(gang, 1)] = 7
+        b.published[(gang, 1)] = None
+        b.local_reports[(gang, 1)] = {}
+        b.revoked_at[(gang, 1)] = 1.0
+        b.dec_by_key[(gang, 1)] = None
+        b.finished_fed.add((gang, 1))
+    b.forget_cross_az("g")
+    maps = (b.owners, b.gang_cache, b.placements, b.hold_revision, b.published, b.local_reports, b.revoked_at,
+            b.dec_by_key)
+    assert [sorted(m) for m in maps] == [["other"], ["other"]] + [[("other", 1)]] * 6
+    assert b.finished_fed == {("other", 1)}
+
+
+def test_known_gang_is_the_owned_record_else_the_held_one():
+    b = book()
+    b.gang_cache["g"] = "held"
+    assert b.known_gang("g") == "held"
+    b.gangs["g"] = "owned"
+    assert b.known_gang("g") == "owned"
+    assert b.known_gang("nope") is None
+
+
+# ------------------------------------------------- the drivers keep no state
+# What each driver may keep besides the book: I/O, never a gang's state.
+IO_ONLY = {
+    AzLeader: {
+        "conns": "agent sessions (gRPC streams)",
+        "pending_classes": "the metrics gauge's last classes",
+        "_counted": "what the metrics counters last counted",
+        "_verdicts": "never-fits memo",
+        "_inflight": "writes in flight",
+        "_unwritten_events": "events riding on the next write",
+        "_picking": "rendezvous ports being picked for writes in flight",
+        "_tasks": "asyncio tasks",
+    },
+    TwoPhaseDriver: {
+        "_vote_waiters": "futures of Prepare calls waiting for the vote",
+        "_ack_waiters": "futures of Commit/Abort calls waiting for the ack",
+        "_leaders": "peer address cache",
+        "_publishing": "member summary writes in flight",
+        "_folding": "a MarkGangReserved parked behind the COMMIT write in flight",
+        "etcd_requests": "per-gang request counter (bench/admission.py)",
+    },
+    GangCollector: {},
+}
+
+
+def containers_made_in_init(cls: type) -> set[str]:
+    """Attributes ``__init__`` sets to a new dict, set or list."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls.__init__)))
+    made = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            value = node.value
+            new = isinstance(value, (ast.Dict, ast.Set, ast.List, ast.DictComp, ast.SetComp)) or (
+                isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("dict", "set", "list"))
+            for t in targets:
+                if new and isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    made.add(t.attr)
+    return made
+
+
+@pytest.mark.parametrize("cls", list(IO_ONLY), ids=lambda c: c.__name__)
+def test_drivers_keep_no_gang_state_of_their_own(cls):
+    # A map added to a driver must either move into the book or be listed
+    # above with the I/O it serves.
+    assert containers_made_in_init(cls) == set(IO_ONLY[cls])
+
+
+def test_the_check_sees_a_new_map_in_a_driver():
+    class Driver:
+        def __init__(self):
+            self.book = None
+            self.gangs: dict = {}
+            self.seen = set()
+            self.n = 0
+
+    assert containers_made_in_init(Driver) == {"gangs", "seen"}
