@@ -25,6 +25,7 @@ from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle, peer_auth, progress
 from coordinator.core import explanation, gang_effects as fx
+from coordinator.core import twophase_events as tp
 from coordinator.core.explanation import Explanation
 from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, without
 from coordinator.core.placement import FabricIndex, NodeView, PlacementRequest, never_fits, place
@@ -363,13 +364,16 @@ class AzLeader:
         """The stimulus bound in the log context: each effect carries it."""
         return str(current().get("stimulus", "") or "")
 
-    async def perform(self, effect: fx.Effect) -> fx.Event:
-        """Perform one effect a core decided (coordinator/core/gang_effects.py)
-        and return what came of it. One handler per effect, each doing only
-        the I/O and the cache updates; what follows (e.g. dispatch and
-        STARTING once a reservation committed) is decided by the core from
-        the returned event. A guarded gang write that loses its compare comes
-        back as ``WriteRefused`` (only ``finish``, the API's, raises it)."""
+    async def perform(self, effect: fx.Effect | tp.Effect) -> fx.Event:
+        """Perform one effect a core decided and return what came of it: the
+        one interpreter of every effect with I/O, a gang's
+        (coordinator/core/gang_effects.py) and the cross-AZ protocol's
+        (coordinator/core/twophase_events.py, whose handlers are the
+        two-phase driver's). One handler per effect, each doing only the I/O
+        and the cache updates; what follows (e.g. dispatch and STARTING once
+        a reservation committed) is decided by the core from the returned
+        event. A guarded gang write that loses its compare comes back as
+        ``WriteRefused`` (only ``finish``, the API's, raises it)."""
         match effect:
             case fx.ReserveDevices():
                 return await self._reserve(effect)
@@ -419,6 +423,11 @@ class AzLeader:
                 await self.twophase.on_member(effect.node, effect.member)
             case fx.TrackMembers():
                 self.book.members.setdefault((effect.gang, effect.incarnation), {}).update(effect.reports)
+            case tp.Effect():
+                # A cross-AZ protocol effect with I/O: its handler is the
+                # two-phase driver's; what came of it goes back to its core
+                # through the driver's feed loop.
+                return fx.ProtocolEvents(tuple(await self.twophase.handle(effect)))
             case _:
                 raise TypeError(f"AzLeader.perform: no handler for {type(effect).__name__}")
         return fx.Performed()

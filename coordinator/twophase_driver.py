@@ -234,11 +234,15 @@ class TwoPhaseDriver:
         return effects
 
     def perform(self, effects: Sequence[Effect]) -> None:
-        """Perform what a core decided: the effects without I/O at once, in
-        order; each I/O effect as a task whose result ``_do`` feeds back."""
+        """Perform what a core decided. The effects without I/O take effect
+        here, in order, before the feed returns: a vote or an ack answers
+        the call waiting for it, a timer is set, a gang's pending reason is
+        noted. Each effect with I/O is a task that ``AzLeader.perform`` (the
+        one interpreter) performs and whose result is fed back; an attempt's
+        Prepares go out together as one task."""
         prepares = [e for e in effects if isinstance(e, SendPrepare)]
         if prepares:
-            self._spawn(self._results(self._send_prepares(prepares), prepares[0]), f"prepare-{prepares[0].gang}")
+            self._spawn(self._send_prepares(prepares), f"prepare-{prepares[0].gang}")
         for e in effects:
             # One line per effect, under the stimulus that caused it: INFO
             # for those that change state, DEBUG for the chatty ones
@@ -263,26 +267,29 @@ class TwoPhaseDriver:
                             fut.set_result((e.applied, e.state))
                 case SendFinish():
                     pass  # participants learn the end from the gangs/ watch
-                case DispatchGang():
-                    self._spawn(self._dispatch(e), f"dispatch-{e.gang}")
                 case MarkGangPending():
                     # The owner waits for placement: the next admission
                     # cycle places it (one order with single-AZ gangs).
                     self.book.pending_reason[e.gang] = e.reason
                     self.l.wake.set()
                 case _:
-                    self._spawn(self._results(self._do(e), e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
+                    self._spawn(self._performed(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
 
     def _schedule(self, e: ScheduleTimeout) -> None:
         delay = max(0.0, e.at - self.now())
         asyncio.get_running_loop().call_later(delay, self.feed, Routed(e.event, frozenset({e.to})))
 
-    async def _results(self, performing: Any, e: Effect) -> None:
-        """Await an effect's handler and feed back what came of it."""
+    async def _performed(self, e: Effect) -> None:
+        """Perform an effect with I/O and feed back what came of it."""
         bind_event(e)  # this effect's task: its lines name the gang and the stimulus that caused it
-        self.feed(*await performing)
+        done = await self.l.perform(e)
+        if isinstance(done, fx.ProtocolEvents):
+            self.feed(*done.routed)
 
-    async def _do(self, e: Effect) -> list[Routed]:
+    async def handle(self, e: Effect) -> list[Routed]:
+        """The handler of a protocol effect with I/O (``AzLeader.perform``
+        calls it): do it, and return what came of it with the core(s) it
+        goes to."""
         match e:
             case WriteHold():
                 return await self._write_hold(e)
@@ -294,8 +301,12 @@ class TwoPhaseDriver:
                 return await self._create_decision(e)
             case WriteAttempt():
                 return await self._write_attempt(e)
+            case SendPrepare():
+                return await self._prepare(e)
             case SendCommit() | SendAbort():
                 return await self._send_decision(e)
+            case DispatchGang():
+                await self._dispatch(e)
             case MarkGangReserved():
                 await self._mark_reserved(e)
             case MarkGangFailed():
@@ -307,7 +318,7 @@ class TwoPhaseDriver:
                     if isinstance(done, fx.WriteRefused):
                         log.info("gang %s: not failed (%s): %s", e.gang, e.reason, done.why)
             case _:
-                log.error("two-phase: unhandled effect %r", e)
+                raise TypeError(f"TwoPhaseDriver.handle: {type(e).__name__} has no I/O to perform")
         return []
 
     # ------------------------------------------------------- store effects
@@ -598,21 +609,29 @@ class TwoPhaseDriver:
     def identity(self) -> Any:
         return peer_pb2.PeerIdentity(az=self.az, epoch=self.l.epoch, coordinator_id=self.l.info.coordinator_id)
 
-    async def _send_prepares(self, prepares: list[SendPrepare]) -> list[Routed]:
-        """Every Prepare at once; the votes that came back, for the owner (a
-        peer that did not answer is left to the vote timer)."""
-        results = await asyncio.gather(*(self._prepare_one(p) for p in prepares), return_exceptions=True)
+    async def _send_prepares(self, prepares: list[SendPrepare]) -> None:
+        """Every Prepare of an attempt at once, each performed by the one
+        interpreter; once all are answered (or timed out), the votes go to
+        the owner (a peer that did not answer is left to the vote timer)."""
+        bind_event(prepares[0])
+        results = await asyncio.gather(*(self.l.perform(p) for p in prepares), return_exceptions=True)
         await failpoints.hit("owner.after_prepare")
         votes = []
-        for p, r in zip(prepares, results):
-            if isinstance(r, BaseException) or r is None:
-                if isinstance(r, (NotLeader,)):
-                    raise r
-                continue
-            yes, reason = r
-            votes.append(Routed.owner(VoteReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation,
-                                                   from_az=p.to_az, yes=yes, reason=reason)))
-        return votes
+        for r in results:
+            if isinstance(r, NotLeader):
+                raise r
+            if isinstance(r, fx.ProtocolEvents):
+                votes.extend(r.routed)
+        self.feed(*votes)
+
+    async def _prepare(self, p: SendPrepare) -> list[Routed]:
+        """One Prepare; its vote for the owner, or nothing if none came."""
+        r = await self._prepare_one(p)
+        if r is None:
+            return []
+        yes, reason = r
+        return [Routed.owner(VoteReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation,
+                                          from_az=p.to_az, yes=yes, reason=reason))]
 
     async def _prepare_one(self, p: SendPrepare) -> tuple[bool, str] | None:
         if p.to_az == self.az:
