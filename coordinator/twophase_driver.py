@@ -696,7 +696,9 @@ class TwoPhaseDriver:
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._ack_waiters.setdefault(ev.key, []).append(fut)
         self.feed(Routed.participant(ev))
-        return await asyncio.wait_for(fut, 5.0)
+        # As long as the caller waits: vote_timeout_s is the deadline of peer
+        # RPCs (docs/timing.md).
+        return await asyncio.wait_for(fut, self.cfg.vote_timeout_s)
 
     async def handle_prepare_rpc(self, req: Any) -> tuple[bool, str]:
         """Validate a peer's Prepare (caller is the current leader of its AZ;
