@@ -37,7 +37,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
 
 from coordinator.core import events as ev
-from coordinator.core import capacity, progress
+from coordinator.core import capacity, cross_az_members, progress
 from coordinator.core import gang_effects as fx
 from coordinator.core.effect_lines import effect_line
 from coordinator.core.placement import FabricIndex, NodeView, Placement
@@ -406,7 +406,7 @@ class TwoPhaseDriver:
 
     async def _release_hold(self, e: ReleaseHold) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
-        kv = await self._read(key)
+        kv = await self._read(key, e.gang)
         cur = _stored(kv) if kv is not None else None
         if kv is not None and cur is None:
             # A record we cannot read: it may name these devices, so they stay
@@ -419,7 +419,7 @@ class TwoPhaseDriver:
         ops: list = [Delete(key)]
         msum = self.keys.member_summary(e.gang, self.az)
         ops.append(Delete(msum))
-        res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops)
+        res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops, gang=e.gang)
         self.l.wake.set()  # released or not, the cycle looks again
         if res is not None and res.succeeded:
             self.book.hold_revision.pop((e.gang, e.incarnation), None)
@@ -449,7 +449,7 @@ class TwoPhaseDriver:
                 else:
                     won, kv = await self.store.create_if_absent(key, value)
             except StoreUnavailable as exc:
-                kv = await self._read(key)
+                kv = await self._read(key, e.gang)
                 if kv is None:
                     ev = DecisionCreateFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                               reason=str(exc))
@@ -933,11 +933,10 @@ class TwoPhaseDriver:
             g = await self._gang(gang)
             if g is None or g.incarnation != hold.incarnation or g.state.terminal or g.state == GangState.RESTARTING:
                 continue
-            done = {r for r, rep in self.book.local_reports.get((gang, hold.incarnation), {}).items() if not rep.phase.live}
-            have = reported.get((gang, hold.incarnation), set()) | done
-            mine = {m.rank for m in g.placement if m.node == node}
-            if mine - have:
-                await self.l.perform(fx.SendAssignments(g, only_node=node, skip_ranks=frozenset(have)))
+            skip = cross_az_members.to_send_again(g, node, reported.get((gang, hold.incarnation), ()),
+                                                  self.book.local_reports.get((gang, hold.incarnation), {}))
+            if skip is not None:
+                await self.l.perform(fx.SendAssignments(g, only_node=node, skip_ranks=skip))
 
     async def _fresh_gang(self, gang: str) -> GangRecord | None:
         kv = await self._read(self.keys.gang(gang))
@@ -977,12 +976,9 @@ class TwoPhaseDriver:
             if g is None or g.incarnation != hold.incarnation:
                 continue
             reps = self.book.local_reports.setdefault((gang, hold.incarnation), {})
-            changed = False
-            for m in g.placement:
-                if m.az == self.az and m.node == node and (reps.get(m.rank) is None or reps[m.rank].phase.live):
-                    reps[m.rank] = progress.MemberReport(MemberPhase.STOPPED, -1, reason, node)
-                    changed = True
-            if changed:
+            stopped = cross_az_members.lost_members(g, node, self.az, reps, reason)
+            reps.update(stopped)
+            if stopped:
                 log.info("two-phase %s: members of %s#%d on %s are gone: %s", self.az, gang, hold.incarnation, node, reason)
                 self._maybe_finish(g)
             await self._publish_members(gang, hold.incarnation)
@@ -1033,51 +1029,37 @@ class TwoPhaseDriver:
 
     # --------------------------------------------------------- finishing
     def _maybe_finish(self, g: GangRecord) -> None:
-        """Participant: the gang record says the held incarnation is over:
-        stop our members, and once none can be alive, GangFinished."""
+        """Participant: the gang record may say the held incarnation is over;
+        do what ``cross_az_members.hold_over`` decides (revoke our members,
+        wait for them, publish how they ended, then GangFinished)."""
         hold = self.book.participant.holds.get(g.id)
         if hold is None:
             return
-        inc = hold.incarnation
-        over = g.incarnation > inc or (g.incarnation == inc and (g.state.terminal or g.state == GangState.RESTARTING))
-        if not over or (g.id, inc) in self.book.finished_fed:
+        inc, key_, now = hold.incarnation, (g.id, hold.incarnation), self.now()
+        # A PREPARED hold dispatched nothing here (members start only on a
+        # COMMITTED record); the core keeps it until its decision is known
+        # and decides it then (one rule, ParticipantState._on_gang_finished;
+        # docs/two-phase.md).
+        step = cross_az_members.hold_over(
+            g, az=self.az, incarnation=inc, prepared=hold.state is HoldState.PREPARED,
+            told=key_ in self.book.finished_fed, revoked_at=self.book.revoked_at.get(key_),
+            reports=self.book.local_reports.get(key_, {}), published=self.book.published.get(key_), now=now,
+            replace_after_s=self.l.t.replace_after_s)
+        if step is None:
             return
-        key_ = (g.id, inc)
-        if hold.state is HoldState.PREPARED:
-            # Nothing was dispatched here (members start only on a COMMITTED
-            # record): nothing to revoke or wait for. The core keeps the hold
-            # until its decision is known and decides it now (one rule,
-            # ParticipantState._on_gang_finished; docs/two-phase.md).
-            self.book.finished_fed.add(key_)
-            self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
-            return
-        now = self.now()
-        if key_ not in self.book.revoked_at:
+        if step.revoke:
             self.book.revoked_at[key_] = now
             for node in hold.nodes:
                 self.l.send(node, Revoke(g.id, inc, g.reason or "gang over"))
-        reps = self.book.local_reports.get(key_, {})
-        local_ranks = [m.rank for m in g.placement if m.az == self.az]
-        if g.incarnation != inc:
-            local_ranks = list(reps)
-        live = [r for r in local_ranks if reps.get(r) is None or reps[r].phase.live]
-        waited = now - self.book.revoked_at[key_]
-        if live and waited < self.l.t.replace_after_s:
-            return
-        if live and g.incarnation == inc:
+        if step.stopped:
             # Past the fence deadline: whatever did not report is gone (its
             # agent has stopped it); say so, so that the owner stops waiting.
-            reps = self.book.local_reports.setdefault(key_, {})
-            node_of = {m.rank: m.node for m in g.placement}
-            for r in live:
-                reps[r] = progress.MemberReport(MemberPhase.STOPPED, -1, "no report before the fence deadline", node_of.get(r, ""))
-        if reps and self.book.published.get(key_) != self._summary(g.id, inc):
-            # The owner must see how our members ended before the hold (and
-            # with it the summary key) goes: publish first, finish on a later tick.
+            self.book.local_reports.setdefault(key_, {}).update(step.stopped)
+        if step.publish:
             self._spawn(self._publish_members(g.id, inc), f"members-{g.id}")
-            return
-        self.book.finished_fed.add(key_)
-        self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
+        elif step.finish:
+            self.book.finished_fed.add(key_)
+            self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
 
     # -------------------------------------------------------------- watch
     async def recover(self) -> None:
