@@ -237,21 +237,21 @@ async def test_perform_create_decision_is_create_if_absent(leader: AzLeader, sto
     its routing is not both cores (the participant and the owner learn one
     outcome)."""
     gang = "g-dec"
-    one = await leader.perform(CreateDecision(stimulus_id="test-dec-1", gang=gang, incarnation=1, outcome=first,
-                                              reason="test first"))
-    assert isinstance(one, fx.ProtocolEvents), one
-    assert [r.to for r in one.routed] == [frozenset({Core.PARTICIPANT, Core.OWNER})]
-    assert one.routed[0].event == DecisionCreated(stimulus_id="test-dec-1", gang=gang, incarnation=1, won=True,
-                                                  outcome=first)
+
+    async def create(n: int, outcome: Outcome, reason: str) -> Any:
+        """Perform the n-th create; the one event it returns, routed to both cores."""
+        done = await leader.perform(CreateDecision(stimulus_id=f"test-dec-{n}", gang=gang, incarnation=1,
+                                                   outcome=outcome, reason=reason))
+        assert isinstance(done, fx.ProtocolEvents), done
+        assert [r.to for r in done.routed] == [frozenset({Core.PARTICIPANT, Core.OWNER})]
+        return done.routed[0].event
+
+    assert await create(1, first, "test first") == DecisionCreated(stimulus_id="test-dec-1", gang=gang, incarnation=1,
+                                                                   won=True, outcome=first)
     kv1 = await store.get(store.keys.decision(gang, 1))
     assert kv1 is not None
-
-    two = await leader.perform(CreateDecision(stimulus_id="test-dec-2", gang=gang, incarnation=1, outcome=second,
-                                              reason="test second"))
-    assert isinstance(two, fx.ProtocolEvents), two
-    assert [r.to for r in two.routed] == [frozenset({Core.PARTICIPANT, Core.OWNER})]
-    assert two.routed[0].event == DecisionCreated(stimulus_id="test-dec-2", gang=gang, incarnation=1, won=False,
-                                                  outcome=first)
+    assert await create(2, second, "test second") == DecisionCreated(stimulus_id="test-dec-2", gang=gang,
+                                                                     incarnation=1, won=False, outcome=first)
     kv2 = await store.get(store.keys.decision(gang, 1))
     assert kv2 is not None and kv2.mod_revision == kv1.mod_revision
     d = DecisionRecord.from_dict(kv2.json(), gang=gang, incarnation=1)
