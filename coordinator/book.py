@@ -31,6 +31,7 @@ from phalanx.store import Keys
 from phalanx.timings import Timings
 
 GangInc = tuple[str, int]
+Reports = dict[int, progress.MemberReport]
 
 
 def two_phase_config(t: Timings) -> TwoPhaseConfig:
@@ -40,7 +41,6 @@ def two_phase_config(t: Timings) -> TwoPhaseConfig:
         retry_backoff_s=t.twophase_retry_backoff_s, retry_backoff_max_s=t.twophase_retry_backoff_max_s,
         store_retry_s=t.twophase_store_retry_s,
     )
-Reports = dict[int, progress.MemberReport]
 
 
 @dataclass
@@ -102,10 +102,6 @@ class Book:
         never deletes their records."""
         unsettled = {g for g, o in self.owners.items() if not o.phase.settled}
         return set(self.reservations) | set(self.participant.holds) | unsettled
-
-    def hold(self, gang: str) -> Any:
-        """This AZ's cross-AZ hold of ``gang`` (None: none)."""
-        return self.participant.holds.get(gang)
 
     def known_gang(self, gang: str) -> GangRecord | None:
         """The record of ``gang`` this leader has: owned, else held here."""

@@ -207,7 +207,7 @@ class TwoPhaseDriver:
     def feed(self, *routed: Routed) -> None:
         """The one feed loop: each event goes to its core(s), and what they
         decide is performed; what comes of each effect is fed back here as
-        ``Routed`` events (``_do``). Every stimulus (an RPC, the watch, a
+        ``Routed`` events (``_performed``). Every stimulus (an RPC, the watch, a
         timer, the admission cycle, recovery) enters through this method."""
         for r in routed:
             if self.l.stopped.is_set():
@@ -898,7 +898,7 @@ class TwoPhaseDriver:
         return NodeRecord.from_dict(kv.json()) if kv is not None else None
 
     async def _gang(self, gang: str) -> GangRecord | None:
-        g = self.book.gangs.get(gang) or self.book.gang_cache.get(gang)
+        g = self.book.known_gang(gang)
         if g is None:
             kv = await self._read(self.keys.gang(gang), gang)
             if kv is None:

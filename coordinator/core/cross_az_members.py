@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from coordinator.core.lifecycle import torn_down
+from coordinator.core.lifecycle import lost_member_reports, torn_down
 from coordinator.core.progress import MemberReport
 from coordinator.core.records import GangRecord, MemberSummary
 from phalanx.model import MemberPhase
@@ -61,7 +61,7 @@ def hold_over(g: GangRecord, *, az: str, incarnation: int, prepared: bool, told:
         local = [m.rank for m in g.placement if m.az == az]
     else:  # the record shows a later incarnation: its placement is not ours
         local = list(reports)
-    live = [r for r in local if reports.get(r) is None or reports[r].phase.live]
+    live = [r for r in local if _may_run(reports, r)]
     if live and now - since < replace_after_s:
         return HoldOver(revoke=revoke)
     stopped: dict[int, MemberReport] = {}
@@ -77,9 +77,11 @@ def hold_over(g: GangRecord, *, az: str, incarnation: int, prepared: bool, told:
 def lost_members(g: GangRecord, node: str, az: str, reports: Mapping[int, MemberReport],
                  reason: str) -> dict[int, MemberReport]:
     """The members of ``g`` on a lost node of this AZ that have not ended:
-    reported STOPPED (the owner then fails or restarts the gang)."""
-    return {m.rank: MemberReport(MemberPhase.STOPPED, -1, reason, node) for m in g.placement
-            if m.az == az and m.node == node and (reports.get(m.rank) is None or reports[m.rank].phase.live)}
+    reported STOPPED (the owner then fails or restarts the gang). The
+    single-AZ rule (``lifecycle.lost_member_reports``), less the members
+    whose end this AZ already published."""
+    return {r: rep for _, lost in lost_member_reports([g], node, az, reason) for r, rep in lost.items()
+            if _may_run(reports, r)}
 
 
 def to_send_again(g: GangRecord, node: str, reported: Iterable[int],
@@ -91,3 +93,9 @@ def to_send_again(g: GangRecord, node: str, reported: Iterable[int],
     have = set(reported) | {r for r, rep in reports.items() if not rep.phase.live}
     mine = {m.rank for m in g.placement if m.node == node}
     return frozenset(have) if mine - have else None
+
+
+def _may_run(reports: Mapping[int, MemberReport], rank: int) -> bool:
+    """Not reported, or reported in a live phase: the member may still run."""
+    rep = reports.get(rank)
+    return rep is None or rep.phase.live
