@@ -189,14 +189,23 @@ class TwoPhaseDriver:
         # txn was in flight (None: none yet): _commit_with_reserved.
         self._folding: dict[tuple[str, int], MarkGangReserved | None] = {}
         self.etcd_requests: dict[str, int] = {}  # gang -> etcd requests made for it (bench/admission.py)
+        # gang -> how many of those were a peer call's check read because the
+        # watch did not show the attempt or the decision yet (a lagging watch).
+        self.check_reads: dict[str, int] = {}
 
     # ------------------------------------------------------------ helpers
-    def _rt(self, gang: str, n: int = 1) -> None:
+    def _rt(self, gang: str, n: int = 1, check: bool = False) -> None:
+        """Count ``n`` etcd requests made for ``gang``; ``check``: a peer
+        call's check read, taken because the watch was behind."""
         self.etcd_requests[gang] = self.etcd_requests.get(gang, 0) + n
+        if check:
+            self.check_reads[gang] = self.check_reads.get(gang, 0) + n
 
     def _report_requests(self, gang: str, inc: int, role: str) -> None:
         n = self.etcd_requests.pop(gang, 0)
-        log.info("two-phase etcd-requests gang=%s inc=%d az=%s role=%s n=%d", gang, inc, self.az, role, n)
+        checks = self.check_reads.pop(gang, 0)
+        log.info("two-phase etcd-requests gang=%s inc=%d az=%s role=%s n=%d check_reads=%d",
+                 gang, inc, self.az, role, n, checks)
 
     def now(self) -> float:
         return self.l.mono()
@@ -711,7 +720,7 @@ class TwoPhaseDriver:
         g = self._watched_attempt(req)
         if g is None:
             res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
-            self._rt(req.gang)
+            self._rt(req.gang, check=True)
             self._check_caller(caller, res.results[0])
             if not res.results[1]:
                 raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown gang {req.gang!r}")
@@ -776,7 +785,7 @@ class TwoPhaseDriver:
         else:
             dkey = self.keys.decision(req.gang, req.incarnation)
             res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
-            self._rt(req.gang)
+            self._rt(req.gang, check=True)
             self._check_caller(caller, res.results[0])
             if not res.results[1]:
                 raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
@@ -1306,6 +1315,7 @@ class TwoPhaseDriver:
         self.feed(Routed.participant(GangForgotten(stimulus_id=f"collected:{gang}", gang=gang)))
         self.book.forget_cross_az(gang)
         self.etcd_requests.pop(gang, None)
+        self.check_reads.pop(gang, None)
 
     # ------------------------------------------------------ owner-AZ loss
     async def adopt_orphans(self) -> None:

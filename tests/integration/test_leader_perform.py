@@ -38,12 +38,17 @@ from coordinator.core.twophase import (
     SendVote,
     WriteHold,
 )
+from coordinator.core.records import GangRecord, MemberAssignment
 from coordinator.core.twophase_events import PrepareTimedOut
 from coordinator.election import Election, LeaseSession
 from coordinator.leader import AzLeader
+from coordinator.twophase_driver import PeerRefused
+from phalanx.model import GangState
 from phalanx.reservation import HoldState, NodeDevices, Reservation
-from phalanx.store import Store
+from phalanx.spec import GangSpec, Resources, Topology
+from phalanx.store import Put, Store
 from phalanx.timings import Timings
+from phalanx.v1 import peer_pb2 as ppb
 
 pytestmark = pytest.mark.integration
 
@@ -286,3 +291,88 @@ async def test_perform_refuses_protocol_effects_without_io(leader: AzLeader, sto
     assert gang not in leader.book.pending_reason
     assert not leader.book.participant.holds
     assert (gang, 1) not in leader.book.participant.known_decisions
+
+
+# ---------------------------------------------------------------- 5
+@pytest.fixture
+async def other_leader(store: Store):
+    """OTHER_AZ's leader key, won by a second lease session as its
+    coordinator would (no AzLeader behind it): the epoch a peer call from
+    OTHER_AZ carries. Resigned and its lease revoked afterwards."""
+    session = await LeaseSession(store, T).start()
+    election = Election(store, OTHER_AZ, "c-other", "127.0.0.1:2", T)
+    info = None
+    try:
+        info = await asyncio.wait_for(election.campaign(session), 10)
+        yield info
+    finally:
+        if info is not None:
+            await election.resign(info)
+        await session.close(revoke=True)
+
+
+def attempt_record(gang: str) -> GangRecord:
+    """OTHER_AZ's attempt at ``gang``: RESERVING at incarnation 1, rank 0 on
+    NODES' node-1 in AZ (this leader's slice), rank 1 in OTHER_AZ."""
+    spec = GangSpec(name=gang, members=2, resources=Resources(gpus=2), topology=Topology(allow_cross_az=True))
+    placement = (MemberAssignment(0, AZ, "node-1", (0, 1), ("mlx5_0",)),
+                 MemberAssignment(1, OTHER_AZ, "b-node-1", (0, 1), ()))
+    return GangRecord(id=gang, spec=spec, state=GangState.RESERVING, owner_az=OTHER_AZ, submitted_at=1000.0,
+                      updated_at=1000.0, incarnation=1, placement=placement)
+
+
+def prepare_rpc(gang: str, epoch: int) -> ppb.PrepareRequest:
+    return ppb.PrepareRequest(caller=ppb.PeerIdentity(az=OTHER_AZ, epoch=epoch, coordinator_id="c-other"),
+                              gang=gang, incarnation=1, priority=0, submitted_at=1000.0,
+                              nodes=[ppb.NodeDevices(node="node-1", gpus=[0, 1], nics=["mlx5_0"])])
+
+
+def decision_rpc(gang: str, epoch: int) -> ppb.DecisionRequest:
+    return ppb.DecisionRequest(caller=ppb.PeerIdentity(az=OTHER_AZ, epoch=epoch, coordinator_id="c-other"),
+                               gang=gang, incarnation=1)
+
+
+async def test_peer_calls_are_checked_from_the_watch_once_it_shows_the_record(leader: AzLeader, store: Store,
+                                                                              other_leader: Any) -> None:
+    """The check test_peer_call_requests.py's counts lean on, made
+    deterministic: each RPC is sent only after this leader's watch shows what
+    it checks. Fails if: a Prepare whose attempt record (and the caller's
+    leader key) the watch already shows, or a Commit whose decision the watch
+    already delivered, is checked with an etcd read (``_watched_attempt`` or
+    the decision shortcut gone); or if one the watch does not show is not
+    read from etcd and refused naming what is missing, with the read counted
+    as a check read."""
+    drv = leader.twophase
+    book = leader.book
+    epoch = other_leader.epoch
+    gang = "g-watched"
+    await store.txn([], [Put(store.keys.gang(gang), attempt_record(gang).to_dict())])
+    await wait_for("the caller's epoch and the RESERVING record in the watch",
+                   lambda: book.remote.epoch(OTHER_AZ) == epoch and gang in book.watched_gangs)
+
+    # Checked from the watch: no request. (No agent is connected here, so the
+    # vote is NO and nothing is written: the count is the check's alone.)
+    yes, reason = await drv.handle_prepare_rpc(prepare_rpc(gang, epoch))
+    assert not yes and "not ready" in reason, reason
+    assert drv.etcd_requests.get(gang, 0) == 0, f"a watched Prepare made {drv.etcd_requests[gang]} etcd request(s)"
+    assert drv.check_reads.get(gang, 0) == 0
+
+    # A Prepare for a gang the watch never showed: one check read, refused.
+    unseen = "g-unseen"
+    with pytest.raises(PeerRefused, match=f"unknown gang '{unseen}'"):
+        await drv.handle_prepare_rpc(prepare_rpc(unseen, epoch))
+    assert drv.etcd_requests.get(unseen) == 1 and drv.check_reads.get(unseen) == 1
+
+    # The decision, written as the owner would; once the watch delivered it,
+    # the Commit is checked without a read. Never prepared here, so refused.
+    await store.txn([], [Put(store.keys.decision(gang, 1),
+                             DecisionRecord(gang=gang, incarnation=1, outcome=Outcome.COMMIT, by=OTHER_AZ, reason="test").to_dict())])
+    await wait_for("the COMMIT in the watch", lambda: book.participant.known_decisions.get((gang, 1)) is Outcome.COMMIT)
+    with pytest.raises(PeerRefused, match="never prepared"):
+        await drv.handle_decision_rpc(decision_rpc(gang, epoch), commit=True)
+    assert drv.etcd_requests.get(gang, 0) == 0, f"a watched Commit made {drv.etcd_requests[gang]} etcd request(s)"
+
+    # A Commit with no decision anywhere: read, refused, counted as a check.
+    with pytest.raises(PeerRefused, match="no decision recorded"):
+        await drv.handle_decision_rpc(decision_rpc(unseen, epoch), commit=True)
+    assert drv.etcd_requests.get(unseen) == 2 and drv.check_reads.get(unseen) == 2

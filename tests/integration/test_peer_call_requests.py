@@ -6,9 +6,11 @@ The driver counts the etcd requests it makes for a gang (``_rt``) and, when a
 role is done with an admission, logs and resets the count
 (``_report_requests``):
 
-    two-phase etcd-requests gang=<id> inc=<n> az=<az> role=<owner|participant> n=<count>
+    two-phase etcd-requests gang=<id> inc=<n> az=<az> role=<owner|participant> n=<count> check_reads=<k>
 
-The owner logs it in ``_mark_reserved``, each participant in ``_dispatch``.
+where ``k`` of the ``n`` are a peer call's check read, taken because this
+AZ's watch did not show the attempt (a Prepare) or the decision (a Commit)
+yet. The owner logs it in ``_mark_reserved``, each participant in ``_dispatch``.
 The count is per driver (one per AZ leader), not per role: in the owner's AZ
 the owner and that AZ's own participant share it, and whichever reports first
 takes everything counted up to then. bench/admission.py reads the same lines
@@ -27,7 +29,7 @@ from tests.integration.test_cross_az import AZS, cross, three_azs
 
 pytestmark = pytest.mark.integration
 
-REQUESTS = re.compile(r"etcd-requests gang=(\S+) inc=(\d+) az=(\S+) role=(\S+) n=(\d+)")
+REQUESTS = re.compile(r"etcd-requests gang=(\S+) inc=(\d+) az=(\S+) role=(\S+) n=(\d+) check_reads=(\d+)")
 
 # ---------------------------------------------------------------- derivation
 # A quiet cluster, one fresh leader per AZ, one gang of three 8-GPU members,
@@ -81,26 +83,41 @@ REQUESTS = re.compile(r"etcd-requests gang=(\S+) inc=(\d+) az=(\S+) role=(\S+) n
 # txn of leader/<caller az> and gangs/<gang>), which calls ``_rt`` before the
 # hold write; each remote participant then reports 3, not 2. Likewise a
 # Commit checked against etcd (handle_decision_rpc's txn) adds 1 to a remote
-# participant's count. So the exact counts are the assertion, not a bound:
-# ">=" would pass with the checks gone. (A remote watch that lags the Commit
-# RPC would also cost that read; the Commit RPC goes out only after the
-# owner has the reply of the txn that wrote the decision, and on a quiet
-# cluster the watch has delivered it first: 3 runs here, and the bench's 8.1
-# over 15 gangs, which the 2 first-gang lookups explain in full.)
+# participant's count.
+#
+# A remote watch can lag the RPC, though: the Prepare goes out once the
+# owner has the reply of its attempt write, the Commit once it has the reply
+# of the decision's txn, and the participant's watch event for either is
+# not ordered with that RPC. On a quiet cluster the watch is first (the
+# bench's 8.1 over 15 gangs is the 2 first-gang lookups in full); on CI's two
+# loaded cores it once was not, and one remote participant counted 4: both
+# its checks read etcd. Such a read is the design (docs/two-phase.md "Peer
+# calls": a watch that is behind returns None and the read decides), so the
+# driver counts it apart (``check_reads``) and the exact count here is the
+# writes: n - check_reads == 2, with at most one check read per RPC. That
+# the checks make no read once the watch shows the record is shown
+# deterministically by tests/integration/test_leader_perform.py (it waits
+# for the watch before each RPC), where a check that always reads fails.
 PARTICIPANT_MIN = 2
 OWNER_MIN = 1 + 2 + 1 + 1 + 1
 OWNER_AZ_PARTICIPANT = 0
 
 
-def logged_requests(c: LocalCluster, gang: str) -> dict[tuple[str, str], list[tuple[int, int]]]:
-    """(az, role) -> [(incarnation, n)] of ``gang`` from every coordinator's log."""
+def logged_requests(c: LocalCluster, gang: str) -> tuple[dict[tuple[str, str], list[tuple[int, int]]],
+                                                          dict[tuple[str, str], int]]:
+    """(az, role) -> [(incarnation, n - check_reads)] of ``gang`` from every
+    coordinator's log, and (az, role) -> its check reads in all."""
     out: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    checks: dict[tuple[str, str], int] = {}
     for proc in c.coordinators.values():
         for line in proc.log().splitlines():
             m = REQUESTS.search(line)
             if m and m.group(1) == gang:
-                out.setdefault((m.group(3), m.group(4)), []).append((int(m.group(2)), int(m.group(5))))
-    return out
+                key = (m.group(3), m.group(4))
+                n, k = int(m.group(5)), int(m.group(6))
+                out.setdefault(key, []).append((int(m.group(2)), n - k))
+                checks[key] = checks.get(key, 0) + k
+    return out, checks
 
 
 async def test_cross_az_admission_makes_the_protocols_few_etcd_requests(local_cluster: LocalCluster) -> None:
@@ -118,12 +135,16 @@ async def test_cross_az_admission_makes_the_protocols_few_etcd_requests(local_cl
     owner = (await c.etcd_gangs())[gang.id].owner_az
     others = [az for az in AZS if az != owner]
 
-    got = logged_requests(c, gang.id)
+    got, checks = logged_requests(c, gang.id)
     want = {(owner, "owner"): [(1, OWNER_MIN)], (owner, "participant"): [(1, OWNER_AZ_PARTICIPANT)]}
     want.update({(az, "participant"): [(1, PARTICIPANT_MIN)] for az in others})
-    # Each remote participant: its hold write and its commit write, the
-    # Prepare and the Commit checked from the watch.
+    # Each remote participant: its hold write and its commit write; a check
+    # read only where its watch lagged, one per RPC at most (a Prepare, a Commit).
     assert {k: v for k, v in got.items() if k[0] in others} == {k: v for k, v in want.items() if k[0] in others}, (
-        f"remote participants' etcd requests for {gang.id} (owner {owner}): {got}")
-    # The owner's AZ: its minimum, the own participant's writes included.
+        f"remote participants' etcd requests less check reads for {gang.id} (owner {owner}): {got}, "
+        f"check reads {checks}")
+    assert all(checks[(az, "participant")] <= 2 for az in others), f"check reads {checks}"
+    # The owner's AZ: its minimum, the own participant's writes included; its
+    # own Prepare and COMMIT are in process, never checked.
     assert got == want, f"etcd requests for {gang.id} (owner {owner}): {got}"
+    assert checks[(owner, "owner")] == checks[(owner, "participant")] == 0, f"check reads {checks}"

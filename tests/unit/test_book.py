@@ -133,6 +133,7 @@ IO_ONLY = {
         "_publishing": "member summary writes in flight",
         "_folding": "a MarkGangReserved parked behind the COMMIT write in flight",
         "etcd_requests": "per-gang request counter (bench/admission.py)",
+        "check_reads": "how many of etcd_requests were a lagging watch's check reads (bench/admission.py)",
     },
     GangCollector: {},
 }
