@@ -112,6 +112,13 @@ class Book:
         for key in [key for key in self.placements if key[0] == gang]:
             del self.placements[key]
 
+    def hold_released(self, gang: str, incarnation: int) -> None:
+        """This AZ's hold of ``gang``#``incarnation`` was deleted: drop what
+        the book kept for that incarnation's hold."""
+        key = (gang, incarnation)
+        for d in (self.hold_revision, self.published, self.local_reports, self.revoked_at):
+            d.pop(key, None)
+
     def forget_cross_az(self, gang: str) -> None:
         """``gangs/<gang>`` was collected: drop the cross-AZ memory of it."""
         self.owners.pop(gang, None)

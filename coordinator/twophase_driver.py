@@ -10,7 +10,8 @@ effects and feeds the results back as events:
 - ``SendPrepare`` / ``SendCommit`` / ``SendAbort`` are CoordinatorPeer RPCs to
   the leader found in ``leader/<az>``, with deadlines; the owner's own AZ is
   handled in-process;
-- ``ScheduleTimeout`` is ``loop.call_later``;
+- ``ScheduleTimeout`` is a task of the leadership that sleeps, then feeds the
+  event (the leader's stop cancels it);
 - one watch on the cluster root feeds ``DecisionObserved`` (``decisions/``),
   gang ends (``gangs/``: participants release their holds without the
   owner), member summaries (``members/``: the owner's run-time view) and
@@ -285,8 +286,13 @@ class TwoPhaseDriver:
                     self._spawn(self._performed(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
 
     def _schedule(self, e: ScheduleTimeout) -> None:
-        delay = max(0.0, e.at - self.now())
-        asyncio.get_running_loop().call_later(delay, self.feed, Routed(e.event, frozenset({e.to})))
+        # A task of the leadership, not a bare loop timer: the leader's stop
+        # cancels it with the rest, so no timer outlives the leadership.
+        self._spawn(self._fire(e), f"timer-{type(e.event).__name__}-{e.event.gang}")
+
+    async def _fire(self, e: ScheduleTimeout) -> None:
+        await asyncio.sleep(max(0.0, e.at - self.now()))
+        self.feed(Routed(e.event, frozenset({e.to})))
 
     async def _performed(self, e: Effect) -> None:
         """Perform an effect with I/O and feed back what came of it."""
@@ -431,10 +437,7 @@ class TwoPhaseDriver:
         res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops, gang=e.gang)
         self.l.wake.set()  # released or not, the cycle looks again
         if res is not None and res.succeeded:
-            self.book.hold_revision.pop((e.gang, e.incarnation), None)
-            self.book.published.pop((e.gang, e.incarnation), None)
-            self.book.local_reports.pop((e.gang, e.incarnation), None)
-            self.book.revoked_at.pop((e.gang, e.incarnation), None)
+            self.book.hold_released(e.gang, e.incarnation)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
             return [Routed.participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         else:

@@ -116,7 +116,7 @@ async def leader(store: Store, etcd_endpoint: str, cluster_name: str):
     await asyncio.sleep(0.1)
     mine = {"twophase-watch", "gang-collector"}
     left = [t.get_name() for t in asyncio.all_tasks() if not t.done() and t is not asyncio.current_task()
-            and (t.get_name() in mine or t.get_name().startswith(("WriteHold-", "ReleaseHold-", "test-leader")))]
+            and (t.get_name() in mine or t.get_name().startswith(("WriteHold-", "ReleaseHold-", "timer-", "test-leader")))]
     assert not left, f"leader tasks left running: {left}"
 
 

@@ -104,6 +104,26 @@ def test_forget_cross_az_drops_only_that_gangs_entries():
     assert b.finished_fed == {("other", 1)}
 
 
+def test_hold_released_drops_only_that_incarnations_hold_entries():
+    """Fails if a released hold leaves its revision, published summary, local
+    reports or revoke mark behind, or takes another incarnation's (or another
+    gang's) with it, or touches what is not the hold's (the gang's cache,
+    its owner, its attempts)."""
+    b = book()
+    keys = [("g", 1), ("g", 2), ("other", 1)]
+    for key in keys:
+        b.hold_revision[key] = 7
+        b.published[key] = None
+        b.local_reports[key] = {}
+        b.revoked_at[key] = 1.0
+        b.placements[key] = None
+    b.gang_cache["g"] = None
+    b.hold_released("g", 1)
+    for m in (b.hold_revision, b.published, b.local_reports, b.revoked_at):
+        assert sorted(m) == [("g", 2), ("other", 1)]
+    assert sorted(b.placements) == keys and "g" in b.gang_cache
+
+
 def test_known_gang_is_the_owned_record_else_the_held_one():
     b = book()
     b.gang_cache["g"] = "held"
