@@ -18,7 +18,7 @@ from coordinator.config import CoordinatorConfig
 
 from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import ConfigError, timings_from_arg
-from coordinator.core.authz import Policy, PolicyError, load_policy
+from coordinator.core.authz import Policy, PolicyError, policy_from_yaml
 from coordinator.server import Coordinator
 from coordinator.tokens import TokenFileError, load_tokens
 from phalanx import logfmt
@@ -90,7 +90,11 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
             # silently ignored: refuse it instead.
             raise ConfigError("--policy: needs --tls-dir (without TLS callers have no identity and nothing is enforced)")
         try:
-            policy = load_policy(a.policy)
+            text = Path(a.policy).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--policy: {a.policy}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            policy = policy_from_yaml(text, a.policy)
         except PolicyError as exc:
             raise ConfigError(f"--policy: {exc}") from None
     if a.token_file:

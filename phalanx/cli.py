@@ -30,6 +30,7 @@ from typing import Any, NoReturn, TextIO
 
 import yaml
 
+from phalanx import strict_docs
 from phalanx.client import read_token_file
 from phalanx.client import (
     ADDRESS_ENV,
@@ -1016,9 +1017,9 @@ def read_policy_file(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+        data = strict_docs.load_yaml(text)
+    except strict_docs.DocumentError as exc:
+        raise UsageError(f"{path}: {exc}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

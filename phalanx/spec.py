@@ -12,9 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Mapping
 
-import yaml
-
-from phalanx import limits
+from phalanx import limits, strict_docs
 from phalanx.model import Level
 
 # The bounds live in phalanx.limits (one table, docs/limits.md); these names
@@ -30,8 +28,8 @@ MAX_RUN_BYTES = limits.MAX_RUN_BYTES
 # it is parsed: the largest legal spec (MAX_RUN_BYTES of run plus a few
 # hundred bytes of fields) is far below it, even as verbose YAML.
 MAX_SPEC_BYTES = 256 * 1024
-# Mapping/sequence nesting cap while parsing (a real spec nests 3 levels).
-MAX_SPEC_DEPTH = 32
+# Mapping/sequence nesting cap while parsing (phalanx.strict_docs).
+MAX_SPEC_DEPTH = strict_docs.MAX_DOC_DEPTH
 DEFAULT_DURATION_S = 10.0
 DEFAULT_ADMISSION_TIMEOUT_S = 600.0
 DEFAULT_MAX_RESTARTS = 3
@@ -358,79 +356,16 @@ def _check_whole(spec: GangSpec, stored: bool) -> None:
             f"{limits.MAX_RESERVATION_TXN_BYTES} bytes; at most {most} members of this shape")])
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """A SafeLoader that keeps hostile or careless documents small and exact.
-
-    - Aliases (``*name``) are refused: nested aliases expand exponentially
-      (a few hundred bytes can become gigabytes), and a gang spec has no
-      use for them.
-    - Nesting is capped at MAX_SPEC_DEPTH: PyYAML composes recursively, so a
-      deep ``[[[[...`` document would otherwise end in a RecursionError.
-    - A key given twice in one mapping is an error naming the key and both
-      lines (PyYAML silently keeps the last one).
-    """
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._depth = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(
-                None, None, f"YAML aliases (*{event.anchor}) are not allowed in a gang spec", event.start_mark
-            )
-        self._depth += 1
-        try:
-            if self._depth > MAX_SPEC_DEPTH:
-                raise yaml.composer.ComposerError(
-                    None, None, f"nested more than {MAX_SPEC_DEPTH} levels deep", self.peek_event().start_mark
-                )
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-        if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
-                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=False)
-                line = key_node.start_mark.line + 1
-                try:
-                    first = seen.get(key)
-                except TypeError:  # unhashable: the base class reports it
-                    continue
-                if first is not None:
-                    raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (first on line {first})", key_node.start_mark
-                    )
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _yaml_error(exc: yaml.YAMLError) -> str:
-    """One line: what is wrong and where (PyYAML's own text spans lines)."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or str(exc)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return " ".join(f"{where}{problem}".split())
-
-
 def load_spec(text: str) -> GangSpec:
     """Parse a YAML (or JSON) gang spec document: at most MAX_SPEC_BYTES, no
-    aliases, no duplicate keys (``_SpecLoader``)."""
+    aliases, no duplicate keys (``phalanx.strict_docs``)."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > MAX_SPEC_BYTES:
         raise InvalidSpec([FieldError("spec", f"is {size} bytes, more than the limit of {MAX_SPEC_BYTES}")])
     try:
-        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise InvalidSpec([FieldError("spec", f"not valid YAML: {_yaml_error(exc)}")]) from None
-    except ValueError as exc:
-        # e.g. an integer of more than 4300 digits (Python's own conversion cap)
-        raise InvalidSpec([FieldError("spec", f"not a valid value: {' '.join(str(exc).split())[:200]}")]) from None
+        data = strict_docs.load_yaml(text)
+    except strict_docs.DocumentError as exc:
+        raise InvalidSpec([FieldError("spec", str(exc))]) from None
     return parse_spec(data)
 
 

@@ -14,14 +14,11 @@ and the record in etcd that ``SetPolicy`` writes (coordinator/policy_store.py).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
+from phalanx import strict_docs
 from phalanx.certs import MAX_NAME_LEN, ROLES, Identity
 from phalanx.limits import NODE_NAME, NODE_NAME_WHAT, name_error
 from phalanx.spec import MAX_PRIORITY
@@ -230,20 +227,18 @@ def parse_policy(data: Any) -> Policy:
     return Policy(max_priority=caps, submitters=names, visibility=visibility)
 
 
-def load_policy(path: Path | str) -> Policy:
-    """The policy in the YAML file at ``path`` (the thin driver)."""
+def policy_from_yaml(text: str, where: str) -> Policy:
+    """The policy in YAML ``text`` (``--policy FILE``, read by the driver);
+    PolicyError naming ``where`` and the place or field. The same strict
+    rules as the JSON path (phalanx.strict_docs)."""
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{path}: not YAML: {' '.join(str(exc).split())}") from None
+        data = strict_docs.load_yaml(text)
+    except strict_docs.DocumentError as exc:
+        raise PolicyError(f"{where}: {exc}") from None
     try:
         return parse_policy(data)
     except PolicyError as exc:
-        raise PolicyError(f"{path}: {exc}") from None
+        raise PolicyError(f"{where}: {exc}") from None
 
 
 # A policy sent to SetPolicy or read from etcd is one JSON object; this
@@ -260,9 +255,9 @@ def parse_policy_json(text: str, where: str = "policy_json") -> Policy:
     if not text.strip():
         raise PolicyError(f"{where}: is required (a JSON object; {{}} is the default policy)")
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise PolicyError(f"{where}: not JSON: {exc}") from None
+        data = strict_docs.load_json(text)
+    except strict_docs.DocumentError as exc:
+        raise PolicyError(f"{where}: {exc}") from None
     if data is None:
         raise PolicyError(f"{where}: must be a JSON object, got null")
     try:

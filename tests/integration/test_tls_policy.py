@@ -170,6 +170,18 @@ async def test_policy_as_data(local_cluster: LocalCluster, tmp_path: Path) -> No
             await client.set_policy({"max_priority": {"submitter": 1}}, rev - 1)
         with pytest.raises(InvalidArgument, match="visibility"):
             await client.set_policy({"visibility": "mine"}, rev)
+    # JSON the SDK would never send, straight on the wire: a document nested
+    # past the cap (once an INTERNAL RecursionError) and a key given twice
+    # (once the last one silently won). INVALID_ARGUMENT naming the place;
+    # nothing written.
+    async with c.channel(c1.address, role="admin", name="root") as ch:
+        stub = gang_pb2_grpc.GangServiceStub(ch)
+        for text, words in (('{"visibility": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested more than 32 levels deep"),
+                            ('{"visibility": "own", "visibility": "all"}', "line 1, column 23: duplicate key 'visibility' (first at line 1, column 2)")):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.SetPolicy(gang_pb2.SetPolicyRequest(policy_json=text, expected_revision=rev))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+            assert "policy_json" in err.value.details() and words in err.value.details(), err.value.details()
     assert (await _record(c))[0] == rev
 
     # Before the change: alice and bob submit within the first policy.

@@ -4,13 +4,14 @@ file's validation."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from phalanx import strict_docs
+
 from coordinator.core.authz import (
     ACTIONS, DEFAULT_MAX_PRIORITY, GET_POLICY, MAX_POLICY_JSON_BYTES, READS, SET_POLICY, Policy, PolicyError, decide,
-    load_policy, owner_of, parse_policy, parse_policy_json, valid_owner, visible,
+    owner_of, policy_from_yaml, parse_policy, parse_policy_json, valid_owner, visible,
 )
 from phalanx.certs import Identity
 from phalanx.spec import MAX_PRIORITY
@@ -114,19 +115,13 @@ def test_defaults_and_partial_policy() -> None:
     assert p.max_priority == {"admin": MAX_PRIORITY, "submitter": 7}
 
 
-def test_load_policy_file(tmp_path: Path) -> None:
-    f = tmp_path / "policy.yaml"
-    f.write_text("max_priority:\n  submitter: 50\n")
-    assert load_policy(f).max_priority["submitter"] == 50
-    f.write_text("max_priority:\n  submitter: [1\n")
-    with pytest.raises(PolicyError, match="not YAML"):
-        load_policy(f)
-    f.write_text("max_priority:\n  viewer: 3\n")
+def test_policy_from_yaml_names_the_file_and_field() -> None:
+    assert policy_from_yaml("max_priority:\n  submitter: 50\n", "p.yaml").max_priority["submitter"] == 50
+    with pytest.raises(PolicyError, match="p.yaml: not valid YAML"):
+        policy_from_yaml("max_priority:\n  submitter: [1\n", "p.yaml")
     with pytest.raises(PolicyError) as e:
-        load_policy(f)
-    assert str(f) in str(e.value) and "max_priority.viewer" in str(e.value)
-    with pytest.raises(PolicyError, match="cannot read"):
-        load_policy(tmp_path / "absent.yaml")
+        policy_from_yaml("max_priority:\n  viewer: 3\n", "p.yaml")
+    assert "p.yaml" in str(e.value) and "max_priority.viewer" in str(e.value)
 
 
 # --- per-submitter overrides, visibility, the policy as data -------------------------
@@ -229,3 +224,36 @@ def test_policy_json_errors(text: str, words: tuple[str, ...]) -> None:
         parse_policy_json(text)
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+
+
+# The JSON (SetPolicy) and YAML (--policy, `phalanx policy set`) paths agree:
+# the same document in either form is refused for the same reason, at the
+# place it happens, never with a RecursionError or the last duplicate winning.
+@pytest.mark.parametrize("json_text,yaml_text,words", [
+    ('{"visibility": "all", "visibility": "own"}', "visibility: all\nvisibility: own\n",
+     ("duplicate key 'visibility'", "line 1")),
+    ('{"submitters": {"al": {"max_priority": 1}, "al": {"max_priority": 9}}}',
+     "submitters:\n  al: {max_priority: 1}\n  al: {max_priority: 9}\n", ("duplicate key 'al'",)),
+    ('{"max_priority": {"submitter": 1,\n "submitter": 2}}', "max_priority: {submitter: 1,\n submitter: 2}\n",
+     ("duplicate key 'submitter'", "line 2")),
+    ('{"visibility": ' + "[" * 100_000, "visibility: " + "[" * 100_000, ("nested more than 32 levels deep",)),
+    ('{"max_priority": ' + "{\"a\": " * 40 + "1" + "}" * 41,
+     "max_priority: " + "{a: " * 40 + "1" + "}" * 40, ("nested more than 32 levels deep",)),
+])
+def test_json_and_yaml_policies_are_refused_alike(json_text: str, yaml_text: str, words: tuple[str, ...]) -> None:
+    for text, parse in ((json_text, parse_policy_json), (yaml_text, lambda t: policy_from_yaml(t, "p.yaml"))):
+        with pytest.raises(PolicyError) as e:
+            parse(text)
+        for w in words:
+            assert w in str(e.value), (w, str(e.value)[:300])
+
+
+def test_strict_json_accepts_what_json_accepts() -> None:
+    """Keys that only look alike, strings holding brackets and escaped
+    quotes, and the same key in sibling objects are not duplicates."""
+    text = ('{"submitters": {"a": {"max_priority": 1}, "b": {"max_priority": 2}}, '
+            '"max_priority": {"submitter": 3}, "visibility": "all"}')
+    assert parse_policy_json(text).submitters == {"a": 1, "b": 2}
+    assert strict_docs.load_json('{"a": "[[[{\\"a\\"", "b": {"a": 1}, "c": [{"a": 1}, {"a": 2}]}') == {
+        "a": '[[[{"a"', "b": {"a": 1}, "c": [{"a": 1}, {"a": 2}]}
+    assert strict_docs.load_json("[" * 32 + "]" * 32) is not None
