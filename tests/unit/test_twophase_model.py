@@ -12,7 +12,9 @@ AZ's waiting single-AZ gangs and UNPLACED cross-AZ owners in one (priority,
 submit time, id) order, a single-AZ ``Reserve`` becomes the reservation
 request, a cross-AZ one the owner's ``PlacementMade``, a ``FailAdmission`` (the
 admission timeout) ends the gang. Everything the leaders send is an item in
-flight; the rules deliver items in any order, duplicate and drop RPCs, fail
+flight; the rules deliver items in any order, duplicate and drop RPCs,
+replay a vote long after it was delivered (a late YES of an older
+incarnation reaching an owner that has moved on), fail
 store writes, fire timers and let time pass (moving past admission timeouts,
 restart backoffs and the backfill window), crash and restart leaders (a
 restarted leader knows only what the store holds), cancel gangs in any phase
@@ -165,7 +167,9 @@ DRAIN_LIMIT = 20_000
 # shrinks towards, and runs need deliveries to get anywhere.
 ACTIONS = ("network", "network", "timer", "timer", "tick", "crash", "restart", "finish",
            "resubmit", "cancel")
-FAULTS = ("duplicate", "drop", "store-failure", "crash")
+# "replay": a vote delivered once comes again later, after its owner may
+# have moved on to a newer incarnation (a late or duplicated RPC).
+FAULTS = ("duplicate", "drop", "store-failure", "crash", "replay")
 
 Role = Literal["participant", "owner", "local", "cycle"]
 Kind = Literal["msg", "store", "result", "cycle"]
@@ -266,6 +270,7 @@ class Sim:
         self.reserved_log: list[DecisionKey] = []
         self.dispatched: set[tuple[str, DecisionKey]] = set()
         self.yes_sent: set[tuple[str, DecisionKey]] = set()  # (az, attempt) whose YES vote went out
+        self.votes_sent: list[Item] = []  # every vote RPC to an owner, for the "replay" fault
         self.last_plan: dict[str, list[Decision]] = {}  # each AZ's latest cycle, for teardown
         self.cycles = 0
         self._ids = itertools.count()
@@ -344,6 +349,7 @@ class Sim:
                 self.send(e.to_az, "owner", e.gang, VoteReceived(
                     stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                     from_az=e.from_az, yes=e.yes, reason=e.reason))
+                self.votes_sent.append(self.inflight[-1])
             elif isinstance(e, SendCommit):
                 self.send(e.to_az, "participant", None, CommitReceived(
                     stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, from_az=az))
@@ -863,12 +869,12 @@ class TwoPhaseWorld(RuleBasedStateMachine):
 
     def _network(self, count: int, rnd: random.Random) -> None:
         """A burst of ``count`` deliveries of any item in flight (so in any
-        order), with duplicated messages, dropped RPCs and failed store
-        writes mixed in when those faults are on. Invariants are checked after
+        order), with duplicated messages, votes replayed late, dropped RPCs
+        and failed store writes mixed in when those faults are on. Invariants are checked after
         every action, not only per step. The choices come from a seeded RNG
         rather than one hypothesis draw each: long bursts would otherwise use
         up hypothesis' buffer, and a failure still replays exactly."""
-        ops = ["deliver"] * 8 + sorted(self.faults & {"duplicate", "drop", "store-failure"})
+        ops = ["deliver"] * 8 + sorted(self.faults & {"duplicate", "drop", "store-failure", "replay"})
         for _ in range(count):
             inflight = self.sim.inflight
             if not inflight:
@@ -880,6 +886,9 @@ class TwoPhaseWorld(RuleBasedStateMachine):
                 msgs = [it for it in inflight if it.kind == "msg"]
                 if msgs:
                     inflight.append(rnd.choice(msgs))
+            elif op == "replay":
+                if self.sim.votes_sent:
+                    inflight.append(rnd.choice(self.sim.votes_sent))
             elif op == "drop":
                 victims = [k for k, it in enumerate(inflight) if it.droppable]
                 if victims:
