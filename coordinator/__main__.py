@@ -16,6 +16,7 @@ from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
 
+from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import ConfigError, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, policy_from_yaml
@@ -66,6 +67,9 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--metrics-listen", default="",
                    help="serve /metrics at HOST:PORT (127.0.0.1:0 picks a port; default off); with --tls-dir only "
                         "HTTPS with a client certificate of the cluster's CA (docs/metrics.md)")
+    p.add_argument("--etcd-quota-bytes", type=int, default=ETCD_DEFAULT_QUOTA_BYTES,
+                   help="etcd's --quota-backend-bytes (default etcd's, 2 GiB): etcd does not report it; metrics, "
+                        "warnings and `phalanx status` measure its database against it (docs/etcd-keys.md)")
     add_log_flags(p)
     a = p.parse_args(argv)
     logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
@@ -74,6 +78,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,
         token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy, metrics_listen=a.metrics_listen,
+        etcd_quota_bytes=a.etcd_quota_bytes,
     ).validate()
     missing = missing_credentials(a, plaintext="serve plaintext")
     if missing:

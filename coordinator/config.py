@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.timings import ConfigError, Timings
 
 
@@ -29,6 +30,10 @@ class CoordinatorConfig:
     policy_file: str = ""
     # HOST:PORT of the /metrics endpoint (docs/metrics.md); "" = off.
     metrics_listen: str = ""
+    # etcd's --quota-backend-bytes: etcd does not report it, so the
+    # coordinator is told (`phalanx up` passes what it started etcd with);
+    # its metrics, its warnings and `phalanx status` measure against it.
+    etcd_quota_bytes: int = ETCD_DEFAULT_QUOTA_BYTES
 
     def validate(self) -> "CoordinatorConfig":
         errors = []
@@ -45,6 +50,9 @@ class CoordinatorConfig:
                 parse_listen(self.metrics_listen)
             except ValueError as exc:
                 errors.append(str(exc))
+        if not isinstance(self.etcd_quota_bytes, int) or self.etcd_quota_bytes <= 0:
+            errors.append(f"etcd_quota_bytes must be a positive number of bytes (etcd's --quota-backend-bytes), "
+                          f"got {self.etcd_quota_bytes!r}")
         if bool(self.token_file) != bool(self.token_listen):
             errors.append("token_file and token_listen go together (--token-file FILE --token-listen HOST:PORT)")
         if errors:

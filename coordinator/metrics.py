@@ -154,6 +154,16 @@ class CoordinatorMetrics:
         self.agents_connected = Gauge("phalanx_agents_connected", "Agents with a session at this leader", ["az"], registry=r)
         self.nodes_ready = Gauge("phalanx_nodes_ready", "Nodes this leader can place on", ["az"], registry=r)
         self.gpus = Gauge("phalanx_gpus", "GPUs of the ready nodes, free or used", ["az", "state"], registry=r)
+        # etcd's space (coordinator/etcd_space.py), read by every coordinator,
+        # leader or not: the alarm stops admission in every AZ at once.
+        self.etcd_db_size = Gauge("phalanx_etcd_db_size_bytes", "Size of the database file of the etcd member this "
+                                  "coordinator reads (Maintenance Status dbSize)", registry=r)
+        self.etcd_db_in_use = Gauge("phalanx_etcd_db_size_in_use_bytes", "The part of that file in use (dbSizeInUse; "
+                                    "the rest is freed by a defragmentation)", registry=r)
+        self.etcd_quota = Gauge("phalanx_etcd_db_quota_bytes", "etcd's --quota-backend-bytes as configured on this "
+                                "coordinator (--etcd-quota-bytes; etcd does not report it)", registry=r)
+        self.etcd_space_alarm = Gauge("phalanx_etcd_space_alarm", "1 while etcd's NOSPACE alarm is active (etcd "
+                                      "refuses every write)", registry=r)
         # Every fixed label value exists from the start (a rate over a series
         # that appears late misses its first increments).
         for c in PENDING_CLASSES:
@@ -182,6 +192,12 @@ class CoordinatorMetrics:
             self.keepalive_failures.inc()
         else:
             self.keepalive_lag.observe(seconds)
+
+    def etcd_space(self, db_size: int, in_use: int, quota: int, alarm: bool) -> None:
+        self.etcd_db_size.set(db_size)
+        self.etcd_db_in_use.set(in_use)
+        self.etcd_quota.set(quota)
+        self.etcd_space_alarm.set(1 if alarm else 0)
 
     # -- leadership
     def leading(self, epoch: int) -> None:

@@ -25,6 +25,7 @@ from coordinator.core.authz import Policy
 from coordinator.election import Election, LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
 from coordinator.leader import AzLeader
+from coordinator.etcd_space import EtcdSpaceWatch
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
@@ -168,6 +169,9 @@ class Coordinator:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.wall = time.time
         self.leader_changes = 0
+        self.space_watch = EtcdSpaceWatch(self.store, config.etcd_quota_bytes, config.timings.etcd_space_poll_s,
+                                          self.metrics)
+        self._space_task: asyncio.Task[None] | None = None
 
     def peer_channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -245,6 +249,7 @@ class Coordinator:
             raise OSError(f"--metrics-listen {self.config.metrics_listen}: cannot serve: {exc.strerror or exc}") from None
         if self.metrics_server is not None:
             log.info("metrics at %s", self.metrics_server.url)
+        self._space_task = asyncio.create_task(self.space_watch.run(self._stopping))
         await self._set_health(serving=True)
         return self.address
 
@@ -323,4 +328,6 @@ class Coordinator:
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
+        if self._space_task is not None:
+            await asyncio.gather(self._space_task, return_exceptions=True)
         await self.store.close()

@@ -768,6 +768,14 @@ class GangServicer(ggrpc.GangServiceServicer):
             resp.gangs_by_state[g.state.name] = resp.gangs_by_state[g.state.name] + 1
         if bad:
             resp.gangs_by_state["UNREADABLE"] = resp.gangs_by_state["UNREADABLE"] + len(bad)
+        try:
+            space = await self.c.space_watch.read()  # afresh: an alarm shows at once
+        except Unavailable as exc:
+            resp.etcd.error = str(exc)
+        else:
+            resp.etcd.CopyFrom(gpb.EtcdSpace(db_size_bytes=space.db_size, quota_bytes=space.quota,
+                                             alarms=list(space.alarms), level=space.level.value,
+                                             summary=space.describe()))
         return resp
 
     # ------------------------------------------------------------- policy

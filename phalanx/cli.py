@@ -461,7 +461,24 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
         _print("no AZs")
     counts = dict(st.gangs_by_state)
     _print("gangs: " + (format_state_counts(counts) or "none"))
+    _print(etcd_space_line(st.etcd))
     return EXIT_OK
+
+
+def etcd_space_line(etcd: Any) -> str:
+    """The status line about etcd's space (a gang_pb2.EtcdSpace): an error
+    line while its NOSPACE alarm stops every write, a warning from 80 % of
+    its quota, else the plain figures."""
+    where = 'docs/etcd-keys.md "When etcd is full"'
+    if etcd.level == "alarm":
+        return (f"error: etcd's space alarm (NOSPACE) is active: {etcd.summary}; etcd refuses every write, so no gang "
+                f"is admitted, started or finished until an operator recovers ({where})")
+    if etcd.level == "warning":
+        return (f"warning: etcd is nearly full: {etcd.summary}; at the quota it refuses every write: keep fewer "
+                f"finished gangs or raise the quota ({where})")
+    if etcd.error:
+        return f"etcd: its space could not be read: {etcd.error}"
+    return etcd.summary or "etcd: space not reported (an older coordinator answered)"
 
 
 def format_state_counts(counts: dict[str, int]) -> str:

@@ -94,6 +94,25 @@ class StoreDenied(StoreError):
         self.user = user
 
 
+class ResourceExhausted(PhalanxError):
+    """A limit was met: etcd's space quota (``StoreSpaceExhausted``), or a
+    message over gRPC's size limit. Not retried: the same call meets the
+    same limit until something changes."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class StoreSpaceExhausted(StoreUnavailable, ResourceExhausted):
+    """etcd's space alarm (NOSPACE) is active: its database reached
+    ``--quota-backend-bytes`` and etcd refuses every write (reads still
+    work) until an operator compacts, defragments and disarms it
+    (docs/etcd-keys.md "When etcd is full"). A StoreUnavailable, so every
+    caller that already waits out an unavailable etcd does so here too; to a
+    gRPC client it is RESOURCE_EXHAUSTED, naming the alarm."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class NotLeader(PhalanxError):
     """This coordinator is not (or no longer) its AZ's leader. Raised when a
     fenced compare fails: step down, never retry blindly."""
@@ -130,6 +149,7 @@ _BY_CODE: dict[grpc.StatusCode, type[PhalanxError]] = {
     grpc.StatusCode.ABORTED: Conflict,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.DATA_LOSS: DataLoss,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
 }
 
 

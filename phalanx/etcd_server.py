@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from phalanx import etcd_pki, procs
+from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.tls import TlsFiles
 
 
@@ -64,6 +65,9 @@ class EtcdServer:
     cluster_token: str = "phalanx"
     log_path: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    # etcd refuses every write past it (NOSPACE alarm); coordinators are told
+    # it (--etcd-quota-bytes), as etcd does not report it.
+    quota_backend_bytes: int = ETCD_DEFAULT_QUOTA_BYTES
     netns: str | None = None  # run inside `ip netns exec NETNS`
     # False only for a script whose starter exits while etcd keeps serving
     # (scripts/gpu_node_check.sh stops it by pid itself).
@@ -123,7 +127,7 @@ class EtcdServer:
             "--pre-vote",
             "--heartbeat-interval", "100",
             "--election-timeout", "1000",
-            "--quota-backend-bytes", str(2 * 1024**3),
+            "--quota-backend-bytes", str(self.quota_backend_bytes),
             "--auto-compaction-mode", "revision",
             "--auto-compaction-retention", "100000",
             "--logger", "zap",

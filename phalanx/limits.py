@@ -26,6 +26,9 @@ ETCD_MAX_REQUEST_BYTES = 1536 * 1024
 # Our client's receive limit (phalanx.store: grpc.max_receive_message_length):
 # the largest range reply a coordinator can read in one call.
 RANGE_REPLY_BYTES = 8 * 1024 * 1024
+# --quota-backend-bytes: etcd raises its NOSPACE alarm and refuses every
+# write once its database file reaches it (etcd's default, 2 GiB).
+ETCD_DEFAULT_QUOTA_BYTES = 2 * 1024**3
 
 # --- identifiers: one alphabet each, matched with re.fullmatch ----------------
 

@@ -46,7 +46,7 @@ from aetcd.rpc import rpc_pb2 as epb
 from aetcd.rpc import rpc_pb2_grpc as egrpc
 
 from phalanx import etcd_pki, failpoints
-from phalanx.errors import Conflict, NotLeader, StoreDenied, StoreUnavailable
+from phalanx.errors import Conflict, NotLeader, StoreDenied, StoreSpaceExhausted, StoreUnavailable
 from phalanx.limits import PAGE_KEYS, RANGE_REPLY_BYTES
 from phalanx.tls import TlsFiles
 
@@ -86,14 +86,24 @@ _DENIED_DETAILS = ("permission denied", "user name is empty", "user name not fou
 # move the store to another one.
 _AUTH_OLD_REVISION = ("revision of auth store is old", "revision in header is old")
 AUTH_OLD_RESENDS = 3
+# etcd's ErrGRPCNoSpace ("etcdserver: mvcc: database space exceeded",
+# RESOURCE_EXHAUSTED): the NOSPACE alarm is active and every write is refused
+# until an operator recovers (docs/etcd-keys.md "When etcd is full").
+_NO_SPACE = "database space exceeded"
+NO_SPACE_RECOVERY = ("etcd's space alarm (NOSPACE) is active: its database reached --quota-backend-bytes and etcd "
+                     "refuses every write until an operator compacts, defragments and disarms it "
+                     "(docs/etcd-keys.md \"When etcd is full\")")
 
 
 def classify(code: grpc.StatusCode, details: str) -> str:
     """What an etcd error answer means to the store (pure): "denied"
-    (StoreDenied), "auth-old" (resend, see above), "transient" or "refused"
-    (both StoreUnavailable; only "transient" may move to another member)."""
+    (StoreDenied), "auth-old" (resend, see above), "no-space" (etcd's space
+    alarm: StoreSpaceExhausted), "transient" or "refused" (both
+    StoreUnavailable; only "transient" may move to another member)."""
     if code == grpc.StatusCode.PERMISSION_DENIED or any(d in details for d in _DENIED_DETAILS):
         return "denied"
+    if _NO_SPACE in details:
+        return "no-space"
     if any(d in details for d in _AUTH_OLD_REVISION):
         return "auth-old"
     return "transient" if code in _TRANSIENT else "refused"
@@ -327,6 +337,20 @@ class WatchEvent:
     revision: int
 
 
+@dataclass(frozen=True)
+class EtcdSpaceReport:
+    """What etcd says about its space (``Store.space``): the size of the
+    answering member's database file and the part of it in use (Maintenance
+    Status), and the alarms active anywhere in the cluster (Alarm GET), by
+    name (``NOSPACE``, ``CORRUPT``). etcd does not report its quota
+    (--quota-backend-bytes): that comes from configuration."""
+
+    member: str
+    db_size: int
+    db_size_in_use: int
+    alarms: tuple[str, ...]
+
+
 class Compacted(Exception):
     """The watch start revision was compacted; re-list, then watch again."""
 
@@ -503,6 +527,7 @@ class _Member:
     kv: egrpc.KVStub
     lease: egrpc.LeaseStub
     watch: egrpc.WatchStub
+    maintenance: egrpc.MaintenanceStub
 
 
 @dataclass(eq=False)
@@ -629,7 +654,8 @@ class Store:
             # Connect every member now, so a failover does not also pay
             # for a connection handshake.
             ch.get_state(try_to_connect=True)
-            members.append(_Member(ep, ch, egrpc.KVStub(ch), egrpc.LeaseStub(ch), egrpc.WatchStub(ch)))
+            members.append(_Member(ep, ch, egrpc.KVStub(ch), egrpc.LeaseStub(ch), egrpc.WatchStub(ch),
+                                   egrpc.MaintenanceStub(ch)))
         return members
 
     def _follow_renewal(self) -> None:
@@ -700,6 +726,8 @@ class Store:
             return StoreUnavailable(f"etcd refused {what} for now: the etcd users or roles changed while it was "
                                     f"checked, {AUTH_OLD_RESENDS + 1} times in a row ({details}); nothing was "
                                     f"applied, sending it again may pass")
+        if kind == "no-space":
+            return StoreSpaceExhausted(f"etcd refused {what}: {NO_SPACE_RECOVERY} ({exc.code().name}: {details})")
         if kind == "transient":
             hint = ""
             if self.tls is not None and ("ssl" in details.lower() or "handshake" in details.lower()):
@@ -817,6 +845,17 @@ class Store:
         async for kvs, rev in self.get_prefix_pages(prefix, keys_only=keys_only, page=page, revision=revision):
             out.extend(kvs)
         return out, rev
+
+    async def space(self) -> EtcdSpaceReport:
+        """Two small maintenance reads; etcd answers both with its space
+        alarm active (it refuses writes, not these)."""
+        member, _, _ = self.pin()
+        status = await self._call(lambda m: m.maintenance.Status, epb.StatusRequest(), "status")
+        alarms = await self._call(lambda m: m.maintenance.Alarm,
+                                  epb.AlarmRequest(action=epb.AlarmRequest.GET), "alarm list")
+        names = sorted({epb.AlarmType.Name(a.alarm) for a in alarms.alarms if a.alarm != epb.NONE})
+        return EtcdSpaceReport(member=str(member.endpoint), db_size=status.dbSize,
+                               db_size_in_use=status.dbSizeInUse, alarms=tuple(names))
 
     async def revision(self) -> int:
         req = epb.RangeRequest(key=self.keys.root.encode(), count_only=True)

@@ -117,6 +117,11 @@ class Timings:
     # While a backlog of finished gangs drains, the pause between two sweeps
     # of the collector (instead of gc_interval_s).
     gc_backlog_pause_s: float = 1.0
+    # How often every coordinator asks etcd for its database size and its
+    # alarms (coordinator/etcd_space.py): two small maintenance reads. The
+    # warning at 80 % of the quota comes minutes to hours before the alarm
+    # at any plausible write rate, so a slow pace misses nothing.
+    etcd_space_poll_s: float = 15.0
 
     @property
     def leader_validity_s(self) -> float:
@@ -261,6 +266,7 @@ class Timings:
             restart_backoff_max_s=2.0,
             node_register_grace_s=2.0,
             policy_max_staleness_s=0.5,
+            etcd_space_poll_s=0.5,
             # gang_retention_s stays at its default (7 days): the chaos
             # checker reads every acknowledged gang back at the end of a run
             # and `phalanx up` users read finished gangs long after. Tests of

@@ -529,9 +529,12 @@ def child_env() -> dict[str, str]:
 
 def build_children(
     cfg: UpConfig, etcd: str, ports: list[int], logs: Path, agents_dir: Path, cluster: str = "",
-    creds: Credentials | None = None,
+    creds: Credentials | None = None, etcd_quota_bytes: int = 0,
 ) -> list[Child]:
-    """``creds`` None: every process plaintext (``--insecure``)."""
+    """``creds`` None: every process plaintext (``--insecure``).
+    ``etcd_quota_bytes``: the --quota-backend-bytes of the etcd this run
+    started, told to the coordinators (etcd does not report it); 0: an etcd
+    of the user's, whose quota the coordinators take to be etcd's default."""
     cluster = cluster or cfg.cluster
     children: list[Child] = []
     port_iter = iter(ports)
@@ -544,6 +547,7 @@ def build_children(
                     argv=[
                         sys.executable, "-m", "coordinator", "--cluster", cluster, "--az", az, "--id", cid,
                         "--etcd", etcd, *security_args(creds, "coordinator"), "--metrics-listen", METRICS_LISTEN,
+                        *(["--etcd-quota-bytes", str(etcd_quota_bytes)] if etcd_quota_bytes else []),
                         # Last: a retry on another port replaces it.
                         "--listen", f"127.0.0.1:{next(port_iter)}",
                     ],
@@ -848,7 +852,8 @@ class Up:
                 f"{', '.join(str(a) for a, _ in replaced)} taken, using "
                 f"{', '.join(f'{a}->{t}' for a, t in replaced)} instead"
             )
-        self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents", self.cluster, self.creds)
+        self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents", self.cluster, self.creds,
+                                       self.etcd.quota_backend_bytes if self.etcd is not None else 0)
         env = child_env()
         for child in self.children:
             child.start(env)

@@ -152,7 +152,7 @@ class AzStatus(_message.Message):
     def __init__(self, az: _Optional[str] = ..., has_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., epoch: _Optional[int] = ..., nodes_ready: _Optional[int] = ..., nodes_total: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("cluster", "azs", "served_by", "gangs_by_state")
+    __slots__ = ("cluster", "azs", "served_by", "gangs_by_state", "etcd")
     class GangsByStateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -164,11 +164,29 @@ class ClusterStatusResponse(_message.Message):
     AZS_FIELD_NUMBER: _ClassVar[int]
     SERVED_BY_FIELD_NUMBER: _ClassVar[int]
     GANGS_BY_STATE_FIELD_NUMBER: _ClassVar[int]
+    ETCD_FIELD_NUMBER: _ClassVar[int]
     cluster: str
     azs: _containers.RepeatedCompositeFieldContainer[AzStatus]
     served_by: str
     gangs_by_state: _containers.ScalarMap[str, int]
-    def __init__(self, cluster: _Optional[str] = ..., azs: _Optional[_Iterable[_Union[AzStatus, _Mapping]]] = ..., served_by: _Optional[str] = ..., gangs_by_state: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    etcd: EtcdSpace
+    def __init__(self, cluster: _Optional[str] = ..., azs: _Optional[_Iterable[_Union[AzStatus, _Mapping]]] = ..., served_by: _Optional[str] = ..., gangs_by_state: _Optional[_Mapping[str, int]] = ..., etcd: _Optional[_Union[EtcdSpace, _Mapping]] = ...) -> None: ...
+
+class EtcdSpace(_message.Message):
+    __slots__ = ("db_size_bytes", "quota_bytes", "alarms", "level", "summary", "error")
+    DB_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALARMS_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    db_size_bytes: int
+    quota_bytes: int
+    alarms: _containers.RepeatedScalarFieldContainer[str]
+    level: str
+    summary: str
+    error: str
+    def __init__(self, db_size_bytes: _Optional[int] = ..., quota_bytes: _Optional[int] = ..., alarms: _Optional[_Iterable[str]] = ..., level: _Optional[str] = ..., summary: _Optional[str] = ..., error: _Optional[str] = ...) -> None: ...
 
 class GetPolicyRequest(_message.Message):
     __slots__ = ()

@@ -212,7 +212,8 @@ def test_alert_rules_are_complete_and_the_operator_copy_is_the_same() -> None:
     rules = load_rules()
     alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
     assert set(alerts) == {"PhalanxAZWithoutLeader", "PhalanxFencedWritesRefused",
-                           "PhalanxGangsPendingPastAdmissionTimeout", "PhalanxAgentsFencing"}
+                           "PhalanxGangsPendingPastAdmissionTimeout", "PhalanxAgentsFencing",
+                           "PhalanxEtcdNearlyFull", "PhalanxEtcdSpaceAlarm"}
     for name, r in alerts.items():
         assert _balanced(r["expr"]), name
         assert r["labels"]["severity"] in ("critical", "warning"), name

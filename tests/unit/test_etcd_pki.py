@@ -211,6 +211,8 @@ ETCD_ANSWERS = [
     (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", "transient"),
     (grpc.StatusCode.INVALID_ARGUMENT, "etcdserver: duplicate key given in txn request", "refused"),
     (grpc.StatusCode.OUT_OF_RANGE, "etcdserver: mvcc: required revision has been compacted", "refused"),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "etcdserver: mvcc: database space exceeded", "no-space"),
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, "grpc: received message larger than max (5000 vs. 4000)", "refused"),
 ]
 
 
