@@ -53,7 +53,7 @@ import yaml
 
 from agent.core.run_as import Account, Refused, RunAsError, RunAsPolicy, decide, parse_policy
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
-from agent.shim import read_exit_record
+from agent.shim import encode_environment, no_new_privs, read_exit_record
 from phalanx.member_logs import logs_root, mark_line, member_exit_path, member_log_path, path_component
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,14 @@ OWNED_ENV: frozenset[str] = frozenset({
     "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_IB_HCA",
 })
+
+# What of a member's environment its shim carries too: the markers a
+# restarted agent reads from /proc/<pid>/environ to adopt the member (its
+# ``PHALANX_AGENT_ID``) and to name an orphan (``_key_from_env``). All of them
+# are Phalanx-owned (``OWNED_ENV``): no spec can set them.
+ADOPTION_ENV = (ENV_AGENT_ID, ENV_GANG, ENV_INCARNATION, "RANK")
+# The shim's PATH: a fixed value, never the agent's or the spec's.
+SHIM_PATH_VAR = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # How often the no-pidfd fallback checks whether a process is still there.
 POLL_INTERVAL_S = 0.2
@@ -175,21 +183,49 @@ SHIM_PATH = Path(__file__).resolve().with_name("shim.py")
 
 
 def shim_command(argv: list[str], lease: Path, fence_after_s: float, grace_s: float,
-                 exit_file: Path | None = None, account: Account | None = None) -> list[str]:
+                 exit_file: Path | None = None, account: Account | None = None,
+                 env_fd: int | None = None) -> list[str]:
     """``argv`` wrapped by the fencing shim (agent/shim.py, docs/launcher.md).
 
     Run by file path with ``-I`` so it needs neither this package on the
-    member's ``sys.path`` nor a particular working directory, and no
-    ``PYTHON*`` variable of the member's environment can change the shim
-    (the environment still reaches the member unchanged). With ``account``
-    the shim keeps the agent's user (it must read the agent's lease, write
-    the exit record and signal the group) and starts ``argv`` as that
-    account."""
+    member's ``sys.path`` nor a particular working directory. With
+    ``account`` the shim keeps the agent's user (it must read the agent's
+    lease, write the exit record and signal the group) and starts ``argv``
+    as that account. ``env_fd``: the descriptor the shim reads the member's
+    environment from (``environment_fd``); the shim itself runs with
+    ``shim_environment``, so nothing of the spec acts in it."""
     exit_args = ["--exit-file", str(exit_file)] if exit_file is not None else []
     user_args = ["--user", account_arg(account)] if account is not None else []
+    env_args = ["--env-fd", str(env_fd)] if env_fd is not None else []
     return [sys.executable, "-I", str(SHIM_PATH), "--lease", str(lease),
             "--fence-after", repr(float(fence_after_s)), "--grace", repr(float(grace_s)),
-            *exit_args, *user_args, "--", *argv]
+            *exit_args, *user_args, *env_args, "--", *argv]
+
+
+def shim_environment(member_env: Mapping[str, str]) -> dict[str, str]:
+    """The shim's whole environment, built from scratch: a fixed ``PATH``
+    and the member's adoption markers (``ADOPTION_ENV``, which the agent
+    owns). Nothing else of the agent's, the operator's or the spec's
+    environment: the shim may run as root, and the loader reads ``LD_*``,
+    ``GCONV_PATH`` and the like before any code of ours runs."""
+    return {"PATH": SHIM_PATH_VAR, **{name: member_env[name] for name in ADOPTION_ENV}}
+
+
+def environment_fd(data: bytes) -> int:
+    """An anonymous in-memory file (memfd, close-on-exec) holding ``data``
+    (``encode_environment``) for the shim's ``--env-fd``, positioned at its
+    start. Never on disk, readable through no path by the member's user, and
+    no size limit (a pipe would block at 64 KiB before the shim reads it)."""
+    fd = os.memfd_create("phalanx-member-env", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def account_arg(account: Account) -> str:
@@ -597,6 +633,8 @@ class ProcessLauncher:
         # members as itself, and says so once.
         self._uid = os.geteuid()
         self._run_as = run_as if run_as is not None or self._uid != 0 else default_run_as()
+        # For members started without the shim (which sets it on itself).
+        self._no_new_privs = no_new_privs()
         if self._uid != 0:
             log.warning("agent runs as uid %d, not root: members run as this same user (switching to the "
                         "users of the run-as policy needs root)", self._uid)
@@ -659,13 +697,21 @@ class ProcessLauncher:
             log.warning("member %s refused: %s", key, decision.reason)
             raise RunAsRefused(decision.reason)
         account = decision.account if decision.switch else None
-        spawn_argv = argv
+        env = member_environment(launch, agent_id=self._agent_id, node_addr=self._node_addr,
+                                 extra_env=self._extra_env, work_dir=self.work_path(key), account=account)
+        try:
+            # Before anything is made for the member (work dir, exit record):
+            # an environment exec would refuse fails it here, by name.
+            env_block = encode_environment(env)
+        except ValueError as exc:
+            with contextlib.suppress(OSError):
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                _append_log_line(log_path, f"failed to start {key}: {exc}")
+            return self._spawn_failed(launch, started_at, str(exc))
+        exit_path = member_exit_path(self._state_dir, key)
         if self._fence_lease is not None:
-            exit_path = member_exit_path(self._state_dir, key)
             with contextlib.suppress(OSError):
                 exit_path.unlink()  # a leftover must never read as this member's end
-            spawn_argv = shim_command(argv, self._fence_lease, self._fence_after_s, self._fence_grace_s,
-                                      exit_file=exit_path, account=account)
         try:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             # Agent-owned and private: the member writes it only through the
@@ -680,8 +726,6 @@ class ProcessLauncher:
             os.close(log_fd)
             _append_log_line(log_path, f"failed to start {key}: cannot make its work dir: {exc}")
             return self._spawn_failed(launch, started_at, f"cannot make work dir {self.work_path(key)}: {exc}")
-        env = member_environment(launch, agent_id=self._agent_id, node_addr=self._node_addr,
-                                 extra_env=self._extra_env, work_dir=work_dir, account=account)
         fence_note = (f" fence_lease={self._fence_lease} fence_after_s={self._fence_after_s:g}"
                       if self._fence_lease is not None else "")
         who = (f" user={account.name} uid={account.uid} gid={account.gid}" if account is not None
@@ -693,15 +737,32 @@ class ProcessLauncher:
         # child, after chdir (so the work dir is entered even where its
         # parents are closed to the member's user) and before exec.
         direct = account if self._fence_lease is None else None
+        env_fd: int | None = None
         try:
+            if self._fence_lease is None:
+                # The member's own exec, already as its user, with
+                # no_new_privs set in between (preexec_fn runs after the
+                # switch): no process of the agent's user ever execs with
+                # the spec's environment.
+                spawn_argv, spawn_env, pass_fds, preexec = argv, env, (), self._no_new_privs
+            else:
+                # The shim may be root: it gets an environment built from
+                # scratch; the member's reaches it through a descriptor and
+                # is applied only in the member's exec (docs/launcher.md).
+                env_fd = environment_fd(env_block)
+                spawn_argv = shim_command(argv, self._fence_lease, self._fence_after_s, self._fence_grace_s,
+                                          exit_file=exit_path, account=account, env_fd=env_fd)
+                spawn_env, pass_fds, preexec = shim_environment(env), (env_fd,), None
             popen = subprocess.Popen(
                 spawn_argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
                 stderr=subprocess.STDOUT,
-                env=env,
+                env=spawn_env,
                 cwd=work_dir,
                 close_fds=True,
+                pass_fds=pass_fds,
+                preexec_fn=preexec,
                 # Own session => own process group, so the member and everything
                 # it forks can be signalled as one, and a signal aimed at the
                 # agent's terminal group never reaches members.
@@ -719,6 +780,8 @@ class ProcessLauncher:
             return self._spawn_failed(launch, started_at, str(exc))
         finally:
             os.close(log_fd)
+            if env_fd is not None:
+                os.close(env_fd)
 
         pid = popen.pid
         # Our child cannot be reaped by anyone else, so /proc/<pid> is there

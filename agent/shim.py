@@ -1,11 +1,23 @@
 """`python -m agent.shim` — member-side fencing that works while the agent is dead.
 
     python -m agent.shim --lease FILE --fence-after S --grace G [--exit-file F]
-                         [--user UID:GID:G1,G2,...] -- CMD [ARG...]
+                         [--user UID:GID:G1,G2,...] [--env-fd N] -- CMD [ARG...]
 
 ``ProcessLauncher`` starts this shim (standard library only) as the leader of
 the member's process group; the shim starts ``CMD`` as its child in the *same*
-group, with the environment passed through unchanged, and:
+group and:
+
+- with ``--env-fd N``, reads the member's whole environment from the
+  inherited descriptor ``N`` (``encode_environment``: ``NAME=VALUE`` entries,
+  each ended by a NUL), closes it, and gives it to ``CMD`` only, in the exec
+  of the child (after it switched users). The shim itself runs with the
+  environment the agent built from scratch (``agent.process.shim_environment``),
+  so nothing of a gang's spec (``LD_PRELOAD`` and the other loader
+  variables) acts in it. Without ``--env-fd`` (started by hand), ``CMD``
+  inherits the shim's environment;
+- sets ``no_new_privs`` on itself before it starts ``CMD`` (so on ``CMD``
+  and everything it runs: no exec gains privileges, set-uid or file
+  capabilities); a kernel that refuses it means the member is not started;
 
 - waits for the child and ends with the child's status: the same exit code,
   or, when the child was killed by a signal, it dies of that same signal (so
@@ -56,6 +68,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Mapping
 
 # Distinct from the child's own codes as far as possible: not 0/1/2, not the
 # shell's 126/127, not 128+signal.
@@ -189,6 +202,68 @@ def read_exit_record(path: Path | str) -> dict[str, object] | None:
 
 
 # --------------------------------------------------------------------------- #
+# The member's environment and its privileges
+# --------------------------------------------------------------------------- #
+
+def encode_environment(env: Mapping[str, str]) -> bytes:
+    """``env`` as the shim's ``--env-fd`` reads it: ``NAME=VALUE`` entries,
+    each ended by a NUL (as in ``/proc/<pid>/environ``). ValueError naming
+    the variable when one cannot be an environment entry (what exec would
+    refuse): an empty name, a name with ``=``, a NUL anywhere."""
+    out = bytearray()
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(f"environment variable {name!r}: not a valid name (empty, or holds '=' or NUL)")
+        if "\0" in value:
+            raise ValueError(f"environment variable {name!r}: its value holds a NUL character")
+        out += os.fsencode(name) + b"=" + os.fsencode(value) + b"\0"
+    return bytes(out)
+
+
+def decode_environment(data: bytes) -> dict[str, str]:
+    """The environment ``encode_environment`` wrote; ValueError when
+    ``data`` is not that (an entry without ``=``, or unterminated)."""
+    if data and not data.endswith(b"\0"):
+        raise ValueError("the last environment entry is not NUL-terminated")
+    env: dict[str, str] = {}
+    for entry in data.split(b"\0")[:-1]:
+        name, sep, value = entry.partition(b"=")
+        if not sep or not name:
+            raise ValueError(f"environment entry {entry[:40]!r} is not NAME=VALUE")
+        env[os.fsdecode(name)] = os.fsdecode(value)
+    return env
+
+
+def read_environment_fd(fd: int) -> dict[str, str]:
+    """Read the member's environment from ``fd`` to its end, then close it."""
+    with open(fd, "rb", closefd=True) as f:
+        return decode_environment(f.read())
+
+
+PR_SET_NO_NEW_PRIVS = 38  # linux/prctl.h
+
+
+def no_new_privs() -> Callable[[], None]:
+    """A function that sets ``no_new_privs`` on the calling thread (kept
+    across fork and exec, never cleared): raises OSError when the kernel
+    refuses. libc's ``prctl`` is looked up here, in advance: the function
+    itself only calls it, so it is fit for Popen's ``preexec_fn`` (between
+    fork and exec nothing may take the dynamic loader's locks)."""
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    prctl.restype = ctypes.c_int
+
+    def set_no_new_privs() -> None:
+        if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"prctl(PR_SET_NO_NEW_PRIVS) refused: {os.strerror(errno)}")
+
+    return set_no_new_privs
+
+
+# --------------------------------------------------------------------------- #
 # The shim
 # --------------------------------------------------------------------------- #
 
@@ -290,9 +365,10 @@ def parse_user(text: str) -> tuple[int, int, list[int]]:
 
 
 def run(cmd: list[str], lease: str, fence_after: float, grace: float,
-        exit_file: str | None = None, user: tuple[int, int, list[int]] | None = None) -> int:
+        exit_file: str | None = None, user: tuple[int, int, list[int]] | None = None,
+        env: dict[str, str] | None = None) -> int:
     state: dict[str, object] = {"child": None, "pending": [], "fencing": False, "signalled": False}
-    code, fenced = _supervise(cmd, lease, fence_after, grace, state, user)
+    code, fenced = _supervise(cmd, lease, fence_after, grace, state, user, env)
     if exit_file:
         try:
             # signalled: a stop (SIGTERM/SIGINT/SIGHUP) reached the member, so
@@ -307,7 +383,8 @@ def run(cmd: list[str], lease: str, fence_after: float, grace: float,
 
 
 def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float,
-               state: dict[str, object], user: tuple[int, int, list[int]] | None = None) -> tuple[int, bool]:
+               state: dict[str, object], user: tuple[int, int, list[int]] | None = None,
+               env: dict[str, str] | None = None) -> tuple[int, bool]:
     """Run the member; (status to end with, whether we fenced it)."""
     started = time.monotonic()
 
@@ -334,13 +411,17 @@ def _supervise(cmd: list[str], lease: str, fence_after: float, grace: float,
         _log(f"signal {state['pending'][0]} before the member started; not starting it")  # type: ignore[index]
         return 128 + int(state["pending"][0]), False  # type: ignore[index]
     try:
-        # Same process group (no new session), environment, stdio and current
-        # directory inherited; with a user, setgroups/setgid/setuid in the
-        # child just before exec.
+        # Inherited by the child and kept across its exec: nothing the member
+        # runs gains privileges.
+        no_new_privs()()
+        # Same process group (no new session), stdio and current directory
+        # inherited; the member's environment (None: ours) only in the
+        # child's exec; with a user, setgroups/setgid/setuid in the child
+        # just before that exec.
         if user is None:
-            child = subprocess.Popen(cmd)
+            child = subprocess.Popen(cmd, env=env)
         else:
-            child = subprocess.Popen(cmd, user=user[0], group=user[1], extra_groups=user[2])
+            child = subprocess.Popen(cmd, env=env, user=user[0], group=user[1], extra_groups=user[2])
     except (OSError, ValueError) as exc:
         _log(f"cannot start member {cmd!r}: {exc}")
         return EXIT_SPAWN_FAILED, False
@@ -385,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=5.0, help="SIGTERM -> SIGKILL grace when fencing")
     p.add_argument("--exit-file", default=None, help="write the exit record here when the member ends")
     p.add_argument("--user", default=None, help="UID:GID:G1,G2,... to start the member as")
+    p.add_argument("--env-fd", type=int, default=None, help="read the member's environment from this descriptor")
     p.add_argument("cmd", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
     cmd = a.cmd[1:] if a.cmd[:1] == ["--"] else a.cmd
@@ -394,9 +476,17 @@ def main(argv: list[str] | None = None) -> int:
         user = None
         cmd = []
     if not cmd or not math.isfinite(a.fence_after) or a.fence_after <= 0 or a.grace < 0:
-        _log("usage: --lease FILE --fence-after S (> 0) [--grace G] [--user UID:GID:G1,...] -- CMD...")
+        _log("usage: --lease FILE --fence-after S (> 0) [--grace G] [--user UID:GID:G1,...] [--env-fd N] "
+             "-- CMD...")
         return EXIT_USAGE
-    return run(cmd, a.lease, a.fence_after, a.grace, a.exit_file, user)
+    env = None
+    if a.env_fd is not None:
+        try:
+            env = read_environment_fd(a.env_fd)
+        except (OSError, ValueError) as exc:
+            _log(f"cannot start member {cmd!r}: cannot read its environment from fd {a.env_fd}: {exc}")
+            return EXIT_SPAWN_FAILED
+    return run(cmd, a.lease, a.fence_after, a.grace, a.exit_file, user, env)
 
 
 if __name__ == "__main__":

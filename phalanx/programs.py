@@ -37,6 +37,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("true", "coreutils"),
     Program("bash", "bash"),
     Program("sh", "dash"),
+    Program("cc", "gcc"),
     Program("nvidia-smi", "nvidia-smi",
             "ships with the NVIDIA driver on a GPU node; without it the agent reads the topology from NVML and sysfs"),
 )}

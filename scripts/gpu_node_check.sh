@@ -172,12 +172,15 @@ stop_pid() {  # stop_pid PID NAME GRACE [group]: SIGTERM, wait, SIGKILL
 }
 # Every process we start carries GPUCHECK_RUN=$RUN_ID in its environment, and
 # so do the members the agent starts (they inherit the agent's environment).
+# Their fencing shims do not (docs/launcher.md: a shim's environment is built
+# from scratch); each names this run's work dir on its command line (--lease).
 run_pids() {
     local p
     for p in /proc/[0-9]*; do
         p=${p#/proc/}
         [ "$p" = "$$" ] && continue
-        { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -x "GPUCHECK_RUN=$RUN_ID" >/dev/null && \
+        { { tr '\0' '\n' <"/proc/$p/environ"; } 2>/dev/null | grep -x "GPUCHECK_RUN=$RUN_ID" >/dev/null || \
+            { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -F -- "--lease $WORK/" >/dev/null; } && \
             [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" != Z ] && echo "$p"
     done
 }

@@ -35,6 +35,7 @@ sleep            coreutils
 true             coreutils
 bash             bash
 sh               dash
+cc               gcc
 nvidia-smi       nvidia-smi      optional: ships with the NVIDIA driver on a GPU node; without it the agent reads the topology from NVML and sysfs
 "
 

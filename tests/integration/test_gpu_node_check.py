@@ -37,9 +37,11 @@ def test_gpu_node_check_dry_run_passes(tmp_path: Path) -> None:
     assert (out / "log.txt").exists() and (out / "logs.tgz").exists()
 
 
-def _run_processes() -> dict[int, str]:
+def _run_processes(tmp: Path | None = None) -> dict[int, str]:
     """Live processes started by a gpu_node_check run (they all carry
-    GPUCHECK_RUN in their environment): pid -> command line."""
+    GPUCHECK_RUN in their environment), and with ``tmp`` (the run's TMPDIR)
+    the members' fencing shims, whose environment is the agent's markers
+    only: their command line names the run's work dir: pid -> command line."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -50,7 +52,8 @@ def _run_processes() -> dict[int, str]:
             state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"GPUCHECK_RUN=" in environ and state != "Z":
+        shim = tmp is not None and f"--lease {tmp}/gpucheck." in cmdline
+        if (b"GPUCHECK_RUN=" in environ or shim) and state != "Z":
             found[int(entry)] = cmdline[:160]
     return found
 
@@ -79,14 +82,14 @@ def test_a_sigkilled_gpu_node_check_leaves_nothing_behind(tmp_path: Path) -> Non
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 30  # members: their shim fences within fence_after_s
-        while (left := _run_processes()) and time.monotonic() < deadline:
+        while (left := _run_processes(tmp)) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert left == {}, f"left behind by a SIGKILLed gpu_node_check: {left}"
         assert work[0].exists()  # no EXIT trap ran; the next run cleans it
     finally:
         if proc.poll() is None:
             proc.kill()
-        for pid in _run_processes():
+        for pid in _run_processes(tmp):
             os.kill(pid, signal.SIGKILL)
     again = subprocess.run(["bash", str(REPO / "scripts" / "gpu_node_check.sh")], cwd=REPO,
                            env=dict(env, OUT=str(tmp_path / "out2")), capture_output=True, text=True, timeout=420)
