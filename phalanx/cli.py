@@ -115,9 +115,10 @@ def level_label(value: int) -> str:
 
 def dump(msg: Any, fmt: str) -> str:
     data = message_to_dict(msg) if not isinstance(msg, (dict, list)) else msg
+    # Text as the user wrote it (a spec's "2×A100" stays so), as `describe` prints it.
     if fmt == "json":
-        return json.dumps(data, indent=2, sort_keys=False)
-    return yaml.safe_dump(data, sort_keys=False).rstrip("\n")
+        return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True).rstrip("\n")
 
 
 def gang_gpus(gang: pb.Gang) -> int:
@@ -191,8 +192,11 @@ GANG_HEADERS = ["ID", "NAME", "STATE", "AZ", "MEMBERS", "GPUS", "AGE", "REASON"]
 
 
 def watch_line(gang: pb.Gang) -> str:
-    """One line per change for ``phalanx watch``."""
-    parts = [time.strftime("%H:%M:%S"), gang.id, state_name(gang), f"inc={gang.incarnation}"]
+    """One line per change for ``phalanx watch``, stamped with when the
+    record changed (``updated_at``), not when the line is printed: the
+    first line shows a state reached before the watch began."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(gang.updated_at)) if gang.updated_at else time.strftime("%H:%M:%S")
+    parts = [stamp, gang.id, state_name(gang), f"inc={gang.incarnation}"]
     if gang.placement:
         nodes = {(m.az, m.node) for m in gang.placement}
         azs = {m.az for m in gang.placement}
@@ -329,7 +333,7 @@ def event_line(e: pb.GangEventRecord) -> str:
 
 def describe_full(gang: pb.Gang, now: float | None = None) -> str:
     """`phalanx describe`: spec, state, placement, events, in reading order."""
-    spec = yaml.safe_dump(spec_from_pb(gang.spec).to_dict(), sort_keys=False).rstrip("\n")
+    spec = yaml.safe_dump(spec_from_pb(gang.spec).to_dict(), sort_keys=False, allow_unicode=True).rstrip("\n")
     out = [f"gang {gang.id}", "spec:"] + ["  " + line for line in spec.splitlines()]
     state = [
         ("state", f"{state_name(gang)} (incarnation {gang.incarnation}, restarts {gang.restarts})"),
@@ -1107,7 +1111,7 @@ async def _run_remote(args: argparse.Namespace) -> int:
         if args.command == "submit":
             spec = read_spec_file(args.file)  # validated before any connection
             if args.dry_run:
-                _print(yaml.safe_dump(spec.to_dict(), sort_keys=False).rstrip("\n"))
+                _print(yaml.safe_dump(spec.to_dict(), sort_keys=False, allow_unicode=True).rstrip("\n"))
                 return EXIT_OK
             return await cmd_submit(client, args, spec)
         return await REMOTE[args.command](client, args)
@@ -1182,9 +1186,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(module.main(rest) or 0)
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
     except SystemExit as exc:  # argparse: 0 after --help, 2 for a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_INVALID
+    if extra:
+        # Named by the command that refused them, whose --help lists what it takes.
+        prog = " ".join(["phalanx", *(w for w in (args.command, getattr(args, "action", None),
+                                                   getattr(args, "certs_command", None)) if w)])
+        _print(f"error: {prog}: unrecognized arguments: {' '.join(extra)} (see {prog} --help)", sys.stderr)
+        return EXIT_INVALID
     if args.command is None:
         _print("error: phalanx: a command is required (see phalanx --help)", sys.stderr)
         return EXIT_INVALID

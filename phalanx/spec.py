@@ -149,10 +149,13 @@ class _Checker:
             self.fail(path or "spec", f"must be a mapping, got {type(data).__name__}")
             return {}
         allowed = _SECTIONS[path]
+        listed = False
         for key in data:
             if key not in allowed:
                 where = f"{path}.{key}" if path else str(key)
-                self.fail(where, "unknown field; allowed: " + ", ".join(sorted(allowed)))
+                # The allowed fields once per section, not once per unknown field.
+                self.fail(where, "unknown field" if listed else "unknown field; allowed: " + ", ".join(sorted(allowed)))
+                listed = True
         return data
 
     def integer(self, data: Mapping[str, Any], key: str, path: str, default: int, lo: int, hi: int) -> int:
@@ -219,6 +222,10 @@ def parse_spec(data: Any, *, stored: bool = False) -> GangSpec:
     on its shape, and which a spec accepted before that bound existed may
     exceed) is not applied again; every per-field bound is."""
     c = _Checker()
+    if isinstance(data, Mapping) and isinstance(data.get("spec"), Mapping) and "name" not in data:
+        # A whole gang as `phalanx get -o yaml` prints it: one error, not one per field.
+        raise InvalidSpec([FieldError("spec", "this is a whole gang (id, spec, state, ...) as `phalanx get -o yaml` "
+                                      "prints it; submit only its `spec:` part, unindented")])
     top = c.section(data, "")
     if not isinstance(data, Mapping):
         if not c.errors:  # None (an empty document) passes section() silently

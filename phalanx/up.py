@@ -50,6 +50,7 @@ import os
 import re
 import secrets
 import select
+import shlex
 import shutil
 import signal
 import socket
@@ -155,6 +156,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--gangs-per-az", type=int, default=3, help="workload: live gangs kept per AZ, default 3")
     p.add_argument("--start-timeout", type=float, default=120.0, help="seconds to wait for the cluster to come up")
+    p.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("PHALANX_LOG_FORMAT") or None,
+                   help="the log format of every process up starts (docs/logging.md; default: $PHALANX_LOG_FORMAT, "
+                        "else text)")
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,7 @@ class UpConfig:
     start_timeout: float
     insecure: bool = False
     etcd_pki: str = ""
+    log_format: str | None = None  # for the children (PHALANX_LOG_FORMAT); None: theirs
 
     @property
     def sim_spines(self) -> int:
@@ -243,6 +248,7 @@ class UpConfig:
             start_timeout=a.start_timeout,
             insecure=a.insecure,
             etcd_pki=str(Path(a.etcd_pki).resolve()) if a.etcd_pki else "",
+            log_format=getattr(a, "log_format", None),
         )
 
 
@@ -397,6 +403,26 @@ def make_credentials(
         etcd_agent=etcd_pki.issue_client(etcd_pki_dir, etcd_pki.user_for(cluster, "agent"), now=now),
         etcd_root=etcd_pki_dir / etcd_pki.ROOT_USER,
     )
+
+
+ACTIVATION_LINE = re.compile(r"^export PATH=\S+ PHALANX_CONFIG=\S+ PHALANX_STATE_DIR=\S+$")
+
+
+def cli_bin_dir() -> Path | None:
+    """The directory of the ``phalanx`` command that belongs to this Python
+    (``.venv/bin`` after scripts/setup.sh), None when it has none."""
+    bin_dir = Path(sys.executable).parent
+    return bin_dir if (bin_dir / "phalanx").is_file() else None
+
+
+def activation_line(bin_dir: Path | None, config: Path, state_dir: Path) -> str:
+    """The one line a new shell needs for everything the README runs: this
+    install's ``phalanx``, ``python3`` and ``python`` first on PATH (a fresh
+    clone's are only in ``.venv/bin``), the client config and the state dir
+    ``phalanx logs`` reads. Paths are shell-quoted."""
+    path = f"{shlex.quote(str(bin_dir))}:\"$PATH\"" if bin_dir is not None else '"$PATH"'
+    return (f"export PATH={path} PHALANX_CONFIG={shlex.quote(str(config))} "
+            f"PHALANX_STATE_DIR={shlex.quote(str(state_dir))}")
 
 
 def client_config(cluster: str, addresses: list[str], tls_dir: str | None) -> dict[str, Any]:
@@ -855,6 +881,8 @@ class Up:
         self.children = build_children(cfg, etcd, ports, logs, self.state_dir / "agents", self.cluster, self.creds,
                                        self.etcd.quota_backend_bytes if self.etcd is not None else 0)
         env = child_env()
+        if cfg.log_format:
+            env["PHALANX_LOG_FORMAT"] = cfg.log_format
         for child in self.children:
             child.start(env)
         self.say(
@@ -876,7 +904,8 @@ class Up:
         # Last: UpProcess (and scripts) take it as "ready".
         self.emit(f"PHALANX_ADDRESS={','.join(self.addresses)}")
         how = "an admin certificate, mutual TLS" if self.creds is not None else "insecure: plaintext"
-        self.say(f"for the CLI and the SDK: export PHALANX_CONFIG={self.config_path}  (cluster, addresses, {how})")
+        self.say(f"for the CLI, the SDK and `phalanx logs` in any shell, run the next line (cluster, addresses, {how}):")
+        self.emit(activation_line(cli_bin_dir(), self.config_path, self.state_dir))
 
     def _say_metrics(self) -> None:
         """One line per process: where its /metrics is."""
@@ -1260,6 +1289,17 @@ def fit_template(
     return data
 
 
+def workload_line(labels: list[str], gangs_per_az: int, launch: bool, budget: int = LAUNCH_MEMBER_BUDGET) -> str:
+    """What the sample workload keeps running. Under --launch the member
+    budget, over the whole cluster, usually binds first: it is named, so
+    that two running gangs do not read as a fault."""
+    line = f"workload: {', '.join(labels)}; up to {gangs_per_az} live gang(s) per AZ"
+    if launch:
+        line += (f", and with --launch at most {budget} members live in the whole cluster (2 per core of this "
+                 f"machine, at least 4; docs/local-cluster.md), so usually fewer gangs")
+    return line
+
+
 class Workload:
     """Keeps ``gangs_per_az`` live gangs per AZ, submitted to that AZ's
     coordinators (the receiving AZ owns a gang), and prints progress."""
@@ -1307,7 +1347,7 @@ class Workload:
     async def run(self) -> None:
         try:
             await self._learn_capacity()
-            self.up.say(f"workload: {', '.join(t.label for t in self.templates)}; {self.up.cfg.gangs_per_az} live gang(s) per AZ")
+            self.up.say(workload_line([t.label for t in self.templates], self.up.cfg.gangs_per_az, self.up.cfg.launch))
             started = last_print = last_poll = time.monotonic()
             last_admitted = 0
             while True:
@@ -1476,6 +1516,7 @@ class UpProcess:
         self.address = ""
         self.state_dir: Path | None = None
         self.config: Path | None = None  # the client config it wrote
+        self.activation = ""  # the `export PATH=... PHALANX_CONFIG=...` line it printed
         self._cond = threading.Condition()
         self._eof = False  # the reader has seen the end of the output
         self._reader: threading.Thread | None = None
@@ -1505,6 +1546,8 @@ class UpProcess:
         self.state_dir = Path(sd.group(1)) if sd else None
         cf = self.find_line(r"^PHALANX_CONFIG=(\S+)$")
         self.config = Path(cf.group(1)) if cf else None
+        # Printed right after PHALANX_ADDRESS: what a user pastes into a new shell.
+        self.activation = self.wait_for_line(ACTIVATION_LINE.pattern, timeout).group(0)
         return self
 
     @property

@@ -73,11 +73,15 @@ fi
 
 py="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv ($py -m venv)" >&2
   "$py" -m venv .venv
 fi
 stamp=.venv/.phalanx-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  # Not silent: the first install downloads and builds for a while (~20 s).
+  echo "setup: installing Phalanx and its dependencies into .venv (pip; about 20 s the first time)" >&2
   .venv/bin/pip install -q --disable-pip-version-check -e '.[test]' 2>&1 | grep -v "is ignored" >&2 || true
   .venv/bin/python -c "import grpc, aetcd, yaml, pytest, prometheus_client, rich" # fail here, not later
   touch "$stamp"
+  echo "setup: .venv ready; its bin/ holds phalanx and the python that has it (\`phalanx up\` prints the PATH line)" >&2
 fi

@@ -150,7 +150,8 @@ def test_up_no_workload_starts_everything_and_leaves_nothing_behind() -> None:
         # The one line that tells the user how the CLI finds its credentials,
         # and the CLI, given only that, reaches the cluster over mutual TLS.
         assert up.config is not None and up.config.parent == up.state_dir
-        assert up.find_line(rf"^phalanx up: for the CLI and the SDK: export PHALANX_CONFIG={re.escape(str(up.config))} ")
+        assert up.find_line(r"^phalanx up: for the CLI, the SDK and `phalanx logs` in any shell, run the next line ")
+        assert f" PHALANX_CONFIG={up.config} PHALANX_STATE_DIR={up.state_dir}" in up.activation, up.activation
         done = subprocess.run([sys.executable, "-m", "phalanx", "status"], env=up.client_env(), capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr

@@ -607,3 +607,88 @@ def test_logs_follow_ends_on_an_exit_record_without_end_mark(tmp_path: Path) -> 
     code = cli.follow_logs(lambda: [(key, member_log_path(tmp_path, key))], out=out, clock=lambda: now[0], sleep=sleep)
     assert code == 0 and out.getvalue() == "last words\n"
     assert now[0] >= cli.FOLLOW_SETTLE_S
+
+
+# --- issue 24: what a newcomer meets --------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, prog", [
+    (["up", "--log-formt", "json"], "phalanx up"),
+    (["policy", "get", "--bogus"], "phalanx policy get"),
+    (["list", "--bogus"], "phalanx list"),
+])
+def test_unknown_flag_names_the_command_whose_help_lists_the_flags(argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"(see {prog} --help)" in err, err
+
+
+def test_up_takes_log_format_for_its_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    from phalanx.up import UpConfig
+
+    monkeypatch.delenv("PHALANX_LOG_FORMAT", raising=False)
+    assert UpConfig.from_args(parse("up", "--log-format", "json")).log_format == "json"
+    assert UpConfig.from_args(parse("up")).log_format is None
+    monkeypatch.setenv("PHALANX_LOG_FORMAT", "json")
+    assert UpConfig.from_args(parse("up")).log_format == "json"
+
+
+def test_activation_line_puts_this_install_first_and_exports_config_and_state_dir(tmp_path: Path) -> None:
+    from phalanx.up import ACTIVATION_LINE, activation_line, cli_bin_dir
+
+    assert cli_bin_dir() == Path(sys.executable).parent  # this venv has the phalanx command
+    line = activation_line(cli_bin_dir(), tmp_path / "config.yaml", tmp_path)
+    assert ACTIVATION_LINE.match(line), line
+    # A clean shell given only that line finds this install's phalanx and python3 (with the SDK).
+    done = subprocess.run(["bash", "-c", f"{line}\ncommand -v phalanx; python3 -c 'import phalanx.client'; "
+                           "echo $PHALANX_CONFIG $PHALANX_STATE_DIR"],
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(Path(sys.executable).parent / "phalanx"), str(tmp_path / "config.yaml"), str(tmp_path)]
+    assert activation_line(None, tmp_path / "c.yaml", tmp_path).startswith('export PATH="$PATH" ')
+
+
+def test_workload_line_names_the_launch_member_budget() -> None:
+    from phalanx.up import workload_line
+
+    assert "members" not in workload_line(["a", "b"], 3, launch=False)
+    line = workload_line(["a"], 3, launch=True, budget=4)
+    assert "up to 3 live gang(s) per AZ" in line and "at most 4 members live in the whole cluster" in line
+
+
+def test_watch_line_is_stamped_with_the_change_not_the_print() -> None:
+    from phalanx.v1 import types_pb2 as pb
+
+    changed = time.mktime((2024, 6, 1, 8, 27, 47, 0, 0, -1))
+    assert cli.watch_line(pb.Gang(id="g-1", state=GangState.RUNNING, updated_at=changed)).startswith("08:27:47  g-1  RUNNING")
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_dump_keeps_non_ascii_text(fmt: str) -> None:
+    from phalanx.v1 import types_pb2 as pb
+
+    gang = _gang_pb()
+    gang.reason = "needs 2×8 GPUs"
+    gang.spec.run.env["NOTE"] = "naïve"
+    out = cli.dump(gang, fmt)
+    assert "2×8" in out and "naïve" in out and "\\x" not in out and "\\u" not in out, out
+    assert "naïve" in cli.describe_full(gang)
+
+
+def test_submitting_a_whole_get_output_says_to_submit_its_spec(tmp_path: Path, silent_listener: tuple[socket.socket, str], capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "llama.yaml"
+    path.write_text(cli.dump(_gang_pb(), "yaml"))
+    sock, address = silent_listener
+    assert cli.main(["submit", str(path), "--address", address]) == cli.EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "submit only its `spec:` part" in err and "allowed" not in err, err
+    assert_never_contacted(sock)
+
+
+def test_unknown_fields_list_the_allowed_ones_once() -> None:
+    from phalanx.spec import InvalidSpec, load_spec
+
+    with pytest.raises(InvalidSpec) as info:
+        load_spec("name: x\nmembers: 1\nresources: {gpus: 1}\nfoo: 1\nbar: 2\nbaz: 3\n")
+    assert str(info.value).count("allowed:") == 1, info.value
+    assert [e.field for e in info.value.errors] == ["foo", "bar", "baz"]
