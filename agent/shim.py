@@ -18,7 +18,6 @@ group and:
 - sets ``no_new_privs`` on itself before it starts ``CMD`` (so on ``CMD``
   and everything it runs: no exec gains privileges, set-uid or file
   capabilities); a kernel that refuses it means the member is not started;
-
 - waits for the child and ends with the child's status: the same exit code,
   or, when the child was killed by a signal, it dies of that same signal (so
   its parent sees exactly what it would have seen without the shim; if the
