@@ -16,6 +16,7 @@ import asyncio
 import time
 from typing import Any, Awaitable, Callable
 
+import grpc
 import pytest
 
 from coordinator.config import CoordinatorConfig
@@ -43,6 +44,7 @@ from coordinator.core.twophase_events import PrepareTimedOut
 from coordinator.election import Election, LeaseSession
 from coordinator.leader import AzLeader
 from coordinator.twophase_driver import PeerRefused
+from phalanx.errors import Conflict
 from phalanx.model import GangState
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.spec import GangSpec, Resources, Topology
@@ -376,3 +378,60 @@ async def test_peer_calls_are_checked_from_the_watch_once_it_shows_the_record(le
     with pytest.raises(PeerRefused, match="no decision recorded"):
         await drv.handle_decision_rpc(decision_rpc(unseen, epoch), commit=True)
     assert drv.etcd_requests.get(unseen) == 2 and drv.check_reads.get(unseen) == 2
+
+
+async def test_peer_calls_of_a_deposed_leader_are_refused_by_the_driver(leader: AzLeader, store: Store,
+                                                                       other_leader: Any) -> None:
+    """The driver's own check of a peer caller's epoch, with no TLS in front
+    of it (the RPCs reach the driver directly, as they do from a plaintext
+    peer server, where nothing else checks who calls): a caller naming an
+    epoch that is not the create revision of ``leader/<its AZ>`` (a deposed
+    leader) is refused PERMISSION_DENIED even though the watch shows the
+    gang's attempt and the COMMIT, and nothing is held. Fails if
+    ``_check_caller`` or the watched-epoch compare before it is removed from
+    ``handle_prepare_rpc`` (the Prepare then reaches the participant and is
+    voted on) or from ``handle_decision_rpc`` (the Commit is answered from
+    the decision: "never prepared")."""
+    drv = leader.twophase
+    book = leader.book
+    epoch = other_leader.epoch
+    deposed = epoch - 1
+    gang = "g-deposed"
+    await store.txn([], [Put(store.keys.gang(gang), attempt_record(gang).to_dict())])
+    await wait_for("the caller's epoch and the RESERVING record in the watch",
+                   lambda: book.remote.epoch(OTHER_AZ) == epoch and gang in book.watched_gangs)
+    with pytest.raises(PeerRefused, match="is not the current leader of its AZ") as refused:
+        await drv.handle_prepare_rpc(prepare_rpc(gang, deposed))
+    assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
+
+    await store.txn([], [Put(store.keys.decision(gang, 1),
+                             DecisionRecord(gang=gang, incarnation=1, outcome=Outcome.COMMIT, by=OTHER_AZ,
+                                            reason="test").to_dict())])
+    await wait_for("the COMMIT in the watch", lambda: book.participant.known_decisions.get((gang, 1)) is Outcome.COMMIT)
+    with pytest.raises(PeerRefused, match="is not the current leader of its AZ") as refused:
+        await drv.handle_decision_rpc(decision_rpc(gang, deposed), commit=True)
+    assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
+    assert gang not in book.participant.holds and await read_hold(store, gang) == (None, 0)
+
+
+async def test_write_gang_loses_to_a_newer_record(leader: AzLeader, store: Store) -> None:
+    """The compare that guards every gang write: a write based on a record
+    etcd has since replaced (a stale copy) raises Conflict and leaves the
+    newer record as it was, and a create of a record that exists raises
+    Conflict too. Fails if ``write_gang``'s guard (unchanged since the
+    base's mod_revision, or absent) is removed: the stale copy overwrites."""
+    gang = "g-stale"
+    spec = GangSpec(name=gang, members=1, resources=Resources(gpus=1))
+    base = GangRecord(id=gang, spec=spec, state=GangState.FAILED, owner_az=AZ, submitted_at=1000.0,
+                      updated_at=1000.0, reason="first")
+    first = await leader.write_gang(base, None)
+    newer = await leader.write_gang(first.evolve(updated_at=1001.0, reason="newer"), first)
+    assert newer.mod_revision > first.mod_revision
+
+    with pytest.raises(Conflict, match=f"gang {gang} changed concurrently"):
+        await leader.write_gang(first.evolve(updated_at=1002.0, reason="stale"), first)
+    with pytest.raises(Conflict, match=f"gang {gang} changed concurrently"):
+        await leader.write_gang(base.evolve(reason="created again"), None)
+    kv = await store.get(store.keys.gang(gang))
+    assert kv is not None and kv.mod_revision == newer.mod_revision
+    assert GangRecord.from_dict(kv.json(), kv.mod_revision).reason == "newer"

@@ -440,6 +440,57 @@ async def test_members_gone_during_restart_are_reported_vanished(harness: Harnes
     assert state_members(second) == []
 
 
+def point_record_at(launcher: ProcessLauncher, key: MemberKey, pid: int, ticks: int | None = None) -> None:
+    """Rewrite ``key``'s record in the state file to name ``pid`` (and, when
+    given, its start time): what a reused pid, or a record naming the wrong
+    process, looks like to the next adopter."""
+    doc = json.loads(launcher.state_path.read_text())
+    for rec in doc["members"]:
+        if (rec["gang"], rec["incarnation"], rec["rank"]) == (key.gang, key.incarnation, key.rank):
+            rec["pid"] = pid
+            rec["start_ticks"] = rec["start_ticks"] if ticks is None else ticks
+    launcher.state_path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("stranger", ["marked-other-start", "unmarked-same-start"])
+async def test_a_live_stranger_at_a_recorded_pid_is_not_adopted(harness: Harness, stranger: str) -> None:
+    """The PID-reuse guards of adoption, each with a live process sitting at
+    the dead member's recorded pid. ``marked-other-start``: the pid now
+    belongs to a child of another member of ours (it carries this agent's
+    marker, so only the recorded start time tells it apart; fails if both
+    start-time compares of ``_attach`` are removed). ``unmarked-same-start``:
+    the record names a process that is not ours at its very start time (only
+    the marker tells it apart; fails if ``_attach``'s marker check is
+    removed). Either way the dead member is reported vanished, the other
+    member alone is adopted, and the stranger is neither adopted nor
+    signalled."""
+    first, _ = harness.launcher()
+    gone = launch(("sleep", "30"), rank=0)
+    child_file = harness.work / "other-child"
+    other = launch(sh(f"sleep 30 & echo $! > {child_file}; wait"), rank=1)
+    dead = await harness.start(first, gone)
+    await harness.start(first, other)
+    child = await read_pid_file(child_file)
+    await first.close()
+    os.killpg(dead.pid, signal.SIGKILL)
+    await wait_until(lambda: not alive(dead.pid), "the first member dead")
+    if stranger == "marked-other-start":
+        victim = child
+        point_record_at(first, gone.key, victim)
+    else:
+        victim = harness.spawn(("sleep", "30"), dict(os.environ)).pid
+        point_record_at(first, gone.key, victim, start_ticks(victim))
+
+    second, exits = harness.launcher()
+    adopted = await second.adopt()
+    assert [h.key for h in adopted] == [other.key]
+    assert second.vanished == [gone.key]
+    assert await exits.wait(gone.key) == EXIT_UNKNOWN
+    assert [o.pid for o in second.orphans_killed] == []
+    assert alive(victim) and alive(child)
+    assert [(r["rank"], r["pid"]) for r in state_members(second)] == [(1, adopted[0].pid)]
+
+
 async def test_adopt_kills_orphans_and_leaves_strays_alone(harness: Harness) -> None:
     # An adopted member with a child of its own: the child carries the marker
     # too, but belongs to the member and must survive adoption.
