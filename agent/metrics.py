@@ -83,7 +83,8 @@ REFUSED_OVERLAP = "overlap"        # its devices overlap a live member's (the ag
 REFUSED_PORT = "port"              # rank 0's MASTER_PORT is outside this node's range, held or not bindable
 REFUSED_RUN_AS = "run_as"          # the run-as policy lets its owner run nothing here
 REFUSED_LAUNCH = "launch_failed"   # the launcher could not start it
-REFUSAL_REASONS = (REFUSED_TOKEN, REFUSED_OVERLAP, REFUSED_PORT, REFUSED_RUN_AS, REFUSED_LAUNCH)
+REFUSED_REVOKED = "revoked"        # its incarnation was revoked while it waited to start
+REFUSAL_REASONS = (REFUSED_TOKEN, REFUSED_OVERLAP, REFUSED_PORT, REFUSED_RUN_AS, REFUSED_LAUNCH, REFUSED_REVOKED)
 
 # How a session with a leader ended badly (label ``kind`` of phalanx_agent_session_errors_total).
 SESSION_REFUSED = "refused"   # the leader refused this agent (INVALID_ARGUMENT: what it sent)

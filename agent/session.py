@@ -26,7 +26,7 @@ from typing import Any, Callable
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
-from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
+from agent.core.enforcement import Arrivals, DeviceLedger, EpochGuard, FenceTimer
 from agent.core.rendezvous import port_refusal
 from agent import metrics as am
 from agent.launcher import Launcher, MemberKey, MemberLaunch
@@ -73,6 +73,8 @@ UNCONFIRMED = "cannot confirm the leader's token"
 # The leader's own reservation says this incarnation was torn down (a
 # cancel that raced its admission): the member will never start here.
 TORN_DOWN = "torn down by its leader"
+# Its incarnation was revoked between the assignment's arrival and its start.
+REVOKED_FIRST = "revoked before it started"
 
 
 class TokenRefusal(str):
@@ -148,6 +150,9 @@ class Agent:
         self.launcher = launcher_factory(self._on_exit_logged)
         self.guard = EpochGuard()
         self.ledger: DeviceLedger[MemberKey] = DeviceLedger()
+        # Assignments read off the stream and not yet started or refused: a
+        # revocation that comes meanwhile refuses them (a racing cancel).
+        self.arrivals = Arrivals()
         self.fence = FenceTimer(timings.fence_after_s, time.monotonic())
         # Member-side fencing (agent/shim.py): the members' shims read this
         # file and fence on their own when it goes stale, even if we are dead.
@@ -412,9 +417,11 @@ class Agent:
                 elif isinstance(body, Assign):
                     self._heard()
                     self.metrics.assignment()
+                    self.arrivals.arrive(body.gang, body.incarnation, body.rank)
                     asyncio.create_task(self._on_assign(msg.epoch, body))
                 elif isinstance(body, Revoke):
                     self._heard()
+                    self.arrivals.revoke(body.gang, body.incarnation)
                     asyncio.create_task(self._on_revoke(msg.epoch, body))
         finally:
             beat.cancel()
@@ -571,6 +578,12 @@ class Agent:
         return verdict.covering(gang, gpus, self.node)
 
     async def _on_assign(self, epoch: int, a: Assign) -> None:
+        try:
+            await self._assign(epoch, a)
+        finally:
+            self.arrivals.done(a.gang, a.incarnation, a.rank)
+
+    async def _assign(self, epoch: int, a: Assign) -> None:
         # Its own task. The leader's stimulus id when it sent one: the
         # decision that placed the member, followed into this agent's lines.
         bind(epoch=epoch, gang=a.gang, incarnation=a.incarnation, stimulus=a.stimulus_id or new_stimulus(self.node))
@@ -585,6 +598,18 @@ class Agent:
             existing = self.members.get(key)
             if existing is not None:
                 self._report(existing)  # duplicate assignment: idempotent
+                return
+            if self.arrivals.revoked(a.gang, a.incarnation, a.rank):
+                # Revoked while it waited for its token check or its turn:
+                # the revocation found nothing to stop and the leader sends
+                # no other, so it never starts; reported, so the leader can
+                # release the incarnation's devices.
+                self.metrics.refused(am.REFUSED_REVOKED)
+                rec = MemberRecord(key, MemberPhase.REJECTED, epoch, gpus, reason=REVOKED_FIRST, at=time.time())
+                self.members[key] = rec
+                self._record("assign_refused_revoked", key=str(key), epoch=epoch)
+                log.warning("agent %s refused %s: %s", self.node, key, REVOKED_FIRST)
+                self._report(rec)
                 return
             if why:
                 self.metrics.refused(am.REFUSED_TOKEN)

@@ -59,6 +59,7 @@ class Book:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)  # this AZ's node records
     liveness: dict[str, NodeLiveness] = field(default_factory=dict)
     members: dict[GangInc, Reports] = field(default_factory=dict)  # what each owned gang's members reported
+    revisions: dict[str, int] = field(default_factory=dict)  # per gang, the newest record revision written or read back
     pending_reason: dict[str, str] = field(default_factory=dict)  # the last cycle's reason per pending gang (explain)
     # ---- the cross-AZ protocol (TwoPhaseDriver)
     participant: ParticipantState | None = None  # this AZ's holds (set by Book.of)
@@ -102,6 +103,18 @@ class Book:
         never deletes their records."""
         unsettled = {g for g, o in self.owners.items() if not o.phase.settled}
         return set(self.reservations) | set(self.participant.holds) | unsettled
+
+    def newest(self, rec: GangRecord) -> bool:
+        """Whether ``rec`` (written by this leader, or read back from etcd)
+        is no older than any record of its gang the leader wrote or read
+        back before; if so it is the newest from now on. The leader's view
+        never goes back: a cancel retried on the record its write lost to
+        can land before the reply of the write it lost to comes back, and
+        that reply must not undo it (``AzLeader.write_gang``)."""
+        if rec.mod_revision < self.revisions.get(rec.id, 0):
+            return False
+        self.revisions[rec.id] = rec.mod_revision
+        return True
 
     def known_gang(self, gang: str) -> GangRecord | None:
         """The record of ``gang`` this leader has: owned, else held here."""

@@ -320,19 +320,22 @@ class AzLeader:
             kvs = res.results[0]
             if kvs:
                 cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
-                self.collector.note(cur)
-                if cur.owner_az == self.az:
-                    self._count(old, cur)  # e.g. our own earlier write whose reply was lost
-                if cur.owner_az != self.az:
-                    self.book.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
-                elif not cur.state.terminal or cur.id in self.book.reservations:
-                    self.book.gangs[cur.id] = cur
+                if self.book.newest(cur):
+                    self.collector.note(cur)
+                    if cur.owner_az == self.az:
+                        self._count(old, cur)  # e.g. our own earlier write whose reply was lost
+                    if cur.owner_az != self.az:
+                        self.book.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
+                    elif not cur.state.terminal or cur.id in self.book.reservations:
+                        self.book.gangs[cur.id] = cur
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
+        await failpoints.hit("leader.gang_write_replied")
         self._unwritten_events.pop(new.id, None)
-        self._count(old, written)
-        self.book.gangs[new.id] = written
-        self.collector.note(written)
+        if self.book.newest(written):
+            self._count(old, written)
+            self.book.gangs[new.id] = written
+            self.collector.note(written)
         return written
 
     def _count(self, old: GangRecord | None, after: GangRecord) -> None:
@@ -350,6 +353,7 @@ class AzLeader:
         """The gang was collected (deleted from etcd after its retention):
         drop whatever this leader still remembers of it."""
         self._counted.pop(gang_id, None)
+        self.book.revisions.pop(gang_id, None)
         g = self.book.gangs.get(gang_id)
         if g is not None and g.state.terminal and gang_id not in self.book.reservations:
             del self.book.gangs[gang_id]
@@ -544,17 +548,28 @@ class AzLeader:
         # Before rebuild() the reservations are unknown: cancelling then would
         # strand the gang's reservation.
         await self.until_rebuilt()
-        g = self.book.gangs.get(gang_id)
-        if g is None:
-            kv = await self.store.get(self.keys.gang(gang_id))
-            if kv is None:
-                raise NotFound(f"id: no gang {gang_id!r} (finished gangs are deleted "
-                               f"gang_retention_s={self.t.gang_retention_s:g}s after they end)")
-            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-        verdict = lifecycle.cancel(g, self.az, reason, by, self.wall(), self.epoch)
-        if isinstance(verdict, lifecycle.CancelRefused):
-            raise FailedPrecondition(verdict.message)
-        return await self.finish(g, GangState.CANCELLED, verdict.reason, list(verdict.events))
+        g, attempt = self.book.gangs.get(gang_id), 1
+        while True:
+            if g is None:
+                kv = await self.store.get(self.keys.gang(gang_id))
+                if kv is None:
+                    raise NotFound(f"id: no gang {gang_id!r} (finished gangs are deleted "
+                                   f"gang_retention_s={self.t.gang_retention_s:g}s after they end)")
+                g = GangRecord.from_dict(kv.json(), kv.mod_revision)
+            verdict = lifecycle.cancel(g, self.az, reason, by, self.wall(), self.epoch)
+            if isinstance(verdict, lifecycle.CancelRefused):
+                raise FailedPrecondition(verdict.message)
+            try:
+                return await self.finish(g, GangState.CANCELLED, verdict.reason, list(verdict.events))
+            except Conflict:
+                # Lost its compare to another write of the gang (its start,
+                # most often): decide again on the record etcd has now,
+                # rather than make the client retry a cancel of a live gang.
+                if attempt == lifecycle.CANCEL_ATTEMPTS:
+                    raise
+                log.info("cancel of %s lost a race with another write (attempt %d of %d); reading it again",
+                         gang_id, attempt, lifecycle.CANCEL_ATTEMPTS)
+                g, attempt = None, attempt + 1
 
     async def finish(self, g: GangRecord, state: GangState, reason: str, events: list = ()) -> GangRecord:
         """Tear an incarnation down: to a terminal state, or to RESTARTING.
@@ -965,6 +980,10 @@ class AzLeader:
         if why is not None:
             log.warning("ignored a member report: %s", why)
             return
+        for effect in fx.stray_member_effects(conn.node, m, self.book.known_gang(m.gang), self._stimulus()):
+            log.info("gang %s#%d: rank %d runs on %s after its incarnation was torn down; revoking it again",
+                     m.gang, m.incarnation, m.rank, conn.node, extra={"gang": m.gang, "incarnation": m.incarnation})
+            await self.perform(effect)
         if m.gang in self.book.participant.holds:
             # Cross-AZ gang: this AZ publishes its members' status for the owner.
             await self.twophase.on_member(conn.node, m)

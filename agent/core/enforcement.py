@@ -7,6 +7,10 @@ is passed in.
   live member, whatever the sender says.
 - ``FenceTimer``: if no valid leader was heard for ``fence_after_s``, the agent
   must stop all members (self-fencing).
+- ``Arrivals``: assignments received but not yet started or refused; a
+  revocation of their incarnation that comes meanwhile (it found nothing
+  running to stop) refuses them, so a cancel that races the start is final
+  here too.
 """
 
 from __future__ import annotations
@@ -80,3 +84,32 @@ class FenceTimer:
 
     def deadline(self) -> float:
         return self.last_valid + self.fence_after_s
+
+
+@dataclass
+class Arrivals:
+    """Assignments between their arrival and their start (or refusal):
+    (gang, incarnation, rank) -> revoked meanwhile. The session notes an
+    assignment as it reads it off the stream, before its token check and
+    its turn at the lock; a revocation read after it (the leader sends them
+    in that order) marks it, and the assignment is then refused instead of
+    started: a leader that tore the incarnation down has sent its one
+    revocation already, and a member started after it would run unseen."""
+
+    pending: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+
+    def arrive(self, gang: str, incarnation: int, rank: int) -> None:
+        self.pending.setdefault((gang, incarnation, rank), False)
+
+    def revoke(self, gang: str, incarnation: int) -> int:
+        """Mark every pending assignment of this incarnation; how many."""
+        hit = [k for k in self.pending if k[0] == gang and k[1] == incarnation]
+        for k in hit:
+            self.pending[k] = True
+        return len(hit)
+
+    def revoked(self, gang: str, incarnation: int, rank: int) -> bool:
+        return self.pending.get((gang, incarnation, rank), False)
+
+    def done(self, gang: str, incarnation: int, rank: int) -> None:
+        self.pending.pop((gang, incarnation, rank), None)

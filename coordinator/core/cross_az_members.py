@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from coordinator.core.lifecycle import lost_member_reports, torn_down
+from coordinator.core.lifecycle import incarnation_over, lost_member_reports
 from coordinator.core.progress import MemberReport
 from coordinator.core.records import GangRecord, MemberSummary
 from phalanx.model import MemberPhase
@@ -50,8 +50,7 @@ def hold_over(g: GangRecord, *, az: str, incarnation: int, prepared: bool, told:
     one's members are revoked, then waited for until ``replace_after_s``
     after the revoke: the agents fence by then, so a member that has not
     reported is stopped."""
-    over = g.incarnation > incarnation or (g.incarnation == incarnation and torn_down(g.state))
-    if not over or told:
+    if not incarnation_over(g, incarnation) or told:
         return None
     if prepared:
         return HoldOver(finish=True)

@@ -390,7 +390,10 @@ def assignments(g: GangRecord, az: str, rank0: NodeRecord | None, only_node: str
 
 def after_reserved(event: Event, stimulus_id: str = "") -> list[Effect]:
     """A reservation that committed is dispatched, then marked STARTING; one
-    that did not apply leaves the gang PENDING (the next cycle places it)."""
+    that did not apply leaves the gang PENDING (the next cycle places it).
+    Dispatched even when a cancel took effect meanwhile: its agents' token
+    checks then find the reservation RELEASING and report the members
+    refused, which is how the leader learns that none of them runs."""
     if isinstance(event, GangWritten):
         return [SendAssignments(event.record, stimulus_id=stimulus_id), MarkStarting(event.record, stimulus_id)]
     return []
@@ -429,6 +432,20 @@ def after_torn_down(t: TearDown, event: Event) -> list[Effect]:
     g = t.gang
     return [SendRevoke(node, g.id, g.incarnation, t.teardown.record.reason, t.stimulus_id)
             for node in t.teardown.revoke_nodes]
+
+
+STRAY_MEMBER = "started after its incarnation was torn down"
+
+
+def stray_member_effects(node: str, m: MemberStatus, g: GangRecord | None, stimulus_id: str = "") -> list[Effect]:
+    """A member's report from ``node`` (``g``: the gang's record this leader
+    has, owned or held): one that runs an incarnation that is over
+    (``lifecycle.stray_member``) is revoked again on that node. Single-AZ and
+    cross-AZ gangs alike: the revocation sent when the incarnation was torn
+    down may have found nothing to stop there yet."""
+    if g is None or not lifecycle.stray_member(g, m.incarnation, MemberPhase(m.phase)):
+        return []
+    return [SendRevoke(node, m.gang, m.incarnation, f"{STRAY_MEMBER} ({g.state.name}#{g.incarnation})", stimulus_id)]
 
 
 # ------------------------------------------------------------------ liveness

@@ -34,6 +34,21 @@ def torn_down(state: GangState) -> bool:
     return state.terminal or state == GangState.RESTARTING
 
 
+def incarnation_over(g: GangRecord, incarnation: int) -> bool:
+    """The gang's record has torn ``incarnation`` down, or moved past it."""
+    return g.incarnation > incarnation or (g.incarnation == incarnation and torn_down(g.state))
+
+
+def stray_member(g: GangRecord | None, incarnation: int, phase: MemberPhase) -> bool:
+    """Whether a member reported live runs an incarnation of ``g`` that is
+    over: it started after the revocation its leader sent when the
+    incarnation was torn down (a cancel that raced its start, its agent busy
+    launching others), which found nothing to stop then. It is revoked
+    again: no revocation is ever sent for it otherwise, and its devices
+    would stay held (RELEASING) for as long as it runs."""
+    return g is not None and phase.live and incarnation_over(g, incarnation)
+
+
 # ------------------------------------------------------------ (a) progress
 @dataclass(frozen=True)
 class RunTimeStep:
@@ -208,6 +223,15 @@ def node_verdict(node: str, *, last_contact: float, ready: bool, record_ready: b
     return NodeVerdict(node, silent, close, not_ready, lost)
 
 
+def shown_heartbeat(recorded: float, last_contact: float | None, now: float, wall: float) -> float:
+    """A node's last heartbeat as `phalanx nodes` shows it (wall clock): the
+    leader's last contact with its agent (monotonic ``last_contact``, read
+    at ``now``/``wall``), or, not heard from in this leadership (None), the
+    time its record was written at registration (``recorded``). No write
+    refreshes the record (docs/design.md D17)."""
+    return recorded if last_contact is None else wall - max(0.0, now - last_contact)
+
+
 def lost_member_reports(gangs: Iterable[GangRecord], node: str, az: str,
                         reason: str) -> list[tuple[GangRecord, dict[int, MemberReport]]]:
     """For each gang with members on a lost node of this AZ: those members,
@@ -281,6 +305,13 @@ class Cancel:
 @dataclass(frozen=True)
 class CancelRefused:
     message: str  # names the field: served as FAILED_PRECONDITION
+
+
+# How often the leader decides a cancel again on the record its write lost
+# its compare to (another write of the gang landed first: admission, the
+# start, a member's report) before the client is told ABORTED. Each loss is
+# another write's progress, and a gang has few writes in its start.
+CANCEL_ATTEMPTS = 5
 
 
 def cancel(g: GangRecord, az: str, reason: str, by: str, now: float, epoch: int) -> Cancel | CancelRefused:

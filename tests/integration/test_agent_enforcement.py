@@ -17,6 +17,7 @@ import pytest
 
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
+from phalanx import failpoints
 from phalanx.timings import Timings
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from coordinator.election import Election, LeaseSession
@@ -182,3 +183,27 @@ async def test_agent_fences_when_no_valid_leader_is_heard(rig: Rig) -> None:
     await wait_for(lambda: not agent.launcher.running())
     exits = [d for e, d in history if e == "member_exited"]
     assert exits and exits[0]["phase"] == "STOPPED"
+
+
+async def test_revoke_while_an_assignment_waits_refuses_it(rig: Rig) -> None:
+    """A cancel that races the start (issue 26): the revocation comes while
+    the assignment waits for its token check (here held back by a
+    failpoint; in a cluster, the agent busy launching other members). The
+    revocation finds nothing to stop, and its leader sends no other: the
+    assignment is refused and reported, never started, although its
+    reservation still reads COMMITTED to the late token check."""
+    store, peer, lead, agent, history = rig.store, rig.peer, rig.lead, rig.agent, rig.history
+    await asyncio.wait_for(peer.registered.wait(), 10)
+    peer.send(lead.epoch, welcome=apb.Welcome(coordinator_id="scripted"))
+    await commit(store, "raced", 1, [3], lead.epoch)
+    failpoints.arm("agent.before_token_check", "delay(2)")
+    try:
+        peer.send(lead.epoch, assign=assignment("raced", [3]))
+        peer.send(lead.epoch, revoke=apb.Revocation(gang="raced", incarnation=1, reason="cancelled"))
+        await wait_for(lambda: any(s.gang == "raced" and s.phase != apb.MEMBER_PHASE_RUNNING for s in peer.statuses()))
+    finally:
+        failpoints.disarm_all()
+    said = [s for s in peer.statuses() if s.gang == "raced"]
+    assert [s.phase for s in said] == [apb.MEMBER_PHASE_REJECTED] and "revoked before it started" in said[0].reason, said
+    assert not any(e == "member_started" for e, _ in history)
+    assert agent.launcher.running() == [] and agent.arrivals.pending == {}

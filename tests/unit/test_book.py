@@ -133,6 +133,19 @@ def test_known_gang_is_the_owned_record_else_the_held_one():
     assert b.known_gang("nope") is None
 
 
+def test_newest_never_goes_back_to_an_older_revision():
+    """A reply that comes back after a later write of the gang (issue 26:
+    a cancel retried on the record it lost to) is not the newest."""
+    from types import SimpleNamespace as R
+
+    b = book()
+    assert b.newest(R(id="g", mod_revision=10))
+    assert b.newest(R(id="g", mod_revision=12)), "a later write"
+    assert not b.newest(R(id="g", mod_revision=11)), "the late reply of the write the cancel lost to"
+    assert b.newest(R(id="g", mod_revision=12)), "the same record read back"
+    assert b.newest(R(id="h", mod_revision=1)) and b.revisions == {"g": 12, "h": 1}
+
+
 # ------------------------------------------------- the drivers keep no state
 # What each driver may keep besides the book: I/O, never a gang's state.
 IO_ONLY = {

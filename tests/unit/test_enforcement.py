@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 
-from agent.core.enforcement import DeviceLedger, EpochGuard, FenceTimer
+from agent.core.enforcement import Arrivals, DeviceLedger, EpochGuard, FenceTimer
 
 
 @pytest.mark.parametrize(
@@ -48,3 +48,22 @@ def test_fence_timer() -> None:
     assert not f.overdue(16.0) and f.deadline() == 17.0
     f.heard(5.0)  # an old timestamp never moves the deadline back
     assert f.deadline() == 17.0
+
+
+def test_arrivals_a_revocation_refuses_what_waits_to_start() -> None:
+    a = Arrivals()
+    a.arrive("g", 1, 0)
+    a.arrive("g", 1, 1)
+    a.arrive("g", 2, 0)  # the next incarnation: not revoked by the old one's revocation
+    a.arrive("h", 1, 0)
+    assert a.revoke("g", 1) == 2
+    assert a.revoked("g", 1, 0) and a.revoked("g", 1, 1)
+    assert not a.revoked("g", 2, 0) and not a.revoked("h", 1, 0)
+    a.done("g", 1, 0)
+    assert not a.revoked("g", 1, 0), "started or refused: forgotten"
+    assert a.revoke("x", 1) == 0 and not a.revoked("x", 1, 0), "a revocation of nothing waiting marks nothing"
+    a.arrive("g", 1, 1)  # a duplicate while the first waits keeps its mark
+    assert a.revoked("g", 1, 1)
+    for k in [("g", 1, 1), ("g", 2, 0), ("h", 1, 0)]:
+        a.done(*k)
+    assert a.pending == {}

@@ -11,7 +11,8 @@ from coordinator.core.admission import FailAdmission, KeepPending, Reserve
 from coordinator.core.placement import MemberSlot, Placement
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
 from phalanx.errors import AlreadyExists, Conflict
-from phalanx.model import GangState, Level
+from phalanx.agent_messages import MemberStatus
+from phalanx.model import GangState, Level, MemberPhase
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.spec import GangSpec, Policy, Resources, Topology
 from phalanx.timings import Timings
@@ -272,3 +273,24 @@ def test_assignments_of_an_unplaced_gang_is_nothing():
 ])
 def test_pending_gauge_class(state, two_phase, awaits, want):
     assert fx.pending_gauge_class(state, two_phase, awaits, "held_back") == want
+
+
+# ------------------------------------------------- stray_member_effects (issue 26)
+def status(inc: int = 1, phase: MemberPhase = MemberPhase.RUNNING) -> MemberStatus:
+    return MemberStatus(gang="g", incarnation=inc, rank=1, phase=phase, exit_code=0, epoch=EPOCH, reason="",
+                        gpus=(1,), pid=42, at=NOW, node="n1")
+
+
+@pytest.mark.parametrize("g, m, want", [
+    pytest.param(gang(S.CANCELLED, placed=True), status(),
+                 [fx.SendRevoke("n1", "g", 1, f"{fx.STRAY_MEMBER} (CANCELLED#1)", "s1")],
+                 id="cancelled-then-started-revoked-on-its-node"),
+    pytest.param(gang(S.PENDING, inc=2), status(inc=1),
+                 [fx.SendRevoke("n1", "g", 1, f"{fx.STRAY_MEMBER} (PENDING#2)", "s1")],
+                 id="requeued-old-incarnation-revoked"),
+    pytest.param(gang(S.CANCELLED, placed=True), status(phase=MemberPhase.STOPPED), [], id="stopped-nothing"),
+    pytest.param(gang(S.STARTING, placed=True), status(), [], id="its-own-start-nothing"),
+    pytest.param(None, status(), [], id="unknown-gang-nothing"),
+])
+def test_stray_member_effects(g, m, want):
+    assert fx.stray_member_effects("n1", m, g, "s1") == want

@@ -188,6 +188,20 @@ def test_node_verdict(silent, ready, record_ready, expected) -> None:
         assert v.lost_reason == f"node n1 lost (silent {silent:.0f}s, past its fence deadline)"
 
 
+SHOWN = [
+    # (case, recorded, last_contact, shown): now NOW (monotonic), wall 5000.0
+    ("not-heard-the-record", 4000.0, None, 4000.0),
+    ("heard-2s-ago", 4000.0, NOW - 2.0, 4998.0),
+    ("heard-just-now", 4000.0, NOW, 5000.0),
+    ("never-ahead-of-now", 4000.0, NOW + 1.0, 5000.0),
+]
+
+
+@pytest.mark.parametrize("recorded, last_contact, shown", [r[1:] for r in SHOWN], ids=[r[0] for r in SHOWN])
+def test_shown_heartbeat(recorded, last_contact, shown) -> None:
+    assert lc.shown_heartbeat(recorded, last_contact, NOW, 5000.0) == shown
+
+
 def test_a_lost_node_stops_exactly_the_members_placed_there() -> None:
     g1 = gang(S.RUNNING, members=4, nodes=("n0", "n1"))  # ranks 1 and 3 on n1
     g2 = gang(S.RUNNING, nodes=("n0",)).evolve(id="h")
@@ -255,3 +269,28 @@ def test_cancel(state, owner, reason, expected) -> None:
     assert out.reason == expected
     (e,) = out.events
     assert e.kind == "cancelled" and e.by == "user/alice" and expected in e.message and e.at == NOW
+
+
+# ------------------------------------------------- (g) stray members (issue 26)
+# A member's report arrives: gang state (None: unknown) and incarnation, the
+# reported incarnation and phase -> revoke it (again)? A cancel (or any
+# teardown) that races the start sends its revocation before the member
+# starts; the member's first report is the leader's only chance to stop it.
+STRAY = [
+    ("cancelled-running-revoked", S.CANCELLED, 1, 1, P.RUNNING, True),
+    ("cancelled-starting-revoked", S.CANCELLED, 1, 1, P.STARTING, True),
+    ("failed-running-revoked", S.FAILED, 1, 1, P.RUNNING, True),
+    ("restarting-running-revoked", S.RESTARTING, 1, 1, P.RUNNING, True),
+    ("older-incarnation-running-revoked", S.STARTING, 2, 1, P.RUNNING, True),
+    ("cancelled-stopped-nothing", S.CANCELLED, 1, 1, P.STOPPED, False),
+    ("cancelled-rejected-nothing", S.CANCELLED, 1, 1, P.REJECTED, False),
+    ("running-running-its-own", S.RUNNING, 1, 1, P.RUNNING, False),
+    ("starting-running-its-own", S.STARTING, 1, 1, P.RUNNING, False),
+    ("unknown-gang-left-to-registration", None, 1, 1, P.RUNNING, False),
+]
+
+
+@pytest.mark.parametrize("state, gang_inc, inc, phase, expected", [r[1:] for r in STRAY], ids=[r[0] for r in STRAY])
+def test_stray_member(state, gang_inc, inc, phase, expected) -> None:
+    g = None if state is None else gang(state, inc=gang_inc)
+    assert lc.stray_member(g, inc, phase) is expected
