@@ -21,6 +21,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from phalanx import failpoints
 from phalanx.timings import Timings
 from phalanx.errors import NotLeader
 from phalanx.leader_record import BadLeaderRecord, LeaderInfo
@@ -70,6 +71,11 @@ class LeaseSession:
         if not self.is_valid():
             self._mark_lost("local validity expired")
             raise LeaseLost(f"lease {self.lease_id:x} may have expired")
+
+    def step_down(self, why: str) -> None:
+        """End this session's leadership now (the leader record is no longer
+        what the campaign wrote): ``lost`` is set, as for an expired lease."""
+        self._mark_lost(why)
 
     def _mark_lost(self, why: str) -> None:
         if not self.lost.is_set():
@@ -158,6 +164,9 @@ class Election:
                 if res.succeeded or kv.lease == session.lease_id:
                     session.check()
                     return LeaderInfo.from_kv(self.az, kv)
+                if kv.lease == 0:
+                    await self._reclaim_unleased(session, kv, res.revision)
+                    continue
                 await self._wait_for_vacancy(session, res.revision)
             # else: deleted between compare and read; try again at once
 
@@ -186,12 +195,98 @@ class Election:
                 t.cancel()
             await asyncio.gather(watch, lost, return_exceptions=True)
 
+    async def _reclaim_unleased(self, session: LeaseSession, kv: Any, revision: int) -> None:
+        """A leader key bound to no lease was written by hand (a campaign
+        always binds its lease), so it would never expire: left alone, the AZ
+        stays leaderless once its leader is gone. Wait one lease TTL for the
+        leader it names to notice and step down (``guard``), then delete that
+        very version (compare on its mod revision). Safe while that leader
+        lives: its fenced writes compare the key's create revision, which the
+        next campaign changes."""
+        try:
+            await asyncio.wait_for(self._wait_for_vacancy(session, revision), self.timings.lease_ttl_s)
+            return  # it changed or went: campaign again
+        except asyncio.TimeoutError:
+            pass
+        session.check()
+        try:
+            res = await self.store.txn([Compare(self.key, "mod", "==", kv.mod_revision)], [Delete(self.key)])
+        except StoreUnavailable as exc:
+            log.info("reclaiming %s: %s", self.key, exc)
+            return
+        if res.succeeded:
+            log.warning("deleted %s: it was bound to no lease (written by hand?) and unchanged for %.1f s",
+                        self.key, self.timings.lease_ttl_s)
+
+    async def guard(self, session: LeaseSession, leader: LeaderInfo) -> None:
+        """While we lead: step down as soon as our record is not what the
+        campaign wrote (another value, another lease or none, deleted).
+        Fencing compares only the key's create revision, so without this a
+        rewritten record would leave us admitting while standbys and agents
+        follow another address. A record changed under our epoch is deleted
+        (compare on its mod revision) so that the AZ elects again without a
+        person. Returns when it stepped down, or runs until cancelled."""
+        if failpoints.on("election.guard_off"):
+            return  # only the fence of the next write notices (docs/failpoints.md)
+        start = leader.epoch + 1  # the campaign's put is the record's creation
+        while not session.lost.is_set():
+            try:
+                async for batch in self.store.watch_prefix(self.key, start, exact=True):
+                    for ev in batch:
+                        start = ev.revision + 1
+                        kv = None if ev.kind == "delete" else ev.kv
+                        why = record_problem(kv, self.value, session.lease_id, leader.epoch)
+                        if why is not None:
+                            await self._step_down(session, leader, kv, why)
+                            return
+            except (StoreUnavailable, Compacted):
+                # Missed events: read the record itself, then watch on.
+                try:
+                    kv = await self.store.get(self.key)
+                except StoreUnavailable:
+                    await asyncio.sleep(jitter(self.timings.campaign_retry_s))
+                    continue
+                why = record_problem(kv, self.value, session.lease_id, leader.epoch)
+                if why is not None:
+                    await self._step_down(session, leader, kv, why)
+                    return
+                start = (kv.mod_revision + 1) if kv is not None else start
+
+    async def _step_down(self, session: LeaseSession, leader: LeaderInfo, kv: Any, why: str) -> None:
+        session.step_down(f"leader record {self.key} {why}")
+        if kv is None or kv.create_revision != leader.epoch:
+            return  # gone, or already someone else's: nothing of ours to remove
+        try:
+            await self.store.txn([Compare(self.key, "create", "==", leader.epoch),
+                                  Compare(self.key, "mod", "==", kv.mod_revision)], [Delete(self.key)])
+        except StoreUnavailable as exc:
+            log.info("could not delete the changed %s (a standby reclaims it): %s", self.key, exc)
+
     async def resign(self, leader: LeaderInfo) -> None:
         """Give up leadership at once (clean shutdown), guarded by our epoch."""
         try:
             await self.store.txn([Compare(self.key, "create", "==", leader.epoch)], [Delete(self.key)])
         except StoreUnavailable as exc:
             log.info("resign in %s failed (the lease will expire): %s", self.az, exc)
+
+
+def record_problem(kv: Any, value: dict[str, str], lease_id: int, epoch: int) -> str | None:
+    """Why the leader record ``kv`` (None: deleted) is no longer the one our
+    campaign wrote under ``epoch`` with ``lease_id``, or None while it is.
+    Pure, table-tested (tests/unit/test_election_guard.py)."""
+    if kv is None:
+        return "was deleted"
+    if kv.create_revision != epoch:
+        return f"was recreated (epoch {kv.create_revision}, ours {epoch})"
+    if kv.lease != lease_id:
+        return f"is bound to lease {kv.lease:x}, not ours ({lease_id:x})" if kv.lease else "was detached from our lease"
+    try:
+        data = kv.json()
+    except ValueError:
+        return "was overwritten with unreadable bytes"
+    if data != value:
+        return "was overwritten with another value"
+    return None
 
 
 def _readable(az: str, kv) -> LeaderInfo | None:

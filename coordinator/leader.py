@@ -212,6 +212,17 @@ class AzLeader:
 
         task.add_done_callback(done)
 
+    async def _fenced_txn(self, compares: list, ops: list, failure: list = ()) -> Any:
+        """A fenced write made on a caller's behalf (a submission, a gang
+        write): a refused fence ends this leadership, as in a task of its
+        own (design §5.2), rather than only failing that one request."""
+        try:
+            return await self.store.fenced_txn(self.fence, compares, ops, failure)
+        except NotLeader as exc:
+            self.failure = self.failure or exc
+            self.wake.set()
+            raise
+
     def check_valid(self) -> None:
         """Before acting on anyone's behalf: stop if our lease may be gone."""
         if self.stopped.is_set():
@@ -313,8 +324,8 @@ class AzLeader:
         stimulus = str(current().get("stimulus", ""))
         new = new.with_events([e.stamped(stimulus) for e in waiting + list(events)])
         guard = [unchanged_since(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
-        res = await self.store.fenced_txn(
-            self.fence, guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
+        res = await self._fenced_txn(
+            guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
         )
         if not res.succeeded:
             kvs = res.results[0]
@@ -460,8 +471,8 @@ class AzLeader:
             ops.append(Put(k.idempotency(idempotency_key), IdempotencyRecord(gang_id).to_dict()))
         self.check_valid()
         try:
-            res = await self.store.fenced_txn(
-                self.fence, [absent(k.gang(gang_id))] + compares, [Put(k.gang(gang_id), rec.to_dict())] + ops,
+            res = await self._fenced_txn(
+                [absent(k.gang(gang_id))] + compares, [Put(k.gang(gang_id), rec.to_dict())] + ops,
                 [Get(k.name(spec.name))] + ([Get(k.idempotency(idempotency_key))] if idempotency_key else []),
             )
             if failpoints.on("leader.submit_reply_lost") and res.succeeded:

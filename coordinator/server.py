@@ -290,12 +290,15 @@ class Coordinator:
                                   metrics=self.metrics)
                 self.leader = leader
                 lead = asyncio.create_task(leader.run())
+                # The record we lead by must stay the one we wrote (docs/design.md §5).
+                guard = asyncio.create_task(election.guard(session, leader_info))
                 stop = asyncio.create_task(self._stopping.wait())
                 done, _ = await asyncio.wait({lead, stop}, return_when=asyncio.FIRST_COMPLETED)
                 stop.cancel()
+                guard.cancel()
                 if lead not in done:
                     lead.cancel()
-                await asyncio.gather(lead, return_exceptions=True)
+                await asyncio.gather(lead, guard, return_exceptions=True)
                 exc = lead.exception() if lead.done() and not lead.cancelled() else None
                 if exc is not None:
                     log.warning("%s steps down in %s: %r", self.config.coordinator_id, self.config.az, exc)

@@ -10,6 +10,7 @@ import socket
 import ssl
 import time
 
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -175,11 +176,12 @@ async def test_a_forced_restart_is_counted_once(local_cluster: LocalCluster) -> 
 
 async def test_a_stale_epoch_write_is_refused_and_counted(local_cluster: LocalCluster) -> None:
     """The leader key is deleted behind the leader's back (its lease still
-    valid): its next write (the agents' heartbeat times, written every few
-    seconds) is refused by etcd's epoch compare; the leader steps down and
-    wins again with a new epoch."""
+    valid): its next write (a submission) is refused by etcd's epoch compare; the leader steps down and
+    wins again with a new epoch. Its guard on its own record would notice the
+    delete first (test_leader_record_guard.py): switched off here, so the
+    fence alone is what refuses."""
     c = local_cluster
-    c.start_coordinator(AZ, "f0", extra_args=METRICS)
+    c.start_coordinator(AZ, "f0", extra_args=METRICS, extra_env={"PHALANX_FAILPOINTS": "election.guard_off=on"})
     first = await c.wait_leader(AZ)
     c.start_agents(AZ, [dgx_node("n0", AZ)])
     await c.wait_nodes_ready(AZ, 1)
@@ -188,6 +190,11 @@ async def test_a_stale_epoch_write_is_refused_and_counted(local_cluster: LocalCl
     assert value(s, "phalanx_fenced_writes_refused_total") == 0
     assert value(s, "phalanx_leadership_changes_total", az=AZ) == 1
     await c.store.txn([], [Delete(c.store.keys.leader(AZ))])
+    # A submission is a fenced write the leader makes at once (an idle
+    # leader writes nothing periodically): refused, so it steps down.
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await c.stub().SubmitGang(gpb.SubmitGangRequest(spec=tiny("after-delete", members=1)), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE, err.value.details()
     second = await c.wait_leader(AZ, not_epoch=first.epoch, timeout=60)
     assert second.epoch > first.epoch and second.coordinator_id == "f0"
     s = await m.until("f0", lambda s: value(s, "phalanx_leader_epoch", az=AZ) == second.epoch)
