@@ -31,7 +31,7 @@ from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (mem
 
 pytestmark = pytest.mark.integration
 
-ROUNDS = 4
+ROUNDS = 8
 GANGS_PER_ROUND = 8  # 2 x 1 GPU each: both 8-GPU nodes, full
 CANCEL_WITHIN_S = 0.3
 SEED = int(os.environ.get("PHALANX_CANCEL_RACE_SEED", "26"))
