@@ -47,6 +47,7 @@ def two_phase_config(t: Timings) -> TwoPhaseConfig:
 class NodeLiveness:
     last_contact: float  # monotonic; takeover time for nodes not yet heard from
     ready: bool = False
+    heard: bool = False  # its agent registered with this leadership (last_contact is a contact)
 
 
 @dataclass

@@ -38,14 +38,16 @@ def event_to_pb(e: GangEvent) -> pb.GangEventRecord:
                               stimulus=e.stimulus)
 
 
-def node_to_pb(n: NodeRecord, used_gpus: frozenset[int]) -> pb.NodeStatus:
+def node_to_pb(n: NodeRecord, used_gpus: frozenset[int], last_heartbeat: float | None = None) -> pb.NodeStatus:
+    """``last_heartbeat``: the leader's (AzLeader.heartbeats); None: the
+    record's, written at registration."""
     return pb.NodeStatus(
         topology=wire.topology_to_pb(n.topology),
         ready=n.ready,
         gpus_total=len(n.topology.gpus),
         gpus_used=len(used_gpus),
         used_gpus=sorted(used_gpus),
-        last_heartbeat=n.last_heartbeat,
+        last_heartbeat=n.last_heartbeat if last_heartbeat is None else last_heartbeat,
         agent_id=n.agent_id,
         reason=n.reason,
     )

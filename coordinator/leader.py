@@ -121,7 +121,6 @@ class AzLeader:
         # (gang -> (rank-0 node, port)): taken for concurrent picks too.
         self._picking: dict[str, tuple[str, int]] = {}
         self.index = FabricIndex()  # static node facts, refreshed when a node registers
-        self._last_persist = 0.0
         self._tasks: set[asyncio.Task] = set()
         # Reservation txns in flight at once (CoordinatorConfig.reserve_parallelism).
         self._reserve_slots = asyncio.Semaphore(config.reserve_parallelism)
@@ -660,7 +659,6 @@ class AzLeader:
         self.check_valid()
         await self._check_liveness()
         await self._check_start_barrier()
-        await self._persist_heartbeats()
         self.twophase.tick()
         try:
             await self.twophase.adopt_orphans()
@@ -1075,31 +1073,18 @@ class AzLeader:
         self.wake.set()
 
     # ------------------------------------------------------------ liveness
-    async def _persist_heartbeats(self) -> None:
-        """Heartbeats live in memory; their wall time is written to the node
-        records coarsely (every Timings.heartbeat_persist_s, batched), so `phalanx
-        nodes` on any replica shows a recent last_heartbeat without a write
-        per heartbeat."""
-        now_m, now_w = self.mono(), self.wall()
-        if now_m - self._last_persist < self.t.heartbeat_persist_s:
-            return
-        self._last_persist = now_m
-        ops = []
-        for node, conn in self.conns.items():
-            rec = self.book.nodes.get(node)
-            if rec is None or not rec.ready or conn.closed:
-                continue
-            seen_wall = now_w - (now_m - conn.last_seen)
-            if seen_wall - rec.last_heartbeat < self.t.heartbeat_persist_s / 2:
-                continue
-            new = dataclasses.replace(rec, ready=True, last_heartbeat=seen_wall, reason="")
-            ops.append((node, new))
-        for i in range(0, len(ops), 100):
-            chunk = ops[i:i + 100]
-            self.check_valid()
-            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, n), r.to_dict()) for n, r in chunk])
-            for n, r in chunk:
-                self.book.nodes[n] = dataclasses.replace(r, mod_revision=res.revision)
+    def heartbeats(self) -> dict[str, float]:
+        """Each node's last heartbeat (wall clock) as `phalanx nodes` shows
+        it: heard by this leadership, from memory (no etcd write refreshes
+        it, docs/design.md D17); not yet heard, the record's (its
+        registration)."""
+        now, wall = self.mono(), self.wall()
+        out = {}
+        for node, rec in self.book.nodes.items():
+            live = self.book.liveness.get(node)
+            contact = live.last_contact if live is not None and live.heard else None
+            out[node] = lifecycle.shown_heartbeat(rec.last_heartbeat, contact, now, wall)
+        return out
 
     async def _check_start_barrier(self) -> None:
         """A gang whose members have not all started within its
@@ -1155,7 +1140,7 @@ class AzLeader:
         assert isinstance(conn, AgentConn)
         self.conns[node] = conn
         conn.last_seen = self.mono()
-        self.book.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True)
+        self.book.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True, heard=True)
         if e.announce_ready:
             log.info("node %s ready (agent %s)", node, e.record.agent_id)
 

@@ -745,16 +745,39 @@ class GangServicer(ggrpc.GangServiceServicer):
     @handled
     async def ListNodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:
         await self._authorize(context, "nodes")
-        return await self._within_deadline(context, self._list_nodes(request), "the reads of the node list")
+        return await self._within_deadline(context, self._list_nodes(request, context), "the reads of the node list")
 
-    async def _list_nodes(self, request: gpb.ListNodesRequest) -> gpb.ListNodesResponse:
+    async def _list_nodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:
         azs = [request.az] if request.az else sorted(await self._azs())
         out = []
         for az in azs:
-            nodes, ledger = await self._az_state(az)
-            for name in sorted(nodes):
-                out.append(convert.node_to_pb(nodes[name], ledger.used_gpus(name)))
+            out.extend(await self._az_nodes(az, context))
         return gpb.ListNodesResponse(nodes=out)
+
+    async def _az_nodes(self, az: str, context: grpc.aio.ServicerContext) -> list[pb.NodeStatus]:
+        """One AZ's nodes with their last heartbeats, which only its leader
+        knows (its memory: no etcd write refreshes them, docs/design.md
+        D17). Another AZ's, or a standby's, are asked of that AZ's leader
+        (one hop); one that cannot be asked is answered from etcd, each
+        node's last heartbeat then being its registration's."""
+        leader = self.c.leader
+        heartbeats: dict[str, float] = {}
+        if leader is not None and self.c.config.az == az:
+            heartbeats = leader.heartbeats()  # (none before its rebuild: the records')
+        elif not self._forwarded(context):
+            info = await self._leader_of(az)
+            if info is not None and info.address and info.coordinator_id != self.c.config.coordinator_id:
+                stub = ggrpc.GangServiceStub(self.c.peer_channel(info.address))
+                try:
+                    answer = await stub.ListNodes(gpb.ListNodesRequest(az=az), metadata=((FORWARDED, "1"),),
+                                                  timeout=self._forward_timeout(context, EXPLAIN_SHARE_OF_DEADLINE))
+                    return list(answer.nodes)
+                except grpc.aio.AioRpcError as exc:
+                    log.info("nodes of %s from etcd: its leader %s did not answer: %s", az, info.coordinator_id,
+                             exc.code().name)
+        nodes, ledger = await self._az_state(az)
+        return [convert.node_to_pb(nodes[name], ledger.used_gpus(name), heartbeats.get(name))
+                for name in sorted(nodes)]
 
     async def _azs(self) -> set[str]:
         kvs, _ = await self.store.get_prefix_paged(self.keys.nodes(), keys_only=True)

@@ -104,9 +104,6 @@ class Timings:
     # member summaries this often (a summary that arrives while a write of
     # the gang is in flight is skipped by that evaluation).
     member_evaluate_interval_s: float = 0.5
-    # Heartbeats live in the leader's memory; their wall time is written to
-    # the node records (``phalanx nodes``' last_heartbeat) at most this often.
-    heartbeat_persist_s: float = 5.0
     # How often a leader reads leader/ to find AZs without a leader (owner-AZ
     # loss, owner_adopt_after_s).
     owner_loss_poll_s: float = 1.0
@@ -229,9 +226,6 @@ class Timings:
         rule(self.twophase_store_retry_s < self.prepare_timeout_s - self.vote_timeout_s,
              "twophase_store_retry_s must be below prepare_timeout_s - vote_timeout_s "
              f"({self.twophase_store_retry_s} >= {self.prepare_timeout_s - self.vote_timeout_s:g})")
-        rule(self.heartbeat_persist_s >= self.heartbeat_interval_s,
-             "heartbeat_persist_s must be at least heartbeat_interval_s (a persist more often than heartbeats "
-             f"arrive writes the same time twice) ({self.heartbeat_persist_s} < {self.heartbeat_interval_s})")
         rule(self.owner_loss_poll_s < self.owner_adopt_after_s,
              f"owner_loss_poll_s must be below owner_adopt_after_s ({self.owner_loss_poll_s} >= {self.owner_adopt_after_s})")
         rule(self.store_retry_pause_s <= self.etcd_timeout_s,

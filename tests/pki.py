@@ -209,13 +209,14 @@ class PrivateEtcd:
     TLS, client-certificate auth and etcd auth on, ``cluster`` provisioned:
     ``with PrivateEtcd(tmp_path, cluster) as etcd: ... etcd.endpoint``."""
 
-    def __init__(self, workdir: Path, cluster: str, name: str = "private") -> None:
+    def __init__(self, workdir: Path, cluster: str, name: str = "private", **options: Any) -> None:
+        """``options``: more EtcdServer fields (a quota, a compaction retention)."""
         from phalanx.etcd_server import EtcdServer
 
         self.pki = EtcdPki(Path(workdir) / f"etcd-pki-{name}")
         self.cluster = cluster
         self.server = EtcdServer(data_dir=Path(workdir) / f"etcd-{name}", name=name,
-                                 log_path=Path(workdir) / f"etcd-{name}.log", tls_dir=self.pki.dir)
+                                 log_path=Path(workdir) / f"etcd-{name}.log", tls_dir=self.pki.dir, **options)
 
     @property
     def endpoint(self) -> str:
