@@ -38,6 +38,7 @@ PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("bash", "bash"),
     Program("sh", "dash"),
     Program("cc", "gcc"),
+    Program("git", "git"),  # scripts/mutation_sample.py: is a file it edits committed?
     Program("nvidia-smi", "nvidia-smi",
             "ships with the NVIDIA driver on a GPU node; without it the agent reads the topology from NVML and sysfs"),
 )}

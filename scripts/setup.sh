@@ -36,6 +36,7 @@ true             coreutils
 bash             bash
 sh               dash
 cc               gcc
+git              git
 nvidia-smi       nvidia-smi      optional: ships with the NVIDIA driver on a GPU node; without it the agent reads the topology from NVML and sysfs
 "
 
