@@ -70,6 +70,15 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--etcd-quota-bytes", type=int, default=ETCD_DEFAULT_QUOTA_BYTES,
                    help="etcd's --quota-backend-bytes (default etcd's, 2 GiB): etcd does not report it; metrics, "
                         "warnings and `phalanx status` measure its database against it (docs/etcd-keys.md)")
+    p.add_argument("--max-finished-gangs", type=int, default=CoordinatorConfig.max_finished_gangs,
+                   help="finished gangs this AZ keeps in etcd at most, oldest out first (docs/etcd-keys.md "
+                        "\"Retention by count and bytes\")")
+    p.add_argument("--max-finished-bytes", type=int, default=0,
+                   help="bytes of finished gang records this AZ keeps in etcd at most (default: a 16th of "
+                        "--etcd-quota-bytes)")
+    p.add_argument("--max-expired-ids", type=int, default=CoordinatorConfig.max_expired_ids,
+                   help="ids of collected gangs kept so that `get` says 'finished and expired' (cluster-wide; "
+                        "0: none)")
     add_log_flags(p)
     a = p.parse_args(argv)
     logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
@@ -79,6 +88,8 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         listen=a.listen, advertise=a.advertise, timings=timings,
         token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy, metrics_listen=a.metrics_listen,
         etcd_quota_bytes=a.etcd_quota_bytes,
+        max_finished_gangs=a.max_finished_gangs, max_finished_bytes=a.max_finished_bytes,
+        max_expired_ids=a.max_expired_ids,
     ).validate()
     missing = missing_credentials(a, plaintext="serve plaintext")
     if missing:

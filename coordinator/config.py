@@ -34,6 +34,18 @@ class CoordinatorConfig:
     # coordinator is told (`phalanx up` passes what it started etcd with);
     # its metrics, its warnings and `phalanx status` measure against it.
     etcd_quota_bytes: int = ETCD_DEFAULT_QUOTA_BYTES
+    # Finished gangs this AZ keeps in etcd at most, by count and by bytes of
+    # their records (0: etcd_quota_bytes/16), oldest out first, whatever
+    # gang_retention_s says (docs/etcd-keys.md "Retention by count and bytes").
+    max_finished_gangs: int = 50_000
+    max_finished_bytes: int = 0
+    # Ids of collected gangs kept (``expired/<id>``, a few hundred bytes
+    # each) so that GetGang can say "finished and expired"; cluster-wide.
+    max_expired_ids: int = 100_000
+
+    @property
+    def finished_bytes_bound(self) -> int:
+        return self.max_finished_bytes or self.etcd_quota_bytes // 16
 
     def validate(self) -> "CoordinatorConfig":
         errors = []
@@ -53,6 +65,15 @@ class CoordinatorConfig:
         if not isinstance(self.etcd_quota_bytes, int) or self.etcd_quota_bytes <= 0:
             errors.append(f"etcd_quota_bytes must be a positive number of bytes (etcd's --quota-backend-bytes), "
                           f"got {self.etcd_quota_bytes!r}")
+        for name in ("max_finished_gangs", "max_finished_bytes", "max_expired_ids"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0 or (v == 0 and name == "max_finished_gangs"):
+                errors.append(f"{name} must be a positive whole number, got {v!r}")
+        if isinstance(self.etcd_quota_bytes, int) and isinstance(self.max_finished_bytes, int) \
+                and self.max_finished_bytes > self.etcd_quota_bytes // 4:
+            errors.append(f"max_finished_bytes must be at most a quarter of etcd_quota_bytes "
+                          f"({self.max_finished_bytes} > {self.etcd_quota_bytes // 4}): one AZ's finished gangs must "
+                          f"leave etcd room for the live ones, their history and the other AZs'")
         if bool(self.token_file) != bool(self.token_listen):
             errors.append("token_file and token_listen go together (--token-file FILE --token-listen HOST:PORT)")
         if errors:

@@ -10,12 +10,16 @@ The owner AZ's leader collects its own finished gangs, and only those
 ``AzLeader``. It keeps a small index of the finished gangs it owns (filled by
 the rebuild and by every gang write of this leader), and every
 ``Timings.gc_interval_s`` sweeps at most ``MAX_PER_SWEEP`` gangs that ended
-more than ``gang_retention_s`` ago (``core.retention.due_for_collection``),
+more than ``gang_retention_s`` ago, or are the oldest beyond this AZ's
+``max_finished_gangs`` / ``max_finished_bytes`` (docs/etcd-keys.md
+"Retention by count and bytes"; ``core.retention.due_for_collection``),
 one fenced txn at a time, each well under etcd's 128 operations. A gang is
 deleted together with
 
 - its ``idempotency/<key>``, only if that key still names this gang;
 - every ``decisions/<gang>/*`` key (one range delete);
+- and ``expired/<gang>`` written in its place (what GetGang says of it),
+  of which at most ``max_expired_ids`` are kept, the oldest trimmed first;
 
 and only if, in the same txn, its record is unchanged since we read it (a
 concurrent write wins), no AZ holds a reservation for it and no member
@@ -29,9 +33,9 @@ import logging
 from typing import TYPE_CHECKING
 
 from coordinator.core.records import UNREADABLE, GangRecord, IdempotencyRecord, read_records
-from coordinator.core.retention import FinishedGang, due_for_collection
+from coordinator.core.retention import FinishedGang, due_for_collection, expired_to_trim
 from coordinator.election import LeaseLost
-from phalanx.store import KV, Compare, Delete, Get, StoreUnavailable, absent, none_under, unchanged, unchanged_since
+from phalanx.store import KV, Compare, Delete, Get, Put, StoreUnavailable, absent, none_under, unchanged, unchanged_since
 from phalanx.errors import NotLeader
 
 if TYPE_CHECKING:
@@ -105,7 +109,8 @@ class GangCollector:
     def _due(self, held: set[str], limit: int) -> list[FinishedGang]:
         return due_for_collection(self.book.finished.values(), az=self.az, now=self.l.wall(),
                                   retention_s=self.l.t.gang_retention_s, limit=limit,
-                                  held=held | self._recently_seen())
+                                  held=held | self._recently_seen(), max_kept=self.l.config.max_finished_gangs,
+                                  max_kept_bytes=self.l.config.finished_bytes_bound)
 
     async def sweep(self) -> int:
         """One sweep; returns how many gangs were collected."""
@@ -132,7 +137,7 @@ class GangCollector:
         # starve the collectable ones behind them.
         due = self._due(self.book.held_here() | reserved | summarised, limit=MAX_PER_SWEEP)
         if not due:
-            return 0
+            return await self._trim_expired()
         collected = 0
         batch: list[FinishedGang] = []
         for g in due:
@@ -145,15 +150,38 @@ class GangCollector:
         if collected:
             self.collected += collected
             self.l.metrics.gangs_collected.inc(collected)
-            log.info("collected %d finished gang(s) in %s (older than gang_retention_s=%gs; %d this leadership)",
-                     collected, self.az, self.l.t.gang_retention_s, self.collected)
+            log.info("collected %d finished gang(s) in %s (older than gang_retention_s=%gs, or beyond "
+                     "max_finished_gangs=%d / max_finished_bytes=%d; %d this leadership)", collected, self.az,
+                     self.l.t.gang_retention_s, self.l.config.max_finished_gangs, self.l.config.finished_bytes_bound,
+                     self.collected)
+        await self._trim_expired()
         return collected
+
+    async def _trim_expired(self) -> int:
+        """Keep at most ``max_expired_ids`` of the ``expired/`` keys, the
+        oldest deleted first: a count (no key sent) per sweep, and a
+        keys-only read of the excess only when there is one. Every AZ's
+        leader trims the same cluster-wide set; two that trim at once delete
+        the same oldest keys, which is harmless."""
+        k = self.keys
+        self.l.check_valid()
+        n = expired_to_trim(await self.l.store.count_under(k.expired()), self.l.config.max_expired_ids,
+                            MAX_PER_SWEEP)
+        if not n:
+            return 0
+        oldest = await self.l.store.oldest_under(k.expired(), n)
+        for i in range(0, len(oldest), TXN_BUDGET - 1):
+            self.l.check_valid()
+            await self.l.store.fenced_txn(self.l.fence, [], [Delete(kv.key) for kv in oldest[i:i + TXN_BUDGET - 1]])
+        log.info("deleted the %d oldest expired gang id(s) beyond max_expired_ids=%d", len(oldest),
+                 self.l.config.max_expired_ids)
+        return 0
 
     @staticmethod
     def _cost(batch: list[FinishedGang], azs: set[str]) -> int:
         # Per gang: compares (record, summaries, one per AZ, idempotency key)
-        # and ops (record, decisions, idempotency key); plus the fence.
-        return 1 + sum(2 + len(azs | g.azs) + 1 + 3 for g in batch)
+        # and ops (record, decisions, idempotency key, expired id); plus the fence.
+        return 1 + sum(2 + len(azs | g.azs) + 1 + 4 for g in batch)
 
     async def _collect(self, batch: list[FinishedGang], azs: set[str]) -> int:
         """Delete ``batch`` in one fenced txn; on a lost compare, gang by gang
@@ -172,6 +200,9 @@ class GangCollector:
                 *(absent(k.reservation(az, g.id)) for az in sorted(azs | g.azs)),
             ]
             ops: list = [Delete(k.gang(g.id)), Delete(k.decisions(g.id), prefix=True)]
+            if self.l.config.max_expired_ids:
+                # What GetGang answers once the record is gone: "finished and expired".
+                ops.append(Put(k.expired(g.id), g.expired(collected_at=self.l.wall()).to_dict()))
             if kvs and _names(kvs[0], g.id):
                 compares.append(unchanged(kvs[0]))
                 ops.append(Delete(kvs[0].key))

@@ -23,6 +23,7 @@ from coordinator.core import authz, capacity, listing
 from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NameRecord, NodeRecord, read_records
+from coordinator.core.retention import ExpiredGang
 from coordinator.election import observe, observe_all
 from phalanx.leader_record import LeaderInfo
 from phalanx.store import Compacted, StoreUnavailable
@@ -288,7 +289,10 @@ class GangServicer(ggrpc.GangServiceServicer):
     @handled
     async def CancelGang(self, request: gpb.CancelGangRequest, context: grpc.aio.ServicerContext) -> pb.Gang:
         _valid_reason(request.reason)  # before anything is read or forwarded
-        rec = await self._load(request.id)
+        try:
+            rec = await self._load(request.id)
+        except Expired:
+            raise self._missing(request.id) from None  # (who may learn it expired is not known yet)
         # Who cancels goes into the gang's "cancelled" event (and along with a forward).
         by = (await self._authorize(context, authz.CANCEL, gang_owner=rec.owner, gang_id=rec.id, ident=request.id)).owner
         if rec.state.terminal:
@@ -383,7 +387,12 @@ class GangServicer(ggrpc.GangServiceServicer):
     async def _load_seen(self, caller: Caller, ident: str) -> GangRecord:
         """``_load``, and NOT_FOUND (the same answer as for no such gang) for
         a gang the caller may not see (visibility: own)."""
-        rec = await self._load(ident)
+        try:
+            rec = await self._load(ident)
+        except Expired as exc:
+            if not caller.sees(exc.owner):
+                raise self._missing(ident) from None
+            raise
         if not caller.sees(rec.owner):
             raise self._missing(ident)
         return rec
@@ -431,7 +440,7 @@ class GangServicer(ggrpc.GangServiceServicer):
         if kv is None:
             kv = await self._latest_of_name(ident)
         if kv is None:
-            raise self._missing(ident)
+            raise await self._expired_or_missing(ident)
         records, bad = read_records([kv], GangRecord.from_dict)
         if bad:
             # The stored record is unreadable (written past the bounds or by
@@ -440,6 +449,26 @@ class GangServicer(ggrpc.GangServiceServicer):
             raise DataLoss(f"id: the stored record of gang {ident!r} cannot be read ({bad[0][1][:200]}); "
                            "an operator must delete or repair it")
         return records[0]
+
+    async def _expired_or_missing(self, ident: str) -> NotFound:
+        """The answer for an id with no record: "finished and expired" when
+        retention collected it and its ``expired/<id>`` is still kept
+        (docs/etcd-keys.md "Retention by count and bytes"), else not found."""
+        kv = await self.store.get(self.keys.expired(ident)) if _ID_SUFFIX.fullmatch(ident[-8:]) else None
+        if kv is None:
+            return self._missing(ident)
+        try:
+            gone = ExpiredGang.from_dict(kv.json())
+        except UNREADABLE as exc:
+            log.warning("unreadable expired gang record %s: %r", kv.key[:200], exc)
+            return self._missing(ident)
+        ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(gone.ended_at))
+        collected = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(gone.collected_at))
+        t = self.c.config
+        return Expired(f"id: gang {ident!r} finished {gone.state.name} at {ended} and expired: its record left etcd at "
+                       f"{collected} (finished gangs are kept gang_retention_s={t.timings.gang_retention_s:g}s, and "
+                       f"at most max_finished_gangs={t.max_finished_gangs} per AZ); its history is no longer "
+                       f"kept by the cluster", owner=gone.owner)
 
     async def _latest_of_name(self, name: str) -> Any:
         """The record of the newest kept gang named ``name``, or None. The

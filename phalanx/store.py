@@ -167,6 +167,12 @@ class Keys:
     def idempotency(self, key: str) -> str:
         return f"{self.root}idempotency/{key}"
 
+    def expired(self, gang_id: str = "") -> str:
+        """What is left of a collected gang: its id, terminal state and owner,
+        so GetGang can say "finished and expired" (docs/etcd-keys.md
+        "Retention by count and bytes"); bounded in number."""
+        return f"{self.root}expired/{gang_id}"
+
     def name(self, name: str) -> str:
         """Index of live gang names: a name is unique among live gangs."""
         return f"{self.root}names/{name}"
@@ -856,6 +862,20 @@ class Store:
         names = sorted({epb.AlarmType.Name(a.alarm) for a in alarms.alarms if a.alarm != epb.NONE})
         return EtcdSpaceReport(member=str(member.endpoint), db_size=status.dbSize,
                                db_size_in_use=status.dbSizeInUse, alarms=tuple(names))
+
+    async def count_under(self, prefix: str) -> int:
+        """How many keys lie under ``prefix`` (etcd counts; no key is sent)."""
+        req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), count_only=True)
+        resp = await self._call(lambda m: m.kv.Range, req, f"count {prefix}", key=prefix)
+        return resp.count
+
+    async def oldest_under(self, prefix: str, n: int) -> list[KV]:
+        """The ``n`` keys under ``prefix`` created first (keys only)."""
+        req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), keys_only=True, limit=n,
+                               sort_order=epb.RangeRequest.ASCEND, sort_target=epb.RangeRequest.CREATE)
+        resp = await self._call(lambda m: m.kv.Range, req, f"range {prefix} (oldest {n})", timeout=self.range_timeout,
+                                blame_timeout=False, key=prefix)
+        return [_kv(m) for m in resp.kvs]
 
     async def revision(self) -> int:
         req = epb.RangeRequest(key=self.keys.root.encode(), count_only=True)

@@ -53,3 +53,26 @@ def test_a_quota_that_is_no_size_is_refused_naming_the_field(bad: str) -> None:
     with pytest.raises(ConfigError, match="etcd_quota_bytes must be a positive number of bytes"):
         parse_everything(["--az", "az-a", "--id", "c0", "--etcd", "127.0.0.1:2379", "--insecure",
                           "--etcd-quota-bytes", bad])
+
+
+BASE = ["--az", "az-a", "--id", "c0", "--etcd", "127.0.0.1:2379", "--insecure"]
+
+
+def test_finished_gang_bounds_default_from_the_quota() -> None:
+    config = parse_everything(BASE + ["--etcd-quota-bytes", str(1024**3)])[0]
+    assert (config.max_finished_gangs, config.finished_bytes_bound) == (50_000, 1024**3 // 16)
+    config = parse_everything(BASE + ["--max-finished-gangs", "7", "--max-finished-bytes", "4096"])[0]
+    assert (config.max_finished_gangs, config.finished_bytes_bound) == (7, 4096)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--max-finished-gangs", "0"], "max_finished_gangs must be a positive whole number"),
+    (["--max-finished-bytes", "-1"], "max_finished_bytes must be a positive whole number"),
+    (["--max-expired-ids", "-1"], "max_expired_ids must be a positive whole number"),
+    (["--etcd-quota-bytes", "4000", "--max-finished-bytes", "1001"],
+     "max_finished_bytes must be at most a quarter of etcd_quota_bytes (1001 > 1000)"),
+])
+def test_finished_gang_bounds_that_cannot_hold_are_refused_naming_the_field(flags: list[str], words: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_everything(BASE + flags)
+    assert words in str(err.value)
