@@ -385,7 +385,7 @@ class PhalanxCluster:
         assert self.pki is not None
         cmd = [sys.executable, "-m", "coordinator", "--cluster", self.name, "--az", az, "--id", cid,
                "--etcd", self.coordinator_etcd(cid, az), "--listen", f"{h.ip}:{COORD_PORT}",
-               "--tls-dir", str(self.pki.coordinator(cid)),
+               "--tls-dir", str(self.pki.coordinator(cid, az)),
                "--etcd-tls-dir", str(self.pki.etcd_user_dir(COORDINATOR)),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO",
                # Scraped at the end of a run for its fenced writes refused (chaos/metrics.py).
@@ -403,7 +403,7 @@ class PhalanxCluster:
         nodes = [t.node for t in simulated_fabric(az, self.nodes_per_az, 1, 2)]
         cmd = [sys.executable, "-m", "agent.sim", "--cluster", self.name, "--az", az,
                "--etcd", self.etcd_endpoints(az), "--nodes", str(self.nodes_per_az), "--launch",
-               "--tls-dir", str(self.pki.agents(nodes)), "--etcd-tls-dir", str(self.pki.etcd_user_dir(AGENT)),
+               "--tls-dir", str(self.pki.agents(nodes, az)), "--etcd-tls-dir", str(self.pki.etcd_user_dir(AGENT)),
                "--state-dir", str(state), "--history", str(self.run_dir / f"agents-{az}.jsonl"),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO"]
         return ManagedProcess(f"agents-{az}", "agents", az, h, cmd, "PHALANX_AGENTS_READY", dict(self.agent_env))

@@ -63,16 +63,16 @@ class RunPki:
                 etcd_pki.issue_client(pki.etcd_dir, user, now=now)
         return pki
 
-    def coordinator(self, cid: str) -> Path:
-        """Issue coordinator ``cid``'s certificate; the dir for its --tls-dir."""
-        certs.issue(self.grpc_dir, "coordinator", cid, now=utc_now(), hosts=())
+    def coordinator(self, cid: str, az: str | None = None) -> Path:
+        """Issue coordinator ``cid``'s certificate (bound to ``az``); the dir for its --tls-dir."""
+        certs.issue(self.grpc_dir, "coordinator", cid, az=az, now=utc_now(), hosts=())
         return self.grpc_dir
 
-    def agents(self, nodes: Sequence[str]) -> Path:
-        """Issue one agent certificate per node (bound to it); the dir for --tls-dir."""
+    def agents(self, nodes: Sequence[str], az: str | None = None) -> Path:
+        """Issue one agent certificate per node (bound to it and to ``az``); the dir for --tls-dir."""
         now = utc_now()
         for node in nodes:
-            certs.issue(self.grpc_dir, "agent", node, node=node, now=now)
+            certs.issue(self.grpc_dir, "agent", node, node=node, az=az, now=now)
         return self.grpc_dir
 
     def client(self, name: str, role: str = "admin") -> Path:

@@ -93,7 +93,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
 
     async def Session(self, request_iterator: AsyncIterator[apb.AgentMessage], context: grpc.aio.ServicerContext) -> AsyncIterator[apb.CoordinatorMessage]:
         identity = await caller_identity(self.c, context, "AgentService.Session")
-        refusal = peer_auth.session_refusal(identity, None)
+        refusal = peer_auth.session_refusal(identity, None, self.c.config.az)
         if refusal is not None:
             await self._refuse(context, refusal)
             return
@@ -140,7 +140,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
             # The agent has heard a newer leader: we are stale. Step down.
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"stale leader: epoch {leader.epoch} < {reg.highest_epoch} seen by the agent")
             return
-        refusal = peer_auth.session_refusal(identity, topo.node)
+        refusal = peer_auth.session_refusal(identity, topo.node, leader.az)
         if refusal is not None:
             await self._refuse(context, refusal)
             return

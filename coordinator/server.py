@@ -35,7 +35,7 @@ from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
 from phalanx import metrics as metrics_http
-from phalanx.tls import ServerCredentialsSource, TlsFiles, coordinator_channel
+from phalanx.tls import ServerCredentialsSource, TlsError, TlsFiles, coordinator_channel
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,11 @@ class Coordinator:
             # Before anything else: unusable files stop the start (TlsError
             # names the file and the check).
             self.tls_source = ServerCredentialsSource(self.tls, cluster=self.config.cluster)
+            own = self.tls_source.current.identity
+            if own.az is not None and own.az != self.config.az:
+                # Peers would refuse every call it makes for its own AZ.
+                raise TlsError(self.tls.cert, "wrong AZ", f"the certificate is bound to AZ {own.az!r}; "
+                               f"this coordinator serves --az {self.config.az!r}")
             if self.config.token_file:
                 self.tokens = TokenSource(self.config.token_file, cluster=self.config.cluster)
         else:

@@ -39,6 +39,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from phalanx.limits import (
     DNS_LABEL,
     DNS_LABEL_WHAT,
+    LABEL_VALUE,
+    LABEL_VALUE_WHAT,
+    MAX_AZ_NAME_LEN,
     MAX_NODE_NAME_LEN,
     MAX_QUEUE_LEN,
     NODE_NAME,
@@ -48,6 +51,8 @@ from phalanx.limits import (
 
 SCHEME = "phalanx"
 ROLES = ("admin", "submitter", "viewer", "agent", "coordinator")
+# The roles whose certificate may name the AZ they serve in.
+AZ_BOUND_ROLES = ("agent", "coordinator")
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 DEFAULT_CLUSTER = "local"  # the default --cluster of the coordinator and the agents
@@ -107,6 +112,9 @@ class Identity:
     name: str
     queues: tuple[str, ...] = ()
     node: str | None = None
+    # The AZ an agent's node or a coordinator serves; None in certificates
+    # issued before the binding existed (docs/security.md "AZ binding").
+    az: str | None = None
 
     def uri(self) -> str:
         return identity_uri(self)
@@ -147,6 +155,13 @@ def _check_fields(identity: Identity) -> list[str]:
                 errors.append(f"--node {e}")
     elif identity.node is not None:
         errors.append(f"--node is only for an agent, not {identity.role!r}")
+    if identity.az is not None:
+        if identity.role not in AZ_BOUND_ROLES:
+            errors.append(f"--az is only for {' and '.join(AZ_BOUND_ROLES)} certificates, not {identity.role!r}")
+        else:
+            e = name_error(identity.az, LABEL_VALUE, MAX_AZ_NAME_LEN, LABEL_VALUE_WHAT)
+            if e:
+                errors.append(f"--az {e}")
     return errors
 
 
@@ -156,6 +171,8 @@ def identity_uri(identity: Identity) -> str:
         uri += "?queues=" + ",".join(identity.queues)
     if identity.node is not None:
         uri += "?node=" + identity.node
+    if identity.az is not None:
+        uri += ("&" if identity.node is not None else "?") + "az=" + identity.az
     return uri
 
 
@@ -163,7 +180,7 @@ def identity_uri(identity: Identity) -> str:
 # the URI needs no escaping and is matched whole: nothing is decoded.
 _URI = re.compile(
     re.escape(SCHEME) + r"://(?P<cluster>[^/?]*)/(?P<role>[^/?]*)/(?P<name>[^/?]*)"
-    r"(?:\?queues=(?P<queues>[^/?]*)|\?node=(?P<node>[^/?]*))?"
+    r"(?:\?queues=(?P<queues>[^/?&]*)|\?node=(?P<node>[^/?&]*)(?:&az=(?P<node_az>[^/?&]*))?|\?az=(?P<az>[^/?&]*))?"
 )
 
 
@@ -172,9 +189,11 @@ def parse_identity_uri(uri: str) -> Identity:
     one valid identity."""
     m = _URI.fullmatch(uri)
     if m is None:
-        raise IdentityError(CHECK_BAD, f"{uri!r} is not phalanx://<cluster>/<role>/<name>[?queues=..|?node=..]")
+        raise IdentityError(CHECK_BAD, f"{uri!r} is not phalanx://<cluster>/<role>/<name>"
+                                       "[?queues=..|?node=..[&az=..]|?az=..]")
     queues = tuple(m["queues"].split(",")) if m["queues"] is not None else ()
-    identity = Identity(m["cluster"], m["role"], m["name"], queues, m["node"])
+    az = m["node_az"] if m["node_az"] is not None else m["az"]
+    identity = Identity(m["cluster"], m["role"], m["name"], queues, m["node"], az)
     errors = _check_fields(identity)
     if errors:
         raise IdentityError(CHECK_BAD, f"{uri!r}: " + "; ".join(e.removeprefix("--") for e in errors))
@@ -538,6 +557,7 @@ def issue(
     now: datetime.datetime,
     queues: Sequence[str] = (),
     node: str | None = None,
+    az: str | None = None,
     days: int = DEFAULT_DAYS,
     hosts: Sequence[str] | None = None,
     not_before: datetime.datetime | None = None,
@@ -552,7 +572,7 @@ def issue(
     need a certificate already expired."""
     check_days(days)
     ca, ca_key = load_ca(directory)
-    identity = Identity(ca_cluster(ca), role, name, tuple(queues), node)
+    identity = Identity(ca_cluster(ca), role, name, tuple(queues), node, az)
     if hosts is None:
         hosts = DEFAULT_HOSTS if role == "coordinator" else ()
     start = as_utc(not_before or now)

@@ -627,7 +627,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
         queues = certs.parse_list(args.queues, "--queues") if args.queues is not None else ()
         hosts = certs.parse_hosts(args.hosts) if args.hosts is not None else None
         crt, key, cert = certs.issue(Path(args.dir), args.role, args.name, now=now, queues=queues,
-                                     node=args.node, days=args.days, hosts=hosts)
+                                     node=args.node, az=args.az, days=args.days, hosts=hosts)
     except certs.CertError as exc:
         raise UsageError(str(exc)) from None
     _print(f"wrote {crt} and {key} (0600): {certs.describe(cert)}")
@@ -977,6 +977,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--name", required=True, help="who: a user, a service, an agent or coordinator id")
     q.add_argument("--queues", default=None, help="submitter only (required): the queues it may use, comma-separated")
     q.add_argument("--node", default=None, help="agent only (required): the node it may register as")
+    q.add_argument("--az", default=None, help="agent or coordinator: the AZ it serves in; a coordinator of another AZ "
+                                              "refuses it (docs/security.md \"AZ binding\")")
     q.add_argument("--hosts", default=None, help="coordinator only: DNS names and IPs other TLS clients dial, comma-separated (default "
                         "localhost,127.0.0.1,::1); coordinators.<cluster>.phalanx.invalid, the name phalanx's own "
                         "clients check, is always added")

@@ -64,7 +64,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Mapping, TextIO
 
 import yaml
 
@@ -192,7 +192,11 @@ class UpConfig:
         return sim_node_names(az, self.nodes_per_az, self.sim_spines, self.sim_leaves_per_spine)
 
     def coordinator_ids(self) -> list[str]:
-        return [f"{az}-c{j}" for az in self.azs for j in range(self.coordinators_per_az)]
+        return list(self.coordinator_azs())
+
+    def coordinator_azs(self) -> dict[str, str]:
+        """Each coordinator id and the AZ it serves (its certificate's binding)."""
+        return {f"{az}-c{j}": az for az in self.azs for j in range(self.coordinators_per_az)}
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "UpConfig":
@@ -373,13 +377,14 @@ def sim_node_names(az: str, nodes: int, spines: int, leaves_per_spine: int) -> l
 
 
 def make_credentials(
-    state_dir: Path, cluster: str, coordinators: list[str], nodes: list[str], etcd_pki_dir: Path,
+    state_dir: Path, cluster: str, coordinators: Mapping[str, str], nodes: Mapping[str, str], etcd_pki_dir: Path,
     *, now: datetime.datetime,
 ) -> Credentials:
     """The cluster's gRPC CA (kept with a kept state dir, else new), a
-    certificate for every coordinator and simulated node and an admin client
-    certificate (issued afresh every run), and this cluster's etcd users
-    from the etcd PKI in ``etcd_pki_dir`` (whose ``root/`` must exist)."""
+    certificate for every coordinator and simulated node (id -> its AZ: each
+    certificate is bound to it) and an admin client certificate (issued
+    afresh every run), and this cluster's etcd users from the etcd PKI in
+    ``etcd_pki_dir`` (whose ``root/`` must exist)."""
     from phalanx import certs, etcd_pki
 
     base = state_dir / PKI_DIR / cluster
@@ -391,10 +396,10 @@ def make_credentials(
         shutil.copyfile(ca_dir / certs.CA_CERT, d / certs.CA_CERT)
     # A coordinator certificate names the cluster's server name, which every
     # client verifies whatever address it dials (and the loopback names).
-    for cid in coordinators:
-        certs.issue(ca_dir, "coordinator", cid, now=now, out=certs.leaf_paths(server_dir, "coordinator", cid))
-    for node in nodes:
-        certs.issue(ca_dir, "agent", node, node=node, now=now, out=certs.leaf_paths(server_dir, "agent", node))
+    for cid, az in coordinators.items():
+        certs.issue(ca_dir, "coordinator", cid, az=az, now=now, out=certs.leaf_paths(server_dir, "coordinator", cid))
+    for node, az in nodes.items():
+        certs.issue(ca_dir, "agent", node, node=node, az=az, now=now, out=certs.leaf_paths(server_dir, "agent", node))
     certs.issue(ca_dir, "admin", ADMIN_NAME, now=now, out=(admin_dir / "client.crt", admin_dir / "client.key"))
     return Credentials(
         server_dir=server_dir,
@@ -930,7 +935,8 @@ class Up:
         from phalanx.tls import utc_now
 
         cfg = self.cfg
-        nodes = [n for az in cfg.azs for n in cfg.node_names(az)]
+        nodes = {n: az for az in cfg.azs for n in cfg.node_names(az)}
+        coordinators = cfg.coordinator_azs()
         now = utc_now()
         try:
             if not cfg.etcd_pki and not (etcd_pki_dir / "ca.crt").is_file():
@@ -938,7 +944,7 @@ class Up:
                 etcd_pki.init(etcd_pki_dir, now=now)
             if cfg.etcd_pki and not all(p.is_file() for p in etcd_pki.files(etcd_pki_dir / etcd_pki.ROOT_USER).paths()):
                 etcd_pki.issue_client(etcd_pki_dir, etcd_pki.ROOT_USER, now=now)
-            creds = make_credentials(self.state_dir, self.cluster, cfg.coordinator_ids(), nodes, etcd_pki_dir, now=now)
+            creds = make_credentials(self.state_dir, self.cluster, coordinators, nodes, etcd_pki_dir, now=now)
         except (CertError, OSError, ValueError) as exc:
             raise StartupFailed(f"cannot make the cluster's certificates: {exc}") from None
         self.say(

@@ -35,15 +35,21 @@ def identity_refusal(service: str, check: str, detail: str) -> Refusal:
     return Refusal(code, f"{service}: the client certificate is refused: {check}: {detail}")
 
 
-def session_refusal(identity: Identity | None, node: str | None) -> Refusal | None:
-    """AgentService.Session registering as ``node``: only an agent
-    certificate, and only for the node it names (``node`` None: before the
-    registration is read, the role alone)."""
+def session_refusal(identity: Identity | None, node: str | None, az: str) -> Refusal | None:
+    """AgentService.Session registering as ``node`` at the leader of ``az``:
+    only an agent certificate, only one bound to ``az`` (when it names an
+    AZ: certificates issued before the binding name none), and only for the
+    node it names (``node`` None: before the registration is read, the role
+    and the AZ alone)."""
     if identity is None:
         return None
     if identity.role != "agent":
         return Refusal(grpc.StatusCode.PERMISSION_DENIED,
                        f"AgentService.Session needs an agent certificate; the caller presented a {_who(identity)}")
+    if identity.az is not None and identity.az != az:
+        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                       f"register: agent certificate {identity.name!r} is bound to AZ {identity.az!r}; "
+                       f"this coordinator serves {az!r}")
     if node is not None and identity.node != node:
         return Refusal(grpc.StatusCode.PERMISSION_DENIED,
                        f"register: agent certificate {identity.name!r} is for node {identity.node!r}, "
@@ -94,6 +100,10 @@ def leader_refusal(identity: Identity | None, az: str, epoch: int, leader: tuple
     it checks, so a name checked here belongs to the epoch checked there)."""
     if identity is None:
         return None
+    if identity.az is not None and identity.az != az:
+        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+                       f"CoordinatorPeer: coordinator certificate {identity.name!r} is bound to AZ {identity.az!r}, "
+                       f"the call speaks for {az or '?'}")
     if leader is None:
         return Refusal(grpc.StatusCode.PERMISSION_DENIED,
                        f"CoordinatorPeer: coordinator {identity.name!r} speaks for {az or '?'}, which has no leader")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 from phalanx.v1 import peer_pb2 as ppb
 from phalanx.v1 import peer_pb2_grpc as pgrpc
-from tests.integration.harness import LocalCluster, dgx_node
+from tests.integration.harness import REPO, LocalCluster, dgx_node
 from tests.integration.test_tls_cluster import AZ, _now
 
 pytestmark = pytest.mark.integration
@@ -204,3 +206,56 @@ async def test_peer_calls_only_from_the_leader_coordinator_of_this_cluster(local
 
     assert await _snapshot(c) == before, "a refused peer call changed etcd"
     assert "CoordinatorPeer refused" in coord.log()
+
+
+async def test_certificates_bind_agents_and_coordinators_to_their_az(local_cluster: LocalCluster, pki: dict[str, Any],
+                                                                      tmp_path: Path) -> None:
+    """An agent certificate bound to another AZ is refused at this AZ's
+    leader (PERMISSION_DENIED naming both AZs, nothing written), one bound to
+    this AZ gets in; a coordinator certificate bound to another AZ speaks for
+    nobody here, and a coordinator does not start on one that is not bound
+    to its own --az."""
+    c = local_cluster
+    ca = pki["ca"]
+    certs.issue(ca, "agent", "a-there", node=NODE_X, az="az-elsewhere", now=_now())
+    certs.issue(ca, "agent", "a-here", node=NODE_X, az=AZ, now=_now())
+    coord = c.start_coordinator(AZ, "c0", extra_args=["--tls-dir", str(ca)])
+    lead = await c.wait_leader(AZ)
+    before = await _snapshot(c)
+
+    with pytest.raises(grpc.aio.AioRpcError) as there:
+        await _register(coord.address, c, _files(ca, "agent", "a-there"), NODE_X)
+    assert there.value.code() == grpc.StatusCode.PERMISSION_DENIED, there.value
+    assert "bound to AZ 'az-elsewhere'" in there.value.details() and f"'{AZ}'" in there.value.details(), there.value.details()
+    assert await _snapshot(c) == before, "a refused registration changed etcd"
+
+    ch, call = await _register(coord.address, c, _files(ca, "agent", "a-here"), NODE_X)
+    try:
+        assert (await c.store.get(c.store.keys.node(AZ, NODE_X))) is not None
+    finally:
+        call.cancel()
+        await ch.close()
+
+    # The leader's own name, bound to another AZ: it speaks for no one here.
+    other = tmp_path / "other-az"
+    other.mkdir()
+    crt, key, _ = certs.issue(ca, "coordinator", "c0", az="az-elsewhere", now=_now(),
+                              out=(other / "coordinator-c0.crt", other / "coordinator-c0.key"))
+    (other / "ca.crt").write_bytes((ca / "ca.crt").read_bytes())
+    mid = await _snapshot(c)
+    req = ppb.PrepareRequest(caller=ppb.PeerIdentity(az=AZ, epoch=lead.epoch, coordinator_id="c0"), gang="g-forged",
+                             incarnation=1, nodes=[ppb.NodeDevices(node=NODE_X, gpus=[0])])
+    async with _channel(c, coord.address, TlsFiles(other / "ca.crt", crt, key)) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await pgrpc.CoordinatorPeerStub(ch).Prepare(req, timeout=10)
+    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED, refused.value
+    assert "bound to AZ 'az-elsewhere'" in refused.value.details(), refused.value.details()
+    assert await _snapshot(c) == mid
+
+    # A coordinator started with that certificate for this AZ stops at once, naming the check.
+    res = subprocess.run([sys.executable, "-m", "coordinator", "--cluster", c.cluster, "--az", AZ, "--id", "c0",
+                          "--etcd", c.etcd, "--listen", "127.0.0.1:0", "--tls-dir", str(other),
+                          "--etcd-tls-dir", str(c.etcd_tls_dir("coordinator"))],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert res.returncode != 0, res
+    assert "wrong AZ" in res.stderr and "az-elsewhere" in res.stderr, res.stderr[-2000:]

@@ -550,12 +550,14 @@ def test_make_credentials_issues_what_each_process_loads_and_keeps_the_ca(tmp_pa
     now = datetime.datetime.now(datetime.timezone.utc)
     etcd_dir = tmp_path / "etcd-pki"
     etcd_pki.init(etcd_dir, now=now)
-    first = make_credentials(tmp_path, "c1", ["az-a-c0"], ["az-a-n0"], etcd_dir, now=now)
+    first = make_credentials(tmp_path, "c1", {"az-a-c0": "az-a"}, {"az-a-n0": "az-a"}, etcd_dir, now=now)
     coordinator = tls.load(TlsFiles.issued(first.server_dir, "coordinator", "az-a-c0"), cluster="c1", use="server", now=now)
     assert coordinator_server_name("c1") in coordinator.cert.extensions.get_extension_for_class(
         x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     agent = tls.load(TlsFiles.issued(first.server_dir, "agent", "az-a-n0"), cluster="c1", use="client", now=now)
     assert agent.identity.node == "az-a-n0"
+    # Each certificate is bound to the AZ its process serves in.
+    assert (agent.identity.az, coordinator.identity.az) == ("az-a", "az-a")
     admin = tls.load(TlsFiles(first.admin_dir / "ca.crt", first.admin_dir / "client.crt", first.admin_dir / "client.key"),
                      cluster="c1", use="client", now=now)
     assert admin.identity.role == "admin"
@@ -563,7 +565,7 @@ def test_make_credentials_issues_what_each_process_loads_and_keeps_the_ca(tmp_pa
                     (first.etcd_agent, etcd_pki.user_for("c1", "agent"))):
         assert etcd_pki.check_client(etcd_pki.files(d), now=now)[3] == user
     ca = (first.server_dir / "ca.crt").read_bytes()
-    second = make_credentials(tmp_path, "c1", ["az-a-c0"], ["az-a-n0"], etcd_dir, now=now)
+    second = make_credentials(tmp_path, "c1", {"az-a-c0": "az-a"}, {"az-a-n0": "az-a"}, etcd_dir, now=now)
     assert (second.server_dir / "ca.crt").read_bytes() == ca, "a kept state dir keeps its CA"
     renewed = tls.load(TlsFiles.issued(second.server_dir, "coordinator", "az-a-c0"), cluster="c1", use="server", now=now)
     assert renewed.cert.serial_number != coordinator.cert.serial_number

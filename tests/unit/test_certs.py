@@ -110,6 +110,28 @@ def test_identity_uri_round_trips() -> None:
         assert certs.parse_identity_uri(ident.uri()) == ident
     assert ALICE.uri() == "phalanx://prod/submitter/alice?queues=train,eval"
     assert AGENT.uri() == "phalanx://prod/agent/agent-7?node=gpu-007.az1"
+    # Bound to an AZ; the unbound form above still parses (older certificates).
+    bound_agent = Identity(CLUSTER, "agent", "agent-7", node="gpu-007", az="us-east-1a")
+    bound_coord = Identity(CLUSTER, "coordinator", "c0", az="az-b")
+    assert bound_agent.uri() == "phalanx://prod/agent/agent-7?node=gpu-007&az=us-east-1a"
+    assert bound_coord.uri() == "phalanx://prod/coordinator/c0?az=az-b"
+    for ident in (bound_agent, bound_coord):
+        assert certs.parse_identity_uri(ident.uri()) == ident
+        assert identity_of(leaf(ident), ca=CA, cluster=CLUSTER, now=NOW,
+                           use="server" if ident.role == "coordinator" else "client") == ident
+
+
+@pytest.mark.parametrize("uri,words", [
+    ("phalanx://prod/submitter/alice?queues=a&az=az-a", "not phalanx://"),
+    ("phalanx://prod/admin/root?az=az-a", "az is only for agent and coordinator"),
+    ("phalanx://prod/agent/a?az=az-a&node=n", "not phalanx://"),
+    ("phalanx://prod/agent/a?node=n&az=a/b", "not phalanx://"),
+    ("phalanx://prod/agent/a?node=n&az=a*b", "az must be a label value"),
+])
+def test_identity_uri_az_refused(uri: str, words: str) -> None:
+    with pytest.raises(IdentityError) as info:
+        certs.parse_identity_uri(uri)
+    assert words in str(info.value), str(info.value)
 
 
 BUILD_ERRORS = {

@@ -19,6 +19,9 @@ BOB = Identity("local", "submitter", "bob", queues=("default",))
 VIEWER = Identity("local", "viewer", "vic")
 ADMIN = Identity("local", "admin", "root")
 C0 = Identity("local", "coordinator", "c0")
+# Certificates bound to an AZ (phalanx certs issue --az).
+AGENT_N1_A = Identity("local", "agent", "a1", node="n1", az="az-a")
+C0_B = Identity("local", "coordinator", "c0", az="az-b")
 C0_ELSEWHERE = Identity("other", "coordinator", "c0")
 
 
@@ -33,12 +36,25 @@ C0_ELSEWHERE = Identity("other", "coordinator", "c0")
     (VIEWER, "n1", DENIED, ("viewer",)),
     (ADMIN, "n1", DENIED, ("admin",)),
     (C0, "n1", DENIED, ("coordinator", "c0")),
+    # Bound to az-a: welcome at az-a's leader, refused at az-b's before and
+    # after the registration is read (one certificate is one node in one AZ).
+    (AGENT_N1_A, "n1", None, ()),
+    (AGENT_N1_A, None, None, ()),
 ])
 def test_session(identity, node, code, words) -> None:
-    r = peer_auth.session_refusal(identity, node)
+    r = peer_auth.session_refusal(identity, node, "az-a")
     assert (r.code if r else None) == code, r
     for w in words:
         assert w in r.message, r.message
+
+
+@pytest.mark.parametrize("node", [None, "n1"])
+def test_session_at_another_az(node) -> None:
+    r = peer_auth.session_refusal(AGENT_N1_A, node, "az-b")
+    assert r is not None and r.code == DENIED, r
+    assert "bound to AZ 'az-a'" in r.message and "'az-b'" in r.message, r.message
+    # An unbound (older) certificate is not refused for its AZ.
+    assert peer_auth.session_refusal(AGENT_N1, node, "az-b") is None
 
 
 @pytest.mark.parametrize("current,new,refused", [
@@ -90,6 +106,8 @@ def test_peer(identity, refused, words) -> None:
     (C0, "az-b", 5, ("c1", 5), ("'c0'", "'c1'", "az-b")),
     (C0, "az-b", 4, ("c0", 5), ("epoch 4", "epoch 5")),
     (C0, "", 5, None, ("?",)),
+    (C0_B, "az-b", 5, ("c0", 5), None),
+    (C0_B, "az-c", 5, ("c0", 5), ("bound to AZ 'az-b'", "az-c")),
 ])
 def test_leader(identity, az, epoch, leader, words) -> None:
     r = peer_auth.leader_refusal(identity, az, epoch, leader)
