@@ -10,12 +10,16 @@ Exit codes (docs/cli.md):
 
 Expected errors print one ``error: <message>`` line on stderr, never a
 traceback; usage errors too (``_Parser.error``).
+
+Start-up time (docs/cli.md "Start-up time"): this module imports neither
+gRPC, protobuf, cryptography, asyncio nor YAML; each command imports what it
+needs when it runs, so ``--help``, ``--version`` and a usage error cost only
+the parser. ``tests/unit/test_cli_startup.py`` keeps it so.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import codecs
 import datetime
 import json
@@ -26,13 +30,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-import yaml
-
-from phalanx import strict_docs
-from phalanx.client import read_token_file
-from phalanx.client import (
+from phalanx.client_names import (
     ADDRESS_ENV,
     CONFIG_ENV,
     DEFAULT_ADDRESS,
@@ -41,24 +41,19 @@ from phalanx.client import (
     MAX_LIMIT,
     MAX_TIMEOUT_S,
     TLS_DIR_ENV,
-    AsyncClient,
-    ClientConfigError,
-    Connection,
-    client_tls,
-    connection_settings,
-    TerminalStateReached,
     check_timeout,
     is_terminal,
     parse_states,
     state_name,
 )
-from phalanx.errors import InvalidArgument, PhalanxError
 from phalanx.model import GangState, Level
-from phalanx.spec import GangSpec, InvalidSpec, load_spec, read_spec_bytes
-from phalanx.tls import TlsError
-from phalanx.v1 import gang_pb2
-from phalanx.v1 import types_pb2 as pb
-from phalanx.wire import message_to_dict, spec_from_pb, topology_from_pb
+
+if TYPE_CHECKING:  # annotations only: imported by the commands that run
+    from phalanx.client import AsyncClient, Connection
+    from phalanx.errors import PhalanxError
+    from phalanx.spec import GangSpec
+    from phalanx.v1 import gang_pb2
+    from phalanx.v1 import types_pb2 as pb
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -113,7 +108,16 @@ def level_label(value: int) -> str:
         return str(value)
 
 
+def message_to_dict(msg: Any) -> Any:
+    """phalanx.wire.message_to_dict (protobuf is imported on first use)."""
+    from phalanx.wire import message_to_dict as to_dict
+
+    return to_dict(msg)
+
+
 def dump(msg: Any, fmt: str) -> str:
+    import yaml
+
     data = message_to_dict(msg) if not isinstance(msg, (dict, list)) else msg
     # Text as the user wrote it (a spec's "2×A100" stays so), as `describe` prints it.
     if fmt == "json":
@@ -218,6 +222,8 @@ def _print(text: str = "", file: TextIO | None = None) -> None:
 def read_spec_file(path: str) -> GangSpec:
     """Read and validate a spec file (``-`` = stdin), at most
     ``phalanx.spec.MAX_SPEC_BYTES`` of it. InvalidSpec / UsageError."""
+    from phalanx.spec import load_spec, read_spec_bytes
+
     try:
         if path == "-":
             text = read_spec_bytes(sys.stdin.buffer, "stdin")
@@ -277,6 +283,8 @@ async def cmd_watch(client: AsyncClient, args: argparse.Namespace) -> int:
 
 
 async def cmd_wait(client: AsyncClient, args: argparse.Namespace) -> int:
+    from phalanx.client import TerminalStateReached
+
     try:
         gang = await client.wait(args.id, args.wanted, timeout=args.timeout)
     except TimeoutError as exc:
@@ -333,6 +341,10 @@ def event_line(e: pb.GangEventRecord) -> str:
 
 def describe_full(gang: pb.Gang, now: float | None = None) -> str:
     """`phalanx describe`: spec, state, placement, events, in reading order."""
+    import yaml
+
+    from phalanx.wire import spec_from_pb
+
     spec = yaml.safe_dump(spec_from_pb(gang.spec).to_dict(), sort_keys=False, allow_unicode=True).rstrip("\n")
     out = [f"gang {gang.id}", "spec:"] + ["  " + line for line in spec.splitlines()]
     state = [
@@ -502,6 +514,7 @@ def format_state_counts(counts: dict[str, int]) -> str:
 async def cmd_topology(client: AsyncClient, args: argparse.Namespace) -> int:
     # Imported here so every other command works without the view module.
     from phalanx.topology_view import render_tree
+    from phalanx.wire import topology_from_pb
 
     nodes = await client.nodes(az=args.az)
     entries = [(topology_from_pb(n.topology), frozenset(n.used_gpus), bool(n.ready)) for n in nodes]
@@ -667,8 +680,11 @@ def cmd_certs_etcd(args: argparse.Namespace) -> int:
 def cmd_etcd_auth(args: argparse.Namespace) -> int:
     """``phalanx etcd-auth``: provision (or with --remove, remove) a
     cluster's etcd users and roles, as etcd's root user (phalanx.etcd_auth)."""
-    from phalanx.store import InvalidEndpoint, parse_endpoints
+    import asyncio
+
     from phalanx import certs, etcd_auth, etcd_pki
+    from phalanx.store import InvalidEndpoint, parse_endpoints
+    from phalanx.tls import TlsError
 
     try:
         endpoints = [e.target for e in parse_endpoints(args.etcd)]
@@ -873,12 +889,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"phalanx {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from phalanx import up as up_module  # local: up imports the client and etcd helpers
+    from phalanx.up_args import add_arguments as add_up_arguments  # not phalanx.up: it imports gRPC
 
     for name, (_, text) in PASSTHROUGH.items():
         sub.add_parser(name, help=text, add_help=False)
     p = sub.add_parser("up", help="run a local multi-AZ cluster (etcd, coordinators, simulated agents)")
-    up_module.add_arguments(p)
+    add_up_arguments(p)
 
     p = sub.add_parser("submit", parents=[common], help="submit a gang spec (YAML); prints the gang id")
     p.add_argument("file", metavar="FILE", help="gang spec file, '-' for stdin")
@@ -1014,6 +1030,8 @@ def _version() -> str:
 
 async def cmd_policy(client: AsyncClient, args: argparse.Namespace) -> int:
     """``phalanx policy get`` / ``set`` (docs/security.md "Policy as data")."""
+    import yaml
+
     if args.action == "get":
         policy, record = await client.get_policy()
         if args.output == "json":
@@ -1035,6 +1053,8 @@ async def cmd_policy(client: AsyncClient, args: argparse.Namespace) -> int:
 def read_policy_file(path: str) -> dict[str, Any]:
     """The YAML mapping in ``path`` (``-`` = stdin); UsageError naming the
     file. The coordinator validates the fields (INVALID_ARGUMENT names them)."""
+    from phalanx import strict_docs
+
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
@@ -1072,6 +1092,8 @@ def resolve_connection(args: argparse.Namespace) -> Connection:
     --insecure, then $PHALANX_ADDRESS/$PHALANX_TLS_DIR/$PHALANX_INSECURE, then
     the config file (phalanx.client.resolve_connection). UsageError naming
     the flag, variable or file."""
+    from phalanx.client import ClientConfigError, connection_settings
+
     try:
         return connection_settings(getattr(args, "address", None), getattr(args, "tls_dir", None),
                                    getattr(args, "insecure", False), cli=True)
@@ -1082,6 +1104,9 @@ def resolve_connection(args: argparse.Namespace) -> Connection:
 def cmd_config(args: argparse.Namespace) -> int:
     """``phalanx config``: where the credentials and addresses come from,
     and who the client certificate says this is; contacts nobody."""
+    from phalanx.client import client_tls
+    from phalanx.tls import TlsError
+
     conn = resolve_connection(args)
     _print(f"addresses: {','.join(conn.addresses)} (from {conn.addresses_from})")
     if conn.tls_dir is None:
@@ -1101,10 +1126,16 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 async def _run_remote(args: argparse.Namespace) -> int:
+    import yaml
+
+    from phalanx.client import AsyncClient, ClientConfigError, read_token_file
+    from phalanx.tls import TlsError
+
     conn = resolve_connection(args)
     try:
         token = read_token_file(args.token_file) if getattr(args, "token_file", None) else None
-        client = AsyncClient(timeout=getattr(args, "rpc_timeout", 10.0), connection=conn, token=token)
+        client = AsyncClient(timeout=getattr(args, "rpc_timeout", 10.0), connection=conn, token=token,
+                             fail_fast=True)
     except TlsError as exc:  # names the file and the check
         raise UsageError(f"{conn.tls_from}: TLS: {exc}") from None
     except ClientConfigError as exc:
@@ -1121,6 +1152,12 @@ async def _run_remote(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Dispatch a parsed command; expected errors become exit codes."""
+    if args.command != "up":
+        # One `error:` line is all the user sees: gRPC's C-core would log each
+        # failed handshake and reconnect on stderr (unless GRPC_VERBOSITY is
+        # set). Before gRPC is first imported; not for `up`, whose children
+        # inherit the environment and keep their logs.
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     try:
         if args.command == "up":
             from phalanx import up as up_module
@@ -1134,22 +1171,12 @@ def run(args: argparse.Namespace) -> int:
             return cmd_etcd_auth(args)
         if args.command == "config":
             return cmd_config(args)
+        import asyncio
+
         return asyncio.run(_run_remote(args))
-    except InvalidSpec as exc:
-        _print(f"error: {exc}", sys.stderr)
-        return EXIT_INVALID
-    except InvalidArgument as exc:
-        _print(f"error: invalid argument: {_one_line(exc)}", sys.stderr)
-        return EXIT_INVALID
     except UsageError as exc:
         _print(f"error: {exc}", sys.stderr)
         return EXIT_INVALID
-    except PhalanxError as exc:
-        _print(f"error: {_one_line(exc)}", sys.stderr)
-        return EXIT_ERROR
-    except TlsError as exc:  # a TLS file that changed under a running command
-        _print(f"error: TLS: {exc}", sys.stderr)
-        return EXIT_ERROR
     except ImportError as exc:
         # topology/logs need modules that may not be installed in this build.
         _print(f"error: {args.command} is not available: {exc}", sys.stderr)
@@ -1164,6 +1191,35 @@ def run(args: argparse.Namespace) -> int:
         except OSError:
             pass
         return EXIT_OK
+    except Exception as exc:
+        # InvalidSpec, PhalanxError, TlsError: their modules are imported only
+        # when one of them may be what happened (start-up time).
+        code = _expected_error(exc)
+        if code is None:
+            raise
+        return code
+
+
+def _expected_error(exc: BaseException) -> int | None:
+    """The exit code of an expected error, after its one ``error:`` line;
+    None for anything else (a bug: its traceback is shown)."""
+    from phalanx.errors import InvalidArgument, PhalanxError
+    from phalanx.spec import InvalidSpec
+    from phalanx.tls import TlsError
+
+    if isinstance(exc, InvalidSpec):
+        _print(f"error: {exc}", sys.stderr)
+        return EXIT_INVALID
+    if isinstance(exc, InvalidArgument):
+        _print(f"error: invalid argument: {_one_line(exc)}", sys.stderr)
+        return EXIT_INVALID
+    if isinstance(exc, PhalanxError):
+        _print(f"error: {_one_line(exc)}", sys.stderr)
+        return EXIT_ERROR
+    if isinstance(exc, TlsError):  # a TLS file that changed under a running command
+        _print(f"error: TLS: {exc}", sys.stderr)
+        return EXIT_ERROR
+    return None
 
 
 # Server-side processes, reachable as `phalanx <name> ...`; their own

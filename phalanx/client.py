@@ -64,7 +64,7 @@ import yaml
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, Conflict, FailedPrecondition, PhalanxError, from_status
-from phalanx.model import TERMINAL_STATES, GangState
+from phalanx.model import GangState
 from phalanx.spec import FieldError, GangSpec, InvalidSpec, load_spec, parse_spec
 from phalanx.certs import coordinator_server_name
 from phalanx.tls import TlsError, TlsFiles, channel_credentials, coordinator_channel, looks_like_handshake, probe_server, utc_now
@@ -98,27 +98,25 @@ __all__ = [
     "is_terminal",
 ]
 
-DEFAULT_ADDRESS = "127.0.0.1:7070"
-# Where the CLI and the SDK look for the cluster when no address is given.
-ADDRESS_ENV = "PHALANX_ADDRESS"
-# A directory with the client's TLS files (docs/security.md): the cluster's
-# CA certificate and this client's certificate and key, under these names.
-TLS_DIR_ENV = "PHALANX_TLS_DIR"
-TLS_CA_FILE = "ca.crt"
-TLS_CERT_FILE = "client.crt"
-TLS_KEY_FILE = "client.key"
-# A kubeconfig-style file: which cluster, its coordinators, the TLS dir.
-CONFIG_ENV = "PHALANX_CONFIG"
-DEFAULT_CONFIG = "~/.config/phalanx/config.yaml"
-# Plaintext is never a default: only insecure=True, --insecure or this.
-INSECURE_ENV = "PHALANX_INSECURE"
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-# A call's deadline: gRPC turns a deadline of about 1e11 s or more into "no
-# deadline" (an overflow), so a typo would hang for ever; an hour is far
-# beyond any failover this client does.
-MAX_TIMEOUT_S = 3600.0
-# ListGangsRequest.limit is an int32.
-MAX_LIMIT = 2**31 - 1
+from phalanx.client_names import (  # noqa: E402 (re-exported: the SDK's names)
+    ADDRESS_ENV,
+    CONFIG_ENV,
+    DEFAULT_ADDRESS,
+    DEFAULT_CONFIG,
+    INSECURE_ENV,
+    MAX_LIMIT,
+    MAX_MESSAGE_BYTES,
+    MAX_TIMEOUT_S,
+    TLS_CA_FILE,
+    TLS_CERT_FILE,
+    TLS_DIR_ENV,
+    TLS_KEY_FILE,
+    StateLike,
+    check_timeout,
+    is_terminal,
+    parse_states,
+    state_name,
+)
 
 # Reconnect quickly after a coordinator restarts: gRPC's default backoff grows
 # to 120 s, during which a channel fails every call without trying to connect.
@@ -139,7 +137,6 @@ _BACKOFF_MAX_S = 1.0
 _RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 
 T = TypeVar("T")
-StateLike = GangState | int | str
 SpecLike = GangSpec | pb.GangSpec | Mapping[str, Any] | str
 
 
@@ -470,9 +467,32 @@ def token_credentials(directory: str | os.PathLike[str], token: str) -> tuple[gr
 _TLS_WORDS = ("ssl", "tls", "handshake", "certificate", "hostname verification")
 
 
+# gRPC's words when no connection was made at all, and what they mean to a
+# user: nothing accepts connections at the address, or it cannot be reached.
+_UNREACHABLE = (
+    ("connection refused", "connection refused"),
+    ("no route to host", "no route to host"),
+    ("network is unreachable", "network unreachable"),
+    ("errors resolving", "its host name does not resolve"),
+    ("dns resolution failed", "its host name does not resolve"),
+    ("name or service not known", "its host name does not resolve"),
+)
+
+
+def unreachable_reason(details: str) -> str | None:
+    """Why gRPC could not connect at all (``connection refused``, ``its host
+    name does not resolve``, ...), from its error details; None when it did
+    connect (or said nothing this recognises)."""
+    low = (details or "").lower()
+    return next((why for words, why in _UNREACHABLE if words in low), None)
+
+
 def _tls_hint(details: str, tls: bool) -> str:
-    """What to add to "no coordinator could answer" when the reason may be TLS."""
+    """What to add to "no coordinator could answer" when the reason may be TLS
+    (never for a connection that was not even made)."""
     low = details.lower()
+    if unreachable_reason(details):
+        return ""
     if tls and any(w in low for w in _TLS_WORDS):
         return (" (TLS handshake failed: the server's certificate does not verify against this client's ca.crt"
                 " or is not a coordinator certificate of its cluster, or the coordinator serves plaintext)")
@@ -522,53 +542,6 @@ def parse_addresses(addresses: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_timeout(value: float, what: str = "timeout") -> float:
-    """A call deadline in seconds: (0, MAX_TIMEOUT_S]. Raises ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{what} must be a number of seconds, got {value!r}")
-    if not (0 < value <= MAX_TIMEOUT_S):  # also refuses NaN
-        raise ValueError(f"{what} must be greater than 0 and at most {MAX_TIMEOUT_S:g} seconds, got {value:g}")
-    return float(value)
-
-
-def parse_states(states: Collection[StateLike] | StateLike | None) -> frozenset[GangState]:
-    """Accept ``GangState``, wire enum ints, or names (``"running"``,
-    ``"GANG_STATE_RUNNING"``). Raises ValueError naming a bad one."""
-    if states is None:
-        return frozenset()
-    if isinstance(states, (str, int)):
-        states = [states]
-    out: set[GangState] = set()
-    for s in states:
-        if isinstance(s, GangState):
-            out.add(s)
-        elif isinstance(s, int) and not isinstance(s, bool):
-            try:
-                out.add(GangState(s))
-            except ValueError:
-                raise ValueError(f"unknown gang state {s}") from None
-        elif isinstance(s, str):
-            text = s.strip().upper()
-            if text.startswith("GANG_STATE_"):
-                text = text[len("GANG_STATE_"):]
-            out.add(GangState.parse(text))
-        else:
-            raise ValueError(f"unknown gang state {s!r}")
-    return frozenset(out)
-
-
-def state_name(gang: pb.Gang) -> str:
-    """``"RUNNING"`` etc.; ``"UNSPECIFIED"`` for a gang without a state."""
-    try:
-        return GangState(gang.state).name
-    except ValueError:
-        return "UNSPECIFIED"
-
-
-def is_terminal(gang: pb.Gang) -> bool:
-    return gang.state in {int(s) for s in TERMINAL_STATES}
-
-
 def to_spec(spec: SpecLike) -> GangSpec:
     """Validate locally whatever the caller handed us. Raises InvalidSpec."""
     if isinstance(spec, GangSpec):
@@ -584,6 +557,11 @@ def to_spec(spec: SpecLike) -> GangSpec:
 
 
 # --- the async client -----------------------------------------------------------
+
+
+class _NoConnection(Exception):
+    """A whole round of addresses that could not even be connected to, with
+    ``fail_fast``: the call ends now, not at its deadline."""
 
 
 class _TryNext(Exception):
@@ -671,8 +649,13 @@ class AsyncClient:
 
     def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0,
                  tls_dir: str | os.PathLike[str] | None = None, insecure: bool = False, *,
-                 connection: Connection | None = None, token: str | None = None):
+                 connection: Connection | None = None, token: str | None = None, fail_fast: bool = False):
         self.timeout = check_timeout(timeout)
+        # ``fail_fast`` (the CLI): a round in which no address could even be
+        # connected to (nothing listening, no route, no such host, a failed
+        # TLS handshake) ends the call at once instead of retrying until the
+        # deadline; an SDK caller may be waiting for a cluster to come up.
+        self._fail_fast = fail_fast
         # ``connection``: already resolved (the CLI, whose errors name its flags).
         self.connection = connection or connection_settings(addresses, tls_dir, insecure)
         self.addresses: tuple[str, ...] = self.connection.addresses
@@ -775,6 +758,8 @@ class AsyncClient:
                 result = await attempt(k, address, share)
             except _TryNext as exc:
                 failed.append(exc)
+                if self._fail_fast and k % n == n - 1 and all(self._not_connected(f) for f in failed[-n:]):
+                    raise _NoConnection() from None  # retrying cannot help: say so now
                 raise
             self._current = index
             return result
@@ -787,8 +772,19 @@ class AsyncClient:
         )
         try:
             return await retrying(once)
-        except _TryNext:
+        except (_TryNext, _NoConnection):
             raise self._exhausted(method, budget, failed, await self._why_refused(failed)) from None
+
+    def _not_connected(self, failed: _TryNext) -> bool:
+        """The attempt made no connection at all: nothing listening, no
+        route, no such host, or (over TLS) a failed handshake. Not an
+        UNAVAILABLE a coordinator answered (etcd down), not a timeout."""
+        err = failed.error
+        if err is None or err.code() != grpc.StatusCode.UNAVAILABLE or _answered_by(err):
+            return False
+        details = err.details() or ""
+        return bool(unreachable_reason(details)) or (self.connection.tls_dir is not None
+                                                     and looks_like_handshake(details))
 
     async def _why_refused(self, failed: Sequence[_TryNext]) -> str:
         """Under TLS, when the last address failed the handshake: which
@@ -818,6 +814,11 @@ class AsyncClient:
                 f"{err.origin or told.address} said: {told.error.details() or 'UNAVAILABLE'}",
             )
         last = errors[-1] if errors else None
+        if errors and all(unreachable_reason(f.error.details() or "") for f in errors):
+            whys = ", ".join(dict.fromkeys(unreachable_reason(f.error.details() or "") or "" for f in errors))
+            return _translate(last.error, last.address,
+                              f"{method}: nothing is listening at {where} ({whys}; is the cluster up? "
+                              f"`phalanx config` shows what this command used)")
         if last is None or last.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             return from_status(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: no answer within {budget:g}s from {where}")
         code = last.error.code()
@@ -826,8 +827,8 @@ class AsyncClient:
         if self._token is not None and code == grpc.StatusCode.UNAVAILABLE:
             hint = (" (with a bearer token: dial a coordinator's --token-listen port; its certificate port "
                     "refuses a client without a certificate at the handshake)")
-        if why:
-            hint = f" (TLS: {why})"
+        if why:  # the check the server's certificate failed: that is the whole story
+            return _translate(last.error, last.address, f"{method}: TLS handshake failed (tried {where}): {why}")
         return _translate(last.error, last.address, f"{method}: no coordinator could answer (tried {where}): {details}{hint}")
 
     # -- API --

@@ -16,6 +16,8 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +37,7 @@ from phalanx.v1 import gang_pb2, gang_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
 from phalanx.tls import TlsFiles, coordinator_channel
 from tests.conftest import etcdctl
-from tests.pki import EtcdPki, unprovision
+from tests.pki import ClusterPki, EtcdPki, unprovision
 
 pytestmark = pytest.mark.integration
 
@@ -565,3 +567,29 @@ async def test_cancel_that_loses_a_race_is_retried_until_it_takes_effect(up_clus
         cancelled = await client.cancel(gang.id, reason="race")
         assert cancelled.state == GangState.CANCELLED
         assert (await client.get(gang.id)).state == GangState.CANCELLED
+
+
+def _cli_process(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # A deadline of an hour: a command that waited it out would outlive the
+    # subprocess timeout and fail; one that knows the cause stops at once.
+    return subprocess.run([sys.executable, "-m", "phalanx", *argv, "--rpc-timeout", "3600"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_connect_failures_name_their_cause_at_once_in_one_line(up_cluster: UpCluster, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}  # what a user's shell has
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    # Nothing listening, over TLS: not a certificate problem.
+    done = _cli_process("status", "--address", dead, env=env)
+    assert done.returncode == cli.EXIT_ERROR and done.stderr.count("\n") == 1, done.stderr
+    assert f"nothing is listening at {dead} (connection refused; is the cluster up?" in done.stderr, done.stderr
+    assert "certificate" not in done.stderr, done.stderr
+    # A client whose CA is another one (same cluster name): the check that failed, and only our line
+    # (gRPC's C-core logs each failed handshake unless told not to).
+    other = ClusterPki(tmp_path, up_cluster.cluster).client()
+    done = _cli_process("status", "--address", up_cluster.address.split(",")[0], "--tls-dir", str(other), env=env)
+    assert done.returncode == cli.EXIT_ERROR and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("error: ClusterStatus: TLS handshake failed") and "unknown CA" in done.stderr, \
+        done.stderr

@@ -1,0 +1,41 @@
+"""The CLI starts without loading what only a running command needs
+(phalanx/cli.py's docstring, docs/cli.md "Start-up time"): ``--help``,
+``--version``, a usage error and a local command like ``logs`` import neither
+gRPC, protobuf, cryptography, asyncio nor YAML. Checked by what a fresh
+interpreter has imported, not by a clock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("grpc", "google.protobuf", "cryptography", "asyncio", "yaml", "phalanx.client", "phalanx.up")
+
+PROBE = """
+import json, sys
+from phalanx.cli import main
+code = main(json.loads(sys.argv[1]))
+print(json.dumps({"code": code, "loaded": sorted(m for m in sys.modules if m.split(".")[0] in {"grpc", "google",
+      "cryptography", "asyncio", "yaml"} or m in {"phalanx.client", "phalanx.up"})}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["--version"], 0),
+    (["--help"], 0),
+    (["up", "--help"], 0),
+    (["list", "--bogus"], 2),
+    (["get"], 2),
+    (["wait", "g", "--for", "nosuchstate"], 2),
+    (["logs", "g"], 2),  # no state dir: a local usage error
+])
+def test_no_heavy_import_before_a_command_runs(argv: list[str], code: int, tmp_path: object) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", PROBE, json.dumps(argv)], capture_output=True, text=True, timeout=60,
+                          env=env)
+    result = json.loads(done.stderr.strip().splitlines()[-1])
+    assert result["code"] == code, done.stderr
+    assert not [m for m in result["loaded"] if m.startswith(HEAVY)], result["loaded"]
