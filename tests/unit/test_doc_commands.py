@@ -76,7 +76,7 @@ def simple_commands(line: str) -> list[list[str]]:
     for words in commands:
         while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
             words = words[1:]
-        if words and words[0] in ("sudo", "exec", "time", "timeout"):
+        if words and words[0] in ("exec", "time", "timeout"):
             words = words[1:] if words[0] != "timeout" else words[2:]
         if words:
             out.append(words)
@@ -107,6 +107,9 @@ def problems_in(text: str, where: str) -> list[str]:
 def command_problems(words: list[str]) -> list[str]:
     prog = words[0]
     problems = []
+    if prog == "sudo":
+        # A root shell (CI, a fresh Debian machine) has no sudo: say "as root" instead.
+        return [f"{' '.join(words)}: sudo (a root shell has none; say the command needs root)"]
     if prog in ("phalanx", ".venv/bin/phalanx") and len(words) > 1 and not words[1].endswith(":"):
         problems += parse_problems(words[1:])
     elif prog in ("scripts/up.sh", "./scripts/up.sh"):
@@ -174,7 +177,41 @@ def test_a_transcript_shows_the_parser_s_own_refusal() -> None:
     assert len(problems_in(accepted, "doc.md")) == 1
 
 
+def test_sudo_is_not_a_documented_command() -> None:
+    assert "sudo" in problems_in("```sh\nsudo .venv/bin/python -m chaos.run --list\n```\n", "doc.md")[0]
+
+
+def test_the_full_chaos_matrix_takes_one_documented_time() -> None:
+    # README, the how-to and the latest run say the same wall time (docs/chaos.md "Latest full-matrix run").
+    chaos = (REPO / "docs" / "chaos.md").read_text()
+    latest = chaos.split("## Latest full-matrix run", 1)[1]
+    (seconds,) = re.findall(r"\*\*39/39 runs as expected, 0 violations, ([\d,]+) s wall\*\*", latest)[:1]
+    how_to = chaos.split("## How to run", 1)[1].split("\n## ", 1)[0]
+    assert f"the full matrix ({seconds} s" in how_to, how_to
+    readme = (REPO / "README.md").read_text().split("## The chaos suite", 1)[1].split("\n## ", 1)[0]
+    assert f"39/39 runs with zero violations in {seconds} s" in readme, readme
+
+
 def test_synopses_and_output_are_not_commands() -> None:
     doc = ("```\nphalanx logs GANG --rank 0 [-f]\nphalanx up: metrics az-a-c0 https://x/metrics\n"
            "phalanx submit <file>\n```\n```yaml\nphalanx: --bogus\n```\n")
     assert problems_in(doc, "doc.md") == []
+
+
+def test_deploy_readme_names_the_kind_and_cluster_role_the_overlays_render() -> None:
+    import yaml
+
+    base = [d for f in sorted((REPO / "deploy" / "k8s" / "base").glob("*.yaml"))
+            for d in yaml.safe_load_all(f.read_text()) if d and "metadata" in d]
+    suffixes = sorted(yaml.safe_load((k / "kustomization.yaml").read_text()).get("nameSuffix", "")
+                      for k in (REPO / "deploy" / "k8s" / "overlays").iterdir() if k.is_dir())
+    text = (REPO / "deploy" / "README.md").read_text()
+    # The coordinators' kind, as the manifest has it, and no other workload kind said of them.
+    (kind,) = [d["kind"] for d in base if d["metadata"]["name"] == "phalanx-coordinator"
+               and d["kind"] in ("Deployment", "StatefulSet")]
+    section = text.split("## Coordinator pods", 1)[1].split("\n## ", 1)[0]
+    assert f"A {kind} " in section and not [k for k in ("Deployment", "StatefulSet") if f"A {k} of" in section and k != kind]
+    # A ClusterRole is named as an overlay renders it (cluster-scoped: every AZ's gets its suffix).
+    roles = {d["metadata"]["name"] + s for d in base if d["kind"] == "ClusterRole" for s in suffixes}
+    named = re.findall(r"ClusterRole `([\w-]+)`", text)
+    assert named and set(named) <= roles, (named, sorted(roles))
