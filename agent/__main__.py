@@ -27,7 +27,7 @@ from phalanx.process_flags import add_credential_flags, add_log_flags, missing_c
 from phalanx.timings import timings_from_arg
 from phalanx.ports import DEFAULT_PORTS, parse_port_range
 from phalanx.store import Store
-from phalanx import logfmt
+from phalanx import etcd_version, logfmt
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.usage import OneLineParser
 
@@ -218,6 +218,8 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
 async def _run_agent(a: argparse.Namespace, timings: Any, address: str, ports: Any, topo: Any, tls: Any,
                      agent_id: str, factory: Any, fence_lease: Any, metrics: Any, metrics_address: str) -> int:
     store = await Store(a.etcd, a.cluster, tls=etcd_tls_files(a), timeout=timings.etcd_timeout_s).connect()
+    # One line about etcd's version and its advisories, once etcd answers.
+    version = asyncio.create_task(etcd_version.report(store, who=f"agent {a.node}", retry_s=timings.heartbeat_interval_s))
     history = None
     if a.history:
         from agent.sim import HistoryFile
@@ -241,7 +243,8 @@ async def _run_agent(a: argparse.Namespace, timings: Any, address: str, ports: A
     # running, and a restarted agent adopts them.
     await agent.stop(stop_members=True)
     run.cancel()
-    await asyncio.gather(run, return_exceptions=True)
+    version.cancel()
+    await asyncio.gather(run, version, return_exceptions=True)
     await store.close()
     if history is not None:
         history.close()

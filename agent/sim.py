@@ -25,7 +25,7 @@ from phalanx.process_flags import add_credential_flags, add_log_flags, missing_c
 from phalanx.timings import Timings, timings_from_arg
 from phalanx.ports import DEFAULT_PORTS, parse_port_range, split_port_range
 from phalanx.store import Store
-from phalanx import logfmt
+from phalanx import etcd_version, logfmt
 from phalanx.metrics import new_registry, parse_listen, serve
 from phalanx.tls import TlsError, TlsFiles, etcd_files, load, utc_now
 from phalanx.topology import NodeTopology
@@ -177,6 +177,8 @@ async def _run(*, cluster: str, az: str, etcd: str, topologies: list[NodeTopolog
         for i, t in enumerate(topologies)
     ]
     tasks = [asyncio.create_task(a.run(), name=f"agent-{a.node}") for a in agents]
+    # One line about etcd's version and its advisories, once etcd answers.
+    version = asyncio.create_task(etcd_version.report(store, who=f"agent.sim {az}", retry_s=timings.heartbeat_interval_s))
     if ready_line:
         shown = f" metrics={metrics_address}" if metrics_address else ""
         print(f"PHALANX_AGENTS_READY az={az} nodes={len(agents)}{shown}", flush=True)
@@ -187,9 +189,9 @@ async def _run(*, cluster: str, az: str, etcd: str, topologies: list[NodeTopolog
         await stop_event.wait()
     finally:
         await asyncio.gather(*(a.stop() for a in agents), return_exceptions=True)
-        for t in tasks:
+        for t in (*tasks, version):
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, version, return_exceptions=True)
         for ch in (channels or {}).values():
             await ch.close()
         await store.close()

@@ -34,7 +34,7 @@ from coordinator.tokens import TokenSource
 from coordinator.twophase_driver import PeerRefused
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
-from phalanx import metrics as metrics_http
+from phalanx import etcd_version, metrics as metrics_http
 from phalanx.tls import ServerCredentialsSource, TlsError, TlsFiles, coordinator_channel
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
@@ -172,6 +172,7 @@ class Coordinator:
         self.space_watch = EtcdSpaceWatch(self.store, config.etcd_quota_bytes, config.timings.etcd_space_poll_s,
                                           self.metrics)
         self._space_task: asyncio.Task[None] | None = None
+        self._version_task: asyncio.Task[str] | None = None
 
     def peer_channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
@@ -203,6 +204,9 @@ class Coordinator:
         if self.etcd_tls is None:
             log.warning(ETCD_PLAINTEXT_WARNING)
         await self.store.connect()
+        # One line about etcd's version and its advisories, once etcd answers.
+        self._version_task = asyncio.create_task(etcd_version.report(
+            self.store, who=f"coordinator {self.config.coordinator_id}", retry_s=self.config.timings.etcd_space_poll_s))
         await self.policies.seed()
         opts = [
             ("grpc.max_receive_message_length", self.config.max_request_bytes),
@@ -336,6 +340,9 @@ class Coordinator:
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
+        if self._version_task is not None:
+            self._version_task.cancel()
+            await asyncio.gather(self._version_task, return_exceptions=True)
         if self._space_task is not None:
             await asyncio.gather(self._space_task, return_exceptions=True)
         await self.store.close()

@@ -863,6 +863,12 @@ class Store:
         return EtcdSpaceReport(member=str(member.endpoint), db_size=status.dbSize,
                                db_size_in_use=status.dbSizeInUse, alarms=tuple(names))
 
+    async def server_version(self) -> str:
+        """The answering member's etcd version (Maintenance Status), e.g.
+        ``3.4.23`` (phalanx/etcd_version.py)."""
+        status = await self._call(lambda m: m.maintenance.Status, epb.StatusRequest(), "status")
+        return status.version
+
     async def count_under(self, prefix: str) -> int:
         """How many keys lie under ``prefix`` (etcd counts; no key is sent)."""
         req = epb.RangeRequest(key=prefix.encode(), range_end=prefix_end(prefix), count_only=True)

@@ -946,11 +946,25 @@ class Up:
             while time.monotonic() < deadline:
                 self._check_etcd_alive()
                 try:
-                    return await store.revision()
+                    revision = await store.revision()
+                    self._say_etcd_version(await store.server_version())
+                    return revision
                 except Exception as exc:  # StoreUnavailable & co: etcd not answering yet
                     last = exc
                 await asyncio.sleep(0.5)
         raise StartupFailed(f"etcd at {etcd} did not answer within {self.cfg.start_timeout:g}s: {last}")
+
+    def _say_etcd_version(self, version: str) -> None:
+        """Once, at start: which etcd advisories apply (phalanx/etcd_version.py)."""
+        from logging import WARNING
+
+        from phalanx.etcd_version import advisory_line
+
+        level, line = advisory_line(version, "etcd")
+        if level >= WARNING:
+            self.warn(f"warning: {line}")
+        else:
+            self.say(line)
 
     def _check_etcd_alive(self) -> None:
         etcd = self.etcd
