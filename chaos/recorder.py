@@ -79,10 +79,11 @@ def _write(out: TextIO, line: dict[str, Any]) -> None:
     out.flush()
 
 
-async def watch(store: Store, out: TextIO, stop: asyncio.Event, retry_s: float = 0.2) -> None:
-    """Write every event under the cluster prefix from revision 1 until ``stop``."""
+async def watch(store: Store, out: TextIO, stop: asyncio.Event, retry_s: float = 0.2, start: int = 1) -> None:
+    """Write every event under the cluster prefix from revision ``start``
+    until ``stop`` (1: a chaos run's own etcd, fresh; a shared one keeps only
+    its recent history, phalanx.etcd_server.EtcdServer.compaction_retention)."""
     root = store.keys.root
-    start = 1
     announced = False
     while not stop.is_set():
         try:

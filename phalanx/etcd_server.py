@@ -68,6 +68,12 @@ class EtcdServer:
     # etcd refuses every write past it (NOSPACE alarm); coordinators are told
     # it (--etcd-quota-bytes), as etcd does not report it.
     quota_backend_bytes: int = ETCD_DEFAULT_QUOTA_BYTES
+    # History etcd keeps (--auto-compaction-retention, periodic mode): every
+    # this long it compacts away the revisions older than this. Phalanx's
+    # watchers resume within seconds and re-read on a compacted watch, so
+    # minutes are plenty; a busy cluster's history stays far below the quota
+    # (docs/etcd-keys.md "Compaction"). etcd's duration syntax: "5m", "30s".
+    compaction_retention: str = "5m"
     netns: str | None = None  # run inside `ip netns exec NETNS`
     # False only for a script whose starter exits while etcd keeps serving
     # (scripts/gpu_node_check.sh stops it by pid itself).
@@ -128,8 +134,8 @@ class EtcdServer:
             "--heartbeat-interval", "100",
             "--election-timeout", "1000",
             "--quota-backend-bytes", str(self.quota_backend_bytes),
-            "--auto-compaction-mode", "revision",
-            "--auto-compaction-retention", "100000",
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", self.compaction_retention,
             "--logger", "zap",
             "--log-level", "warn",
         ]

@@ -79,7 +79,9 @@ async def soak(c: LocalCluster, endpoint: str) -> None:
                 break
             await asyncio.sleep(0.5)
         else:
-            pytest.fail(f"the standby's ListNodes never showed every node heard {SOAK_S}s after {started}: {seen}")
+            pytest.fail(f"the standby's ListNodes never showed every node heard {SOAK_S}s after the start: "
+                        f"{len(seen)} nodes, the oldest heartbeat {started - min(seen.values(), default=0.0):.1f}s "
+                        "before the start")
         watcher.cancel()
         assert not node_puts, f"{len(node_puts)} node record writes while idle, e.g. {node_puts[:3]}"
         # The leader answers from its memory too, and nothing moved backwards.
