@@ -20,6 +20,7 @@ from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import ConfigError, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, policy_from_yaml
+from coordinator.core.rate_limit import RateLimits
 from coordinator.server import Coordinator
 from coordinator.tokens import TokenFileError, load_tokens
 from phalanx import logfmt
@@ -79,6 +80,13 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--max-expired-ids", type=int, default=CoordinatorConfig.max_expired_ids,
                    help="ids of collected gangs kept so that `get` says 'finished and expired' (cluster-wide; "
                         "0: none)")
+    r = RateLimits()
+    p.add_argument("--submit-rate", type=float, default=r.submit_per_s,
+                   help="SubmitGang calls per second one identity may make here (token bucket; docs/limits.md)")
+    p.add_argument("--submit-burst", type=int, default=r.submit_burst, help="... saved up at most")
+    p.add_argument("--register-rate", type=float, default=r.register_per_s,
+                   help="agent registrations per second one node identity may make here")
+    p.add_argument("--register-burst", type=int, default=r.register_burst, help="... saved up at most")
     add_log_flags(p)
     a = p.parse_args(argv)
     logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
@@ -90,6 +98,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         etcd_quota_bytes=a.etcd_quota_bytes,
         max_finished_gangs=a.max_finished_gangs, max_finished_bytes=a.max_finished_bytes,
         max_expired_ids=a.max_expired_ids,
+        rates=RateLimits(a.submit_rate, a.submit_burst, a.register_rate, a.register_burst),
     ).validate()
     missing = missing_credentials(a, plaintext="serve plaintext")
     if missing:

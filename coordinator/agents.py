@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 import grpc
 
 from coordinator.core import peer_auth
+from coordinator.throttle import Throttled
 from coordinator.leader import AgentConn, AzLeader
 from phalanx import agent_messages as am
 from phalanx.logfmt import bind, log_context, new_stimulus
@@ -143,6 +144,14 @@ class AgentServicer(agrpc.AgentServiceServicer):
         refusal = peer_auth.session_refusal(identity, topo.node, leader.az)
         if refusal is not None:
             await self._refuse(context, refusal)
+            return
+        try:
+            # Before anything is written: a flood of registrations from one
+            # node identity (each a node-record write) is refused here.
+            self.c.throttle.registration(identity.name if identity is not None else topo.node)
+        except Throttled as exc:
+            log.warning("AgentService.Session refused: %s", exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"register: {exc}")
             return
         if not topo.az:
             topo = topo.__class__(**{**topo.__dict__, "az": leader.az})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.core.rate_limit import RateLimits
 from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.timings import ConfigError, Timings
 
@@ -42,6 +43,8 @@ class CoordinatorConfig:
     # Ids of collected gangs kept (``expired/<id>``, a few hundred bytes
     # each) so that GetGang can say "finished and expired"; cluster-wide.
     max_expired_ids: int = 100_000
+    # Submissions and agent registrations per identity (docs/limits.md "Rate limits").
+    rates: RateLimits = RateLimits()
 
     @property
     def finished_bytes_bound(self) -> int:
@@ -76,6 +79,7 @@ class CoordinatorConfig:
                           f"leave etcd room for the live ones, their history and the other AZs'")
         if bool(self.token_file) != bool(self.token_listen):
             errors.append("token_file and token_listen go together (--token-file FILE --token-listen HOST:PORT)")
+        errors += self.rates.errors()
         if errors:
             raise ConfigError("invalid coordinator config: " + "; ".join(errors))
         self.timings.validate()

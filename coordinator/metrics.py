@@ -164,6 +164,13 @@ class CoordinatorMetrics:
                                 "coordinator (--etcd-quota-bytes; etcd does not report it)", registry=r)
         self.etcd_space_alarm = Gauge("phalanx_etcd_space_alarm", "1 while etcd's NOSPACE alarm is active (etcd "
                                       "refuses every write)", registry=r)
+        # Rate limits per identity (coordinator/throttle.py, docs/limits.md
+        # "Rate limits"): every coordinator applies them to what it receives.
+        self.throttled = Counter("phalanx_requests_throttled_total", "Requests refused RESOURCE_EXHAUSTED by a rate "
+                                 "limit per identity: submit (--submit-rate), register (--register-rate)", ["kind"],
+                                 registry=r)
+        for kind in ("submit", "register"):
+            self.throttled.labels(kind)
         # Every fixed label value exists from the start (a rate over a series
         # that appears late misses its first increments).
         for c in PENDING_CLASSES:

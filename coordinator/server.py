@@ -29,6 +29,7 @@ from coordinator.etcd_space import EtcdSpaceWatch
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
+from coordinator.throttle import Throttle
 from phalanx.store import Store, StoreUnavailable, jitter
 from coordinator.tokens import TokenSource
 from coordinator.twophase_driver import PeerRefused
@@ -153,6 +154,7 @@ class Coordinator:
         # This process's own metrics (coordinator/metrics.py), served at
         # config.metrics_listen once started (metrics_address).
         self.metrics = CoordinatorMetrics(metrics_http.new_registry(), az=config.az)
+        self.throttle = Throttle(config.rates, self.metrics)
         self.metrics_server: metrics_http.MetricsServer | None = None
         self.metrics_address = ""
         self.store = Store(list(config.etcd), config.cluster, tls=etcd_tls, timeout=config.timings.etcd_timeout_s,

@@ -280,6 +280,9 @@ class GangServicer(ggrpc.GangServiceServicer):
         if why:
             raise InvalidArgument(f"idempotency_key: {why[:200]}")
         owner = (await self._authorize(context, authz.SUBMIT, queue=spec.queue, priority=spec.priority)).owner
+        if not self._forwarded(context):
+            # Limited where it arrives; a forward was counted at its first hop.
+            self.c.throttle.submission(owner)
         leader, forwarded = await self._leader_or_forward(context, "SubmitGang", request, owner)
         if forwarded is not None:
             return forwarded
