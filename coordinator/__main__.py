@@ -15,12 +15,13 @@ import sys
 from pathlib import Path
 
 from coordinator.config import CoordinatorConfig
+from coordinator.core.fanout import StreamLimits
+from coordinator.core.rate_limit import RateLimits
 
 from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
 from phalanx.timings import ConfigError, timings_from_arg
 from coordinator.core.authz import Policy, PolicyError, policy_from_yaml
-from coordinator.core.rate_limit import RateLimits
 from coordinator.server import Coordinator
 from coordinator.tokens import TokenFileError, load_tokens
 from phalanx import logfmt
@@ -80,6 +81,15 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--max-expired-ids", type=int, default=CoordinatorConfig.max_expired_ids,
                    help="ids of collected gangs kept so that `get` says 'finished and expired' (cluster-wide; "
                         "0: none)")
+    w = StreamLimits()
+    p.add_argument("--watch-streams-per-identity", type=int, default=w.per_identity,
+                   help="WatchEvents/WatchGang streams one identity may hold open here (docs/limits.md)")
+    p.add_argument("--watch-streams-total", type=int, default=w.total,
+                   help="WatchEvents/WatchGang streams open here in all")
+    p.add_argument("--watch-buffer", type=int, default=w.buffer,
+                   help="changes buffered per stream; a reader that falls further behind is dropped")
+    p.add_argument("--watch-history", type=int, default=w.history,
+                   help="recent changes kept so that a reopened WatchEvents stream resumes")
     r = RateLimits()
     p.add_argument("--submit-rate", type=float, default=r.submit_per_s,
                    help="SubmitGang calls per second one identity may make here (token bucket; docs/limits.md)")
@@ -98,6 +108,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         etcd_quota_bytes=a.etcd_quota_bytes,
         max_finished_gangs=a.max_finished_gangs, max_finished_bytes=a.max_finished_bytes,
         max_expired_ids=a.max_expired_ids,
+        watch=StreamLimits(a.watch_streams_per_identity, a.watch_streams_total, a.watch_buffer, a.watch_history),
         rates=RateLimits(a.submit_rate, a.submit_burst, a.register_rate, a.register_burst),
     ).validate()
     missing = missing_credentials(a, plaintext="serve plaintext")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.core.fanout import StreamLimits
 from coordinator.core.rate_limit import RateLimits
 from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.timings import ConfigError, Timings
@@ -43,6 +44,9 @@ class CoordinatorConfig:
     # Ids of collected gangs kept (``expired/<id>``, a few hundred bytes
     # each) so that GetGang can say "finished and expired"; cluster-wide.
     max_expired_ids: int = 100_000
+    # Watch streams (docs/limits.md "Watch streams"): open per identity and
+    # in all, changes buffered per stream, changes kept for a resume.
+    watch: StreamLimits = StreamLimits()
     # Submissions and agent registrations per identity (docs/limits.md "Rate limits").
     rates: RateLimits = RateLimits()
 
@@ -77,9 +81,10 @@ class CoordinatorConfig:
             errors.append(f"max_finished_bytes must be at most a quarter of etcd_quota_bytes "
                           f"({self.max_finished_bytes} > {self.etcd_quota_bytes // 4}): one AZ's finished gangs must "
                           f"leave etcd room for the live ones, their history and the other AZs'")
+        errors += self.watch.errors()
+        errors += self.rates.errors()
         if bool(self.token_file) != bool(self.token_listen):
             errors.append("token_file and token_listen go together (--token-file FILE --token-listen HOST:PORT)")
-        errors += self.rates.errors()
         if errors:
             raise ConfigError("invalid coordinator config: " + "; ".join(errors))
         self.timings.validate()

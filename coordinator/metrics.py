@@ -104,6 +104,10 @@ def lifecycle_steps(before: Step | None, after: Step) -> list[str]:
     return out
 
 
+WATCH_CAPS = ("per_identity", "total")
+WATCH_DROPS = ("slow", "unavailable")
+
+
 class CoordinatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None, *, az: str = "") -> None:
         r = self.registry = registry if registry is not None else new_registry()
@@ -171,8 +175,23 @@ class CoordinatorMetrics:
                                  registry=r)
         for kind in ("submit", "register"):
             self.throttled.labels(kind)
+        # Watch streams (coordinator/broadcast.py, docs/events.md "Bounds and
+        # resume"): every coordinator, leader or not, serves them.
+        self.watch_open = Gauge("phalanx_watch_streams", "WatchEvents and WatchGang streams open at this coordinator "
+                                "(capped by --watch-streams-total)", registry=r)
+        self.watch_top = Gauge("phalanx_watch_streams_top_identity", "The most streams one identity holds open here "
+                               "(capped by --watch-streams-per-identity)", registry=r)
+        self.watch_refusals = Counter("phalanx_watch_streams_refused_total", "Streams refused RESOURCE_EXHAUSTED at "
+                                      "open, by the cap they would pass", ["cap"], registry=r)
+        self.watch_drops = Counter("phalanx_watch_streams_dropped_total", "Open streams ended by the coordinator: "
+                                   "slow (its reader fell a buffer bound behind), unavailable (etcd)", ["reason"],
+                                   registry=r)
         # Every fixed label value exists from the start (a rate over a series
         # that appears late misses its first increments).
+        for c in WATCH_CAPS:
+            self.watch_refusals.labels(c)
+        for c in WATCH_DROPS:
+            self.watch_drops.labels(c)
         for c in PENDING_CLASSES:
             self.gangs_pending.labels(c)
         for k in ETCD_KINDS:
@@ -205,6 +224,17 @@ class CoordinatorMetrics:
         self.etcd_db_in_use.set(in_use)
         self.etcd_quota.set(quota)
         self.etcd_space_alarm.set(1 if alarm else 0)
+
+    # -- watch streams
+    def watch_streams(self, open_total: int, top: int) -> None:
+        self.watch_open.set(open_total)
+        self.watch_top.set(top)
+
+    def watch_refused(self, cap: str) -> None:
+        self.watch_refusals.labels(cap).inc()
+
+    def watch_dropped(self, reason: str) -> None:
+        self.watch_drops.labels(reason).inc()
 
     # -- leadership
     def leading(self, epoch: int) -> None:

@@ -26,10 +26,11 @@ from coordinator.election import Election, LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
 from coordinator.leader import AzLeader
 from coordinator.etcd_space import EtcdSpaceWatch
+from coordinator.broadcast import Broadcaster
+from coordinator.throttle import Throttle
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
-from coordinator.throttle import Throttle
 from phalanx.store import Store, StoreUnavailable, jitter
 from coordinator.tokens import TokenSource
 from coordinator.twophase_driver import PeerRefused
@@ -154,7 +155,6 @@ class Coordinator:
         # This process's own metrics (coordinator/metrics.py), served at
         # config.metrics_listen once started (metrics_address).
         self.metrics = CoordinatorMetrics(metrics_http.new_registry(), az=config.az)
-        self.throttle = Throttle(config.rates, self.metrics)
         self.metrics_server: metrics_http.MetricsServer | None = None
         self.metrics_address = ""
         self.store = Store(list(config.etcd), config.cluster, tls=etcd_tls, timeout=config.timings.etcd_timeout_s,
@@ -174,6 +174,9 @@ class Coordinator:
         self.space_watch = EtcdSpaceWatch(self.store, config.etcd_quota_bytes, config.timings.etcd_space_poll_s,
                                           self.metrics)
         self._space_task: asyncio.Task[None] | None = None
+        # The one etcd watch every WatchEvents/WatchGang stream is fed from.
+        self.fanout = Broadcaster(self.store, config.watch, self.metrics)
+        self.throttle = Throttle(config.rates, self.metrics)
         self._version_task: asyncio.Task[str] | None = None
 
     def peer_channel(self, address: str) -> grpc.aio.Channel:
@@ -347,4 +350,5 @@ class Coordinator:
             await asyncio.gather(self._version_task, return_exceptions=True)
         if self._space_task is not None:
             await asyncio.gather(self._space_task, return_exceptions=True)
+        await self.fanout.close()
         await self.store.close()

@@ -13,11 +13,12 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import grpc
 
 from coordinator import convert
+from coordinator.broadcast import RESUME_HEADER, Change, serve
 from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
 from coordinator.core import authz, capacity, listing
 from coordinator import tokens
@@ -26,7 +27,6 @@ from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NameR
 from coordinator.core.retention import ExpiredGang
 from coordinator.election import observe, observe_all
 from phalanx.leader_record import LeaderInfo
-from phalanx.store import Compacted, StoreUnavailable
 from phalanx.reservation import Reservation
 from phalanx import limits, wire
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, DataLoss, InvalidArgument, NotFound, NotLeader, PermissionDenied, PhalanxError, StoreUnavailable as Unavailable, Unimplemented
@@ -48,10 +48,6 @@ FORWARDED = "x-phalanx-forwarded"
 # its caller; trusted only on a call from a coordinator certificate of this
 # cluster (docs/security.md "Forwarded calls").
 OWNER = "x-phalanx-owner"
-# WatchGang resumes a broken etcd watch this many times in a row (a move to
-# another etcd member breaks it once) before answering UNAVAILABLE.
-WATCH_RESUMES = 5
-WATCH_RESUME_PAUSE_S = 0.2
 # A read that ranges over prefixes answers UNAVAILABLE "etcd did not answer"
 # once this fraction of the caller's remaining deadline is spent, so the
 # caller learns that etcd is the cause instead of seeing its own deadline
@@ -156,19 +152,9 @@ def _explanation_pb(g: GangRecord, summary: str, leader_reason: str, shortfalls:
     return resp
 
 
-def unseen_events(seen_seq: int, events: Any) -> list[Any]:
-    """The events of one gang a cluster stream has not sent yet: those with
-    a ``seq`` above the highest it saw for that gang (``seq`` is 1, 2, ...
-    per gang and never reused, and every write carries the whole list)."""
-    return [e for e in events if e.seq > seen_seq]
-
-
-def last_seq(events: Any) -> int:
-    return max((e.seq for e in events), default=0)
-
-
-def _cluster_event(g: GangRecord, e: Any) -> gpb.ClusterEvent:
-    return gpb.ClusterEvent(gang_id=g.id, gang_name=g.spec.name, queue=g.spec.queue, event=convert.event_to_pb(e))
+def _stream_identity(caller: "Caller") -> str:
+    """Whose share of the watch stream caps a stream is."""
+    return authz.owner_of(caller.identity) if caller.identity is not None else "an unauthenticated caller"
 
 @dataclass(frozen=True)
 class Caller:
@@ -555,144 +541,83 @@ class GangServicer(ggrpc.GangServiceServicer):
         )
         return gpb.ListGangsResponse(gangs=[as_pb(g) for g in chosen], next_page_token=next_token)
 
-    async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.GangEvent]:
+    async def WatchGang(self, request: gpb.WatchGangRequest, context: grpc.aio.ServicerContext) -> None:
+        """The gang's record now, then each change until it is terminal or
+        deleted, from the coordinator's one gang watch (coordinator/broadcast.py)."""
         self._tag(context)
         try:
             caller = await self._authorize(context, "watch")
             rec = await self._load_seen(caller, request.id)
+            if rec.state.terminal:
+                await context.write(gpb.GangEvent(gang=convert.gang_to_pb(rec), revision=rec.mod_revision))
+                return
+            gang_id = rec.id
+            stream = await self.c.fanout.open(_stream_identity(caller), lambda ch: ch.gang_id == gang_id)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001
             await _abort(context, exc)
             return
-        yield gpb.GangEvent(gang=convert.gang_to_pb(rec), revision=rec.mod_revision)
-        if rec.state.terminal:
-            return
-        key = self.keys.gang(rec.id)
-        start = rec.mod_revision + 1
-        breaks = 0  # consecutive broken watches without an event in between
-        while True:
-            try:
-                async for batch in self.store.watch_prefix(key, start, exact=True):
-                    breaks = 0
-                    for ev in batch:
-                        start = ev.revision + 1
-                        if ev.kind == "delete":
-                            return
-                        g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
-                        yield gpb.GangEvent(gang=convert.gang_to_pb(g), revision=ev.revision)
-                        if g.state.terminal:
-                            return
-            except Compacted:
-                # Missed history: re-read the current state and carry on.
-                try:
-                    rec = await self._load(rec.id)
-                except Exception as exc:  # noqa: BLE001
-                    await _abort(context, exc)
-                    return
-                yield gpb.GangEvent(gang=convert.gang_to_pb(rec), revision=rec.mod_revision)
-                if rec.state.terminal:
-                    return
-                start = rec.mod_revision + 1
-            except StoreUnavailable as exc:
-                # A watch breaks when the store moves to another etcd member
-                # (docs/etcd-keys.md "Endpoints and failover"): resume from the
-                # last revision here, so the client's stream survives; give up
-                # only when etcd keeps failing.
-                breaks += 1
-                if breaks > WATCH_RESUMES:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-                    return
-                await asyncio.sleep(WATCH_RESUME_PAUSE_S)
+        try:
+            if stream.opened_at > rec.mod_revision:
+                # It may have changed between the read and the subscription.
+                rec = await self._load(gang_id)
+            sent = rec.mod_revision
+            await context.write(gpb.GangEvent(gang=convert.gang_to_pb(rec), revision=rec.mod_revision))
+            if rec.state.terminal:
+                return
 
+            def replies(ch: Change) -> tuple[list[gpb.GangEvent], bool]:
+                nonlocal sent
+                if ch.deleted:
+                    return [], True
+                if ch.record is None or ch.record.mod_revision <= sent:
+                    return [], False
+                sent = ch.record.mod_revision
+                return [gpb.GangEvent(gang=convert.gang_to_pb(ch.record), revision=ch.revision)], ch.record.state.terminal
 
-    async def WatchEvents(self, request: gpb.WatchEventsRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[gpb.ClusterEvent]:
-        """Every event recorded after the call starts, of the gangs the
-        caller may see (of ``queue`` only, when named). Served by any
-        coordinator from etcd, like WatchGang. Memory: the highest ``seq``
-        sent per kept gang; a gang deleted by retention is forgotten."""
+            await serve(context, stream, replies)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            await _abort(context, exc)
+        finally:
+            stream.close()
+
+    async def WatchEvents(self, request: gpb.WatchEventsRequest, context: grpc.aio.ServicerContext) -> None:
+        """Every event recorded after the call starts (after
+        ``after_revision``, when the coordinator still holds it), of the
+        gangs the caller may see (of ``queue`` only, when named), from the
+        coordinator's one gang watch (coordinator/broadcast.py): no etcd
+        read or watch of its own."""
         self._tag(context)
         try:
             caller = await self._authorize(context, "watch")
             why = limits.name_error(request.queue, limits.DNS_LABEL, limits.MAX_QUEUE_LEN, limits.DNS_LABEL_WHAT, required=False)
             if why:
                 raise InvalidArgument(f"queue: {why[:200]}")
-            seen, rev = await self._events_baseline(caller, request.queue, {}, emit=None)
-            # Headers now tell the caller the stream is open: every event
-            # recorded from here on reaches it (it may wait long for a first one).
-            await context.send_initial_metadata(())
+            if request.after_revision < 0:
+                raise InvalidArgument(f"after_revision: must be 0 (from now) or a revision received, got {request.after_revision}")
+            queue = request.queue
+            stream = await self.c.fanout.open(
+                _stream_identity(caller), lambda ch: bool(ch.events) and self._streams_events_of(caller, queue, ch),
+                after=request.after_revision)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:  # noqa: BLE001
             await _abort(context, exc)
             return
-        prefix = self.keys.gangs()
-        start = rev + 1
-        breaks = 0  # consecutive broken watches without an event in between
-        while True:
-            try:
-                async for batch in self.store.watch_prefix(prefix, start):
-                    breaks = 0
-                    for ev in batch:
-                        start = ev.revision + 1
-                        if ev.kind == "delete":
-                            seen.pop(ev.kv.key[len(prefix):], None)
-                            continue
-                        try:
-                            g = GangRecord.from_dict(ev.kv.json(), ev.kv.mod_revision)
-                        except UNREADABLE as exc:
-                            log.warning("WatchEvents skipped unreadable gang record %s: %s", ev.kv.key, exc)
-                            continue
-                        if not self._streams_events_of(caller, request.queue, g):
-                            continue
-                        for e in unseen_events(seen.get(g.id, 0), g.events):
-                            yield _cluster_event(g, e)
-                        seen[g.id] = max(seen.get(g.id, 0), last_seq(g.events))
-            except Compacted:
-                # Missed history: re-read every gang and send what is new
-                # since the last seq seen of each (a gang that appeared in
-                # the gap has all its events sent).
-                out: list[gpb.ClusterEvent] = []
-                try:
-                    seen, rev = await self._events_baseline(caller, request.queue, seen, emit=out)
-                except Exception as exc:  # noqa: BLE001
-                    await _abort(context, exc)
-                    return
-                for item in out:
-                    yield item
-                start = rev + 1
-            except StoreUnavailable as exc:
-                # As in WatchGang: resume on the store's next etcd member.
-                breaks += 1
-                if breaks > WATCH_RESUMES:
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-                    return
-                await asyncio.sleep(WATCH_RESUME_PAUSE_S)
+        try:
+            # Headers now tell the caller the stream is open: every event
+            # recorded from here on reaches it (it may wait long for a first one).
+            await context.send_initial_metadata(((RESUME_HEADER, stream.resume),))
+            await serve(context, stream, lambda ch: (ch.events, False))
+        finally:
+            stream.close()
 
     @staticmethod
-    def _streams_events_of(caller: Caller, queue: str, g: GangRecord) -> bool:
-        return caller.sees(g.owner) and (not queue or g.spec.queue == queue)
-
-    async def _events_baseline(self, caller: Caller, queue: str, seen: dict[str, int],
-                               emit: list[gpb.ClusterEvent] | None) -> tuple[dict[str, int], int]:
-        """The highest seq of every kept gang the stream covers, read at one
-        revision (returned), starting from ``seen``; gangs no longer kept
-        are dropped. With ``emit``, the events above ``seen`` are appended
-        to it (a resume after compaction); without, nothing is sent (the
-        stream starts after what is stored)."""
-        kvs, rev = await self.store.get_prefix_paged(self.keys.gangs())
-        gangs, bad = read_records(kvs, GangRecord.from_dict)
-        if bad:
-            log.warning("WatchEvents skipped %d unreadable gang record(s), e.g. %s: %s", len(bad), *bad[0])
-        out: dict[str, int] = {}
-        for g in gangs:
-            if not self._streams_events_of(caller, queue, g):
-                continue
-            before = seen.get(g.id, 0)
-            if emit is not None:
-                emit.extend(_cluster_event(g, e) for e in unseen_events(before, g.events))
-            out[g.id] = max(before, last_seq(g.events))
-        return out, rev
+    def _streams_events_of(caller: Caller, queue: str, ch: Change) -> bool:
+        return caller.sees(ch.owner) and (not queue or ch.queue == queue)
 
     async def _az_state(self, az: str) -> tuple[dict[str, NodeRecord], DeviceLedger]:
         node_kvs, _ = await self.store.get_prefix_paged(self.keys.nodes(az))

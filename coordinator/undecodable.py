@@ -11,6 +11,7 @@ message that does not parse ends the call with INVALID_ARGUMENT.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -68,7 +69,15 @@ class UndecodableRequests(grpc.aio.ServerInterceptor):
                 async for item in inner_stream(request, context):
                     yield item
 
-            return handler._replace(request_deserializer=_safe(handler.request_deserializer), unary_stream=unary_stream)
+            async def unary_writes(request: Any, context: grpc.aio.ServicerContext) -> None:
+                # A handler that writes with context.write (coordinator/broadcast.py serve).
+                if isinstance(request, _Undecodable):
+                    await _refuse(request, context, method)
+                    return
+                await inner_stream(request, context)
+
+            wrapped = unary_stream if inspect.isasyncgenfunction(inner_stream) else unary_writes
+            return handler._replace(request_deserializer=_safe(handler.request_deserializer), unary_stream=wrapped)
         inner = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:

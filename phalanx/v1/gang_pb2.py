@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from phalanx.v1 import types_pb2 as phalanx_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15phalanx/v1/gang.proto\x12\nphalanx.v1\x1a\x16phalanx/v1/types.proto\"P\n\x11SubmitGangRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.phalanx.v1.GangSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"E\n\x12SubmitGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1c\n\x0eGetGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x92\x01\n\x10ListGangsRequest\x12%\n\x06states\x18\x01 \x03(\x0e\x32\x15.phalanx.v1.GangState\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x10\n\x08owner_az\x18\x03 \x01(\t\x12\x13\n\x0bname_prefix\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"M\n\x11ListGangsResponse\x12\x1f\n\x05gangs\x18\x01 \x03(\x0b\x32\x10.phalanx.v1.Gang\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x10WatchGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\tGangEvent\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x10\n\x08revision\x18\x02 \x01(\x03\"#\n\x12WatchEventsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\"m\n\x0c\x43lusterEvent\x12\x0f\n\x07gang_id\x18\x01 \x01(\t\x12\x11\n\tgang_name\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12*\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x1b.phalanx.v1.GangEventRecord\"/\n\x11\x43\x61ncelGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x12\x45xplainGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xa2\x01\n\x13\x45xplainGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12/\n\nshortfalls\x18\x03 \x03(\x0b\x32\x1b.phalanx.v1.DomainShortfall\x12\x15\n\rleader_reason\x18\x04 \x01(\t\x12\x12\n\nnever_fits\x18\x05 \x01(\x08\"\x1e\n\x10ListNodesRequest\x12\n\n\x02\x61z\x18\x01 \x01(\t\":\n\x11ListNodesResponse\x12%\n\x05nodes\x18\x01 \x03(\x0b\x32\x16.phalanx.v1.NodeStatus\"\x16\n\x14\x43lusterStatusRequest\"\xb5\x01\n\x08\x41zStatus\x12\n\n\x02\x61z\x18\x01 \x01(\t\x12\x12\n\nhas_leader\x18\x02 \x01(\x08\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x13\n\x0bnodes_ready\x18\x06 \x01(\x05\x12\x13\n\x0bnodes_total\x18\x07 \x01(\x05\x12\x12\n\ngpus_total\x18\x08 \x01(\x05\x12\x11\n\tgpus_free\x18\t \x01(\x05\"\x85\x02\n\x15\x43lusterStatusResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12!\n\x03\x61zs\x18\x02 \x03(\x0b\x32\x14.phalanx.v1.AzStatus\x12\x11\n\tserved_by\x18\x03 \x01(\t\x12K\n\x0egangs_by_state\x18\x04 \x03(\x0b\x32\x33.phalanx.v1.ClusterStatusResponse.GangsByStateEntry\x12#\n\x04\x65tcd\x18\x05 \x01(\x0b\x32\x15.phalanx.v1.EtcdSpace\x1a\x33\n\x11GangsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"v\n\tEtcdSpace\x12\x15\n\rdb_size_bytes\x18\x01 \x01(\x03\x12\x13\n\x0bquota_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x61larms\x18\x03 \x03(\t\x12\r\n\x05level\x18\x04 \x01(\t\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\x12\n\x10GetPolicyRequest\"U\n\x0cPolicyRecord\x12\x13\n\x0bpolicy_json\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0e\n\x06set_by\x18\x03 \x01(\t\x12\x0e\n\x06set_at\x18\x04 \x01(\x01\"B\n\x10SetPolicyRequest\x12\x13\n\x0bpolicy_json\x18\x01 \x01(\t\x12\x19\n\x11\x65xpected_revision\x18\x02 \x01(\x03\x32\xa5\x06\n\x0bGangService\x12K\n\nSubmitGang\x12\x1d.phalanx.v1.SubmitGangRequest\x1a\x1e.phalanx.v1.SubmitGangResponse\x12\x37\n\x07GetGang\x12\x1a.phalanx.v1.GetGangRequest\x1a\x10.phalanx.v1.Gang\x12H\n\tListGangs\x12\x1c.phalanx.v1.ListGangsRequest\x1a\x1d.phalanx.v1.ListGangsResponse\x12\x42\n\tWatchGang\x12\x1c.phalanx.v1.WatchGangRequest\x1a\x15.phalanx.v1.GangEvent0\x01\x12I\n\x0bWatchEvents\x12\x1e.phalanx.v1.WatchEventsRequest\x1a\x18.phalanx.v1.ClusterEvent0\x01\x12=\n\nCancelGang\x12\x1d.phalanx.v1.CancelGangRequest\x1a\x10.phalanx.v1.Gang\x12N\n\x0b\x45xplainGang\x12\x1e.phalanx.v1.ExplainGangRequest\x1a\x1f.phalanx.v1.ExplainGangResponse\x12H\n\tListNodes\x12\x1c.phalanx.v1.ListNodesRequest\x1a\x1d.phalanx.v1.ListNodesResponse\x12T\n\rClusterStatus\x12 .phalanx.v1.ClusterStatusRequest\x1a!.phalanx.v1.ClusterStatusResponse\x12\x43\n\tGetPolicy\x12\x1c.phalanx.v1.GetPolicyRequest\x1a\x18.phalanx.v1.PolicyRecord\x12\x43\n\tSetPolicy\x12\x1c.phalanx.v1.SetPolicyRequest\x1a\x18.phalanx.v1.PolicyRecordb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15phalanx/v1/gang.proto\x12\nphalanx.v1\x1a\x16phalanx/v1/types.proto\"P\n\x11SubmitGangRequest\x12\"\n\x04spec\x18\x01 \x01(\x0b\x32\x14.phalanx.v1.GangSpec\x12\x17\n\x0fidempotency_key\x18\x02 \x01(\t\"E\n\x12SubmitGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07\x63reated\x18\x02 \x01(\x08\"\x1c\n\x0eGetGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\x92\x01\n\x10ListGangsRequest\x12%\n\x06states\x18\x01 \x03(\x0e\x32\x15.phalanx.v1.GangState\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x10\n\x08owner_az\x18\x03 \x01(\t\x12\x13\n\x0bname_prefix\x18\x04 \x01(\t\x12\r\n\x05limit\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"M\n\x11ListGangsResponse\x12\x1f\n\x05gangs\x18\x01 \x03(\x0b\x32\x10.phalanx.v1.Gang\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"\x1e\n\x10WatchGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"=\n\tGangEvent\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x10\n\x08revision\x18\x02 \x01(\x03\";\n\x12WatchEventsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\"\x7f\n\x0c\x43lusterEvent\x12\x0f\n\x07gang_id\x18\x01 \x01(\t\x12\x11\n\tgang_name\x18\x02 \x01(\t\x12\r\n\x05queue\x18\x03 \x01(\t\x12*\n\x05\x65vent\x18\x04 \x01(\x0b\x32\x1b.phalanx.v1.GangEventRecord\x12\x10\n\x08revision\x18\x05 \x01(\x03\"/\n\x11\x43\x61ncelGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\" \n\x12\x45xplainGangRequest\x12\n\n\x02id\x18\x01 \x01(\t\"\xa2\x01\n\x13\x45xplainGangResponse\x12\x1e\n\x04gang\x18\x01 \x01(\x0b\x32\x10.phalanx.v1.Gang\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12/\n\nshortfalls\x18\x03 \x03(\x0b\x32\x1b.phalanx.v1.DomainShortfall\x12\x15\n\rleader_reason\x18\x04 \x01(\t\x12\x12\n\nnever_fits\x18\x05 \x01(\x08\"\x1e\n\x10ListNodesRequest\x12\n\n\x02\x61z\x18\x01 \x01(\t\":\n\x11ListNodesResponse\x12%\n\x05nodes\x18\x01 \x03(\x0b\x32\x16.phalanx.v1.NodeStatus\"\x16\n\x14\x43lusterStatusRequest\"\xb5\x01\n\x08\x41zStatus\x12\n\n\x02\x61z\x18\x01 \x01(\t\x12\x12\n\nhas_leader\x18\x02 \x01(\x08\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x16\n\x0eleader_address\x18\x04 \x01(\t\x12\r\n\x05\x65poch\x18\x05 \x01(\x03\x12\x13\n\x0bnodes_ready\x18\x06 \x01(\x05\x12\x13\n\x0bnodes_total\x18\x07 \x01(\x05\x12\x12\n\ngpus_total\x18\x08 \x01(\x05\x12\x11\n\tgpus_free\x18\t \x01(\x05\"\x85\x02\n\x15\x43lusterStatusResponse\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12!\n\x03\x61zs\x18\x02 \x03(\x0b\x32\x14.phalanx.v1.AzStatus\x12\x11\n\tserved_by\x18\x03 \x01(\t\x12K\n\x0egangs_by_state\x18\x04 \x03(\x0b\x32\x33.phalanx.v1.ClusterStatusResponse.GangsByStateEntry\x12#\n\x04\x65tcd\x18\x05 \x01(\x0b\x32\x15.phalanx.v1.EtcdSpace\x1a\x33\n\x11GangsByStateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"v\n\tEtcdSpace\x12\x15\n\rdb_size_bytes\x18\x01 \x01(\x03\x12\x13\n\x0bquota_bytes\x18\x02 \x01(\x03\x12\x0e\n\x06\x61larms\x18\x03 \x03(\t\x12\r\n\x05level\x18\x04 \x01(\t\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\r\n\x05\x65rror\x18\x06 \x01(\t\"\x12\n\x10GetPolicyRequest\"U\n\x0cPolicyRecord\x12\x13\n\x0bpolicy_json\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0e\n\x06set_by\x18\x03 \x01(\t\x12\x0e\n\x06set_at\x18\x04 \x01(\x01\"B\n\x10SetPolicyRequest\x12\x13\n\x0bpolicy_json\x18\x01 \x01(\t\x12\x19\n\x11\x65xpected_revision\x18\x02 \x01(\x03\x32\xa5\x06\n\x0bGangService\x12K\n\nSubmitGang\x12\x1d.phalanx.v1.SubmitGangRequest\x1a\x1e.phalanx.v1.SubmitGangResponse\x12\x37\n\x07GetGang\x12\x1a.phalanx.v1.GetGangRequest\x1a\x10.phalanx.v1.Gang\x12H\n\tListGangs\x12\x1c.phalanx.v1.ListGangsRequest\x1a\x1d.phalanx.v1.ListGangsResponse\x12\x42\n\tWatchGang\x12\x1c.phalanx.v1.WatchGangRequest\x1a\x15.phalanx.v1.GangEvent0\x01\x12I\n\x0bWatchEvents\x12\x1e.phalanx.v1.WatchEventsRequest\x1a\x18.phalanx.v1.ClusterEvent0\x01\x12=\n\nCancelGang\x12\x1d.phalanx.v1.CancelGangRequest\x1a\x10.phalanx.v1.Gang\x12N\n\x0b\x45xplainGang\x12\x1e.phalanx.v1.ExplainGangRequest\x1a\x1f.phalanx.v1.ExplainGangResponse\x12H\n\tListNodes\x12\x1c.phalanx.v1.ListNodesRequest\x1a\x1d.phalanx.v1.ListNodesResponse\x12T\n\rClusterStatus\x12 .phalanx.v1.ClusterStatusRequest\x1a!.phalanx.v1.ClusterStatusResponse\x12\x43\n\tGetPolicy\x12\x1c.phalanx.v1.GetPolicyRequest\x1a\x18.phalanx.v1.PolicyRecord\x12\x43\n\tSetPolicy\x12\x1c.phalanx.v1.SetPolicyRequest\x1a\x18.phalanx.v1.PolicyRecordb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,35 +49,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GANGEVENT']._serialized_start=504
   _globals['_GANGEVENT']._serialized_end=565
   _globals['_WATCHEVENTSREQUEST']._serialized_start=567
-  _globals['_WATCHEVENTSREQUEST']._serialized_end=602
-  _globals['_CLUSTEREVENT']._serialized_start=604
-  _globals['_CLUSTEREVENT']._serialized_end=713
-  _globals['_CANCELGANGREQUEST']._serialized_start=715
-  _globals['_CANCELGANGREQUEST']._serialized_end=762
-  _globals['_EXPLAINGANGREQUEST']._serialized_start=764
-  _globals['_EXPLAINGANGREQUEST']._serialized_end=796
-  _globals['_EXPLAINGANGRESPONSE']._serialized_start=799
-  _globals['_EXPLAINGANGRESPONSE']._serialized_end=961
-  _globals['_LISTNODESREQUEST']._serialized_start=963
-  _globals['_LISTNODESREQUEST']._serialized_end=993
-  _globals['_LISTNODESRESPONSE']._serialized_start=995
-  _globals['_LISTNODESRESPONSE']._serialized_end=1053
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1055
-  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1077
-  _globals['_AZSTATUS']._serialized_start=1080
-  _globals['_AZSTATUS']._serialized_end=1261
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1264
-  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1525
-  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_start=1474
-  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_end=1525
-  _globals['_ETCDSPACE']._serialized_start=1527
-  _globals['_ETCDSPACE']._serialized_end=1645
-  _globals['_GETPOLICYREQUEST']._serialized_start=1647
-  _globals['_GETPOLICYREQUEST']._serialized_end=1665
-  _globals['_POLICYRECORD']._serialized_start=1667
-  _globals['_POLICYRECORD']._serialized_end=1752
-  _globals['_SETPOLICYREQUEST']._serialized_start=1754
-  _globals['_SETPOLICYREQUEST']._serialized_end=1820
-  _globals['_GANGSERVICE']._serialized_start=1823
-  _globals['_GANGSERVICE']._serialized_end=2628
+  _globals['_WATCHEVENTSREQUEST']._serialized_end=626
+  _globals['_CLUSTEREVENT']._serialized_start=628
+  _globals['_CLUSTEREVENT']._serialized_end=755
+  _globals['_CANCELGANGREQUEST']._serialized_start=757
+  _globals['_CANCELGANGREQUEST']._serialized_end=804
+  _globals['_EXPLAINGANGREQUEST']._serialized_start=806
+  _globals['_EXPLAINGANGREQUEST']._serialized_end=838
+  _globals['_EXPLAINGANGRESPONSE']._serialized_start=841
+  _globals['_EXPLAINGANGRESPONSE']._serialized_end=1003
+  _globals['_LISTNODESREQUEST']._serialized_start=1005
+  _globals['_LISTNODESREQUEST']._serialized_end=1035
+  _globals['_LISTNODESRESPONSE']._serialized_start=1037
+  _globals['_LISTNODESRESPONSE']._serialized_end=1095
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=1097
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=1119
+  _globals['_AZSTATUS']._serialized_start=1122
+  _globals['_AZSTATUS']._serialized_end=1303
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_start=1306
+  _globals['_CLUSTERSTATUSRESPONSE']._serialized_end=1567
+  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_start=1516
+  _globals['_CLUSTERSTATUSRESPONSE_GANGSBYSTATEENTRY']._serialized_end=1567
+  _globals['_ETCDSPACE']._serialized_start=1569
+  _globals['_ETCDSPACE']._serialized_end=1687
+  _globals['_GETPOLICYREQUEST']._serialized_start=1689
+  _globals['_GETPOLICYREQUEST']._serialized_end=1707
+  _globals['_POLICYRECORD']._serialized_start=1709
+  _globals['_POLICYRECORD']._serialized_end=1794
+  _globals['_SETPOLICYREQUEST']._serialized_start=1796
+  _globals['_SETPOLICYREQUEST']._serialized_end=1862
+  _globals['_GANGSERVICE']._serialized_start=1865
+  _globals['_GANGSERVICE']._serialized_end=2670
 # @@protoc_insertion_point(module_scope)

@@ -68,22 +68,26 @@ class GangEvent(_message.Message):
     def __init__(self, gang: _Optional[_Union[_types_pb2.Gang, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ("queue",)
+    __slots__ = ("queue", "after_revision")
     QUEUE_FIELD_NUMBER: _ClassVar[int]
+    AFTER_REVISION_FIELD_NUMBER: _ClassVar[int]
     queue: str
-    def __init__(self, queue: _Optional[str] = ...) -> None: ...
+    after_revision: int
+    def __init__(self, queue: _Optional[str] = ..., after_revision: _Optional[int] = ...) -> None: ...
 
 class ClusterEvent(_message.Message):
-    __slots__ = ("gang_id", "gang_name", "queue", "event")
+    __slots__ = ("gang_id", "gang_name", "queue", "event", "revision")
     GANG_ID_FIELD_NUMBER: _ClassVar[int]
     GANG_NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUE_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
     gang_id: str
     gang_name: str
     queue: str
     event: _types_pb2.GangEventRecord
-    def __init__(self, gang_id: _Optional[str] = ..., gang_name: _Optional[str] = ..., queue: _Optional[str] = ..., event: _Optional[_Union[_types_pb2.GangEventRecord, _Mapping]] = ...) -> None: ...
+    revision: int
+    def __init__(self, gang_id: _Optional[str] = ..., gang_name: _Optional[str] = ..., queue: _Optional[str] = ..., event: _Optional[_Union[_types_pb2.GangEventRecord, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
 
 class CancelGangRequest(_message.Message):
     __slots__ = ("id", "reason")

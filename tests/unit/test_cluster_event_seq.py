@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.core.events import GangEvent
-from coordinator.service import last_seq, unseen_events
+from coordinator.core.fanout import last_seq, unseen_events
 
 
 def evs(*seqs: int) -> tuple[GangEvent, ...]:
