@@ -1133,9 +1133,12 @@ class AzLeader:
         if e.replaces_session and old is not None:
             old.closed = True
             old.queue.put_nowait(None)
-        res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), e.record.to_dict())])
-        self.book.nodes[node] = dataclasses.replace(e.record, mod_revision=res.revision)
-        self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
+        if e.write:
+            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), e.record.to_dict())])
+            self.book.nodes[node] = dataclasses.replace(e.record, mod_revision=res.revision)
+            self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
+        else:
+            self.check_valid()  # (the write's fence would have checked)
         conn = e.session  # the AgentConn on_register passed through the core
         assert isinstance(conn, AgentConn)
         self.conns[node] = conn

@@ -197,9 +197,9 @@ class NodeLost:
 @dataclass(frozen=True)
 class RegisterNode:
     """An agent registered: end the session it replaces, write its node
-    record ready (fenced), then keep its session and its liveness.
-    ``session`` is the agent's live stream (the leader's ``AgentConn``),
-    opaque here: the leader keeps it as the node's session."""
+    record ready (fenced) unless etcd has it already, then keep its session
+    and its liveness. ``session`` is the agent's live stream (the leader's
+    ``AgentConn``), opaque here: the leader keeps it as the node's session."""
 
     node: str
     record: NodeRecord
@@ -207,6 +207,9 @@ class RegisterNode:
     announce_ready: bool  # the node was unknown or not ready: "node %s ready" is logged
     session: object = None
     stimulus_id: str = ""
+    # False: the record in etcd already says all this (``record`` is it), a
+    # re-registration (a new leader, a reconnect) changes nothing to write.
+    write: bool = True
 
 
 @dataclass(frozen=True)
@@ -479,11 +482,15 @@ def register_node(session: AgentSession, previous: NodeRecord | None, *, replace
                   stimulus_id: str = "") -> RegisterNode:
     """The node record a registration writes (ready, heard from at ``wall``)
     and whether the node becomes ready by it: a re-registration of a ready
-    node logs no second "ready" line."""
+    node logs no second "ready" line. A record is written only when its
+    content changes: a re-registration that says what ``previous`` says
+    (all but the time) writes nothing (docs/design.md D17)."""
     record = NodeRecord(topology=session.topology, ready=True, agent_id=session.agent_id, last_heartbeat=wall,
                         address=session.address, ports=session.ports)
-    return RegisterNode(session.node, record, replaces_session, previous is None or not previous.ready, session,
-                        stimulus_id)
+    same = previous is not None and dataclasses.replace(
+        previous, last_heartbeat=wall, mod_revision=record.mod_revision) == record
+    return RegisterNode(session.node, previous if same else record, replaces_session,
+                        previous is None or not previous.ready, session, stimulus_id, write=not same)
 
 
 REVOKE_UNRESERVED = "no committed reservation for this member"

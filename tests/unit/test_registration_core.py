@@ -4,6 +4,8 @@ can check by hand."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import pytest
@@ -52,6 +54,17 @@ WRITTEN = NodeRecord(topology=SESSION.topology, ready=True, agent_id="agent-2", 
 def test_register_node(previous, replaces, announce):
     e = fx.register_node(SESSION, previous, replaces_session=replaces, wall=WALL, stimulus_id="az-a-3")
     assert e == fx.RegisterNode(NODE, WRITTEN, replaces, announce, SESSION, "az-a-3")
+
+
+def test_a_re_registration_that_changes_nothing_writes_nothing():
+    # A new leader, or a reconnect: etcd already says all of it but the time.
+    same = dataclasses.replace(WRITTEN, last_heartbeat=WALL - 600, mod_revision=17)
+    e = fx.register_node(SESSION, same, replaces_session=False, wall=WALL)
+    assert (e.write, e.record, e.announce_ready) == (False, same, False)
+    # Any other field (here the address the agent advertises) is a change.
+    moved = dataclasses.replace(same, address="10.0.0.8")
+    e = fx.register_node(SESSION, moved, replaces_session=False, wall=WALL)
+    assert (e.write, e.record) == (True, WRITTEN)
 
 
 def test_register_node_writes_the_new_sessions_facts_not_the_previous_records():
