@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -26,6 +25,7 @@ from phalanx.model import GangState
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import LocalCluster, until
+from tests.integration.test_gang_events_cluster import stop
 from tests.integration.test_gang_runtime import AZ, agent_proc, gang_pids
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
 
@@ -109,12 +109,4 @@ async def test_cancels_racing_the_start_leave_no_member_and_no_reservation(local
         # the gang's start: the client never saw ABORTED for a live gang.
         assert aborted == []
     finally:
-        for p in agents:
-            if p.poll() is None:
-                p.terminate()
-        for p in agents:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-            p.stdout.close()
+        stop(agents)
