@@ -181,6 +181,8 @@ ROWS = [
         [*up_to_prepare(), vote("a"), vote("a")], [], OwnerPhase.PREPARING),
     Row("a vote from an AZ outside the plan is ignored",
         [*up_to_prepare(), vote("a"), vote("z")], [], OwnerPhase.PREPARING),
+    Row("a NO from an AZ outside the plan does not abort the attempt",
+        [*up_to_prepare(), vote("z", yes=False, reason="busy")], [], OwnerPhase.PREPARING),
     Row("COMMIT created: participants are told and the gang is RESERVED",
         [*up_to_prepare(), vote("a"), vote("b"), created(Outcome.COMMIT)],
         [commit_to("a"), commit_to("b"), Is(MarkGangReserved, {"incarnation": 1, "plan": PLAN})],
