@@ -990,7 +990,9 @@ class AzLeader:
             log.warning("ignored a member report: %s", why)
             return
         for effect in fx.stray_member_effects(conn.node, m, self.book.known_gang(m.gang), self._stimulus()):
-            log.info("gang %s#%d: rank %d runs on %s after its incarnation was torn down; revoking it again",
+            # Most often a report that crossed the revocation, which stops it
+            # anyway; a second revocation is harmless, a missing one is not.
+            log.debug("gang %s#%d: rank %d reported live on %s after its incarnation was torn down; revoking it again",
                      m.gang, m.incarnation, m.rank, conn.node, extra={"gang": m.gang, "incarnation": m.incarnation})
             await self.perform(effect)
         if m.gang in self.book.participant.holds:
