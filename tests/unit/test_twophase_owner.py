@@ -235,6 +235,9 @@ ROWS = [
          vote("a", inc=1), vote("b", inc=2)], [], OwnerPhase.PREPARING),
     Row("votes of an incarnation never decided here are ignored",
         [*up_to_prepare(2), vote("a", inc=1)], [], OwnerPhase.PREPARING),
+    Row("a late COMMIT of an older incarnation does not reserve the current one",
+        [*up_to_prepare(2), DecisionObserved(stimulus_id="w", gang=GANG, incarnation=1, outcome=Outcome.COMMIT)],
+        [], OwnerPhase.PREPARING),
     Row("duplicate decision result changes nothing",
         [*up_to_abort(), created(Outcome.ABORT)], [], OwnerPhase.BACKOFF),
     # --- placement and store failures
