@@ -122,8 +122,8 @@ class Stream:
 
 
 class Broadcaster:
-    """The coordinator's one watch on ``gangs/``, started by the first
-    stream and kept; ended (every stream UNAVAILABLE) only when etcd keeps
+    """The coordinator's one watch on ``gangs/``, started with the
+    coordinator (or by the next stream) and kept; ended (every stream UNAVAILABLE) only when etcd keeps
     failing, and then started again by the next stream."""
 
     def __init__(self, store: "Store", limits: StreamLimits, metrics: "CoordinatorMetrics | None" = None) -> None:
@@ -187,10 +187,16 @@ class Broadcaster:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def _started(self) -> None:
+    def start(self) -> None:
+        """Start the watch now (the coordinator's start), so that its
+        history covers a stream that resumes here after another coordinator
+        went away; a failure here is retried by the next stream."""
         if self._task is None or self._task.done():
             self._ready = asyncio.get_running_loop().create_future()
             self._task = asyncio.create_task(self._run(self._ready), name="watch-broadcast")
+
+    async def _started(self) -> None:
+        self.start()
         assert self._ready is not None
         await asyncio.shield(self._ready)
 

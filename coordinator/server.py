@@ -213,6 +213,7 @@ class Coordinator:
         self._version_task = asyncio.create_task(etcd_version.report(
             self.store, who=f"coordinator {self.config.coordinator_id}", retry_s=self.config.timings.etcd_space_poll_s))
         await self.policies.seed()
+        self.fanout.start()
         opts = [
             ("grpc.max_receive_message_length", self.config.max_request_bytes),
             ("grpc.so_reuseport", 0),

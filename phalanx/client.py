@@ -934,11 +934,15 @@ class AsyncClient:
         gangs this caller may see. Never ends by itself. ``on_open`` is
         called each time the stream is open (events from then on reach it).
         If the stream breaks it is reopened on the next address, with the
-        same failover rules as ``watch``; events recorded while it was
-        closed are not sent (each gang's ``watch_events`` has its history)."""
+        same failover rules as ``watch``, after the last revision received:
+        events recorded while it was closed are sent when that coordinator
+        still holds them (docs/events.md "Bounds and resume"; each gang's
+        ``watch_events`` has its history)."""
         pause = _BACKOFF_START_S
+        after = 0  # the last revision whose events all arrived
+        newest, at_newest = 0, set[tuple[str, int]]()  # the newest revision received, and its events
         while True:
-            call = await self._open_cluster_events(queue)
+            call = await self._open_cluster_events(queue, after)
             if on_open is not None:
                 on_open()
             try:
@@ -952,19 +956,29 @@ class AsyncClient:
                     if event is grpc.aio.EOF:
                         break
                     pause = _BACKOFF_START_S
+                    if event.revision:
+                        # Events of one revision come together: a resume asks
+                        # again for the last one, whose events already here are skipped.
+                        key = (event.gang_id, event.event.seq)
+                        if event.revision < newest or (event.revision == newest and key in at_newest):
+                            continue
+                        if event.revision > newest:
+                            newest, at_newest = event.revision, set()
+                        at_newest.add(key)
+                        after = newest - 1
                     yield event
             finally:
                 call.cancel()
             await asyncio.sleep(pause)
             pause = min(pause * 2, _BACKOFF_MAX_S)
 
-    async def _open_cluster_events(self, queue: str) -> Any:
+    async def _open_cluster_events(self, queue: str, after: int = 0) -> Any:
         """Open a WatchEvents stream and wait for its headers (sent once the
         coordinator has read where every gang stands), with the same
         failover and deadline rules as a unary call."""
 
         async def attempt(_k: int, address: str, share: float) -> Any:
-            call = self._stub(address).WatchEvents(gang_pb2.WatchEventsRequest(queue=queue))
+            call = self._stub(address).WatchEvents(gang_pb2.WatchEventsRequest(queue=queue, after_revision=after))
             try:
                 await asyncio.wait_for(call.initial_metadata(), timeout=share)
             except asyncio.TimeoutError:

@@ -13,12 +13,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import ssl
 import urllib.request
 from typing import Any
 
 import grpc
 
+from phalanx.client import AsyncClient
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
 from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
@@ -210,3 +212,42 @@ async def test_a_reopened_stream_resumes_after_the_last_revision_it_received(loc
         assert value(s, "phalanx_watch_streams") == 0
     finally:
         await ch.close()
+
+
+async def test_the_sdk_resumes_on_another_coordinator_with_what_was_recorded_meanwhile(local_cluster: LocalCluster) -> None:
+    c = local_cluster
+    c.start_coordinator(AZ, "w0")
+    await c.wait_leader(AZ)
+    standby = c.start_coordinator(AZ, "w1")
+    c.start_agents(AZ, [dgx_node(f"n{i}", AZ) for i in range(2)])
+    await c.wait_nodes_ready(AZ, 2)
+    leader_address = c.coordinators["w0"].address
+    async with AsyncClient([standby.address, leader_address], timeout=10, tls_dir=c.client_dir()) as client:
+        opened_at: list[str] = []
+        is_open = asyncio.Event()
+
+        def on_open() -> None:
+            opened_at.append(client.last_address)
+            is_open.set()
+
+        stream = client.watch_cluster_events(on_open=on_open)
+        got: list[gpb.ClusterEvent] = []
+        first = asyncio.ensure_future(stream.__anext__())
+        await asyncio.wait_for(is_open.wait(), 60)
+        a = await c.submit(tiny("sdk-a", members=2, duration=0.1), address=leader_address)
+        got.append(await asyncio.wait_for(first, 60))
+        while not finished(a.id)(got):
+            got.append(await asyncio.wait_for(stream.__anext__(), 60))
+        # The stream's coordinator goes away while the reader is not reading;
+        # a gang runs its whole life meanwhile.
+        standby.signal(signal.SIGKILL)
+        b = await c.submit(tiny("sdk-b", members=2, duration=0.1), address=leader_address)
+        await c.wait_state(b.id, TERMINAL, timeout=60)
+        while not finished(b.id)(got):
+            got.append(await asyncio.wait_for(stream.__anext__(), 60))
+        await stream.aclose()
+    assert len(opened_at) == 2 and opened_at[1] == leader_address, opened_at
+    kinds = [e.event.kind for e in got if e.gang_id == b.id]
+    assert kinds[0] == "submitted" and kinds[-1] == "finished", kinds
+    seqs = [(e.gang_id, e.event.seq) for e in got]
+    assert len(seqs) == len(set(seqs)), "an event was sent twice"
