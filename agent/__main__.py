@@ -21,6 +21,7 @@ import tempfile
 from typing import Any
 from pathlib import Path
 
+from agent.coordinator_reads import CoordinatorReads
 from agent.launcher import agent_identity
 from agent.session import Agent
 from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
@@ -41,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m agent", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
-    p.add_argument("--etcd", required=True)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--etcd", default="", help="etcd HOST:PORT[,...] (or --coordinators)")
+    where.add_argument("--coordinators", default="", metavar="ADDR[,ADDR...]",
+                   help="read the leader and the token check through these coordinator replicas of the AZ "
+                        "(AgentService.ReadToken) instead of etcd: the agent then needs no etcd and no etcd "
+                        "credentials (docs/design.md 9.3); not with --etcd-tls-dir")
     p.add_argument("--node", default=os.uname().nodename)
     p.add_argument("--region", default="")
     p.add_argument("--spine", default="")
@@ -84,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
 def required_flags_error(a: argparse.Namespace) -> str | None:
     """The one-line error for a missing credential flag without --insecure
     (--print-topology talks to nobody and needs none)."""
-    return None if a.print_topology else missing_credentials(a, plaintext="connect in plaintext")
+    if a.print_topology:
+        return None
+    if a.coordinators:
+        if a.etcd_tls_dir:
+            return "--coordinators: not with --etcd-tls-dir (the agent then reads through the coordinators)"
+        return None if a.insecure or a.tls_dir else "--tls-dir: required (pass --insecure to connect in plaintext)"
+    return missing_credentials(a, plaintext="connect in plaintext")
 
 
 def etcd_tls_files(a: argparse.Namespace) -> TlsFiles | None:
@@ -166,7 +178,7 @@ async def amain(a: argparse.Namespace) -> int:
     tls = tls_files(a)
     if tls is None:
         log.warning(PLAINTEXT_WARNING)
-    if not a.etcd_tls_dir:
+    if not a.etcd_tls_dir and not a.coordinators:
         log.warning(ETCD_PLAINTEXT_WARNING)
     # Without --state-dir the agent makes a throw-away one (nothing in it can
     # be adopted by a later agent, which would make its own): removed on exit.
@@ -217,9 +229,15 @@ async def _serve(a: argparse.Namespace, timings: Any, address: str, ports: Any, 
 
 async def _run_agent(a: argparse.Namespace, timings: Any, address: str, ports: Any, topo: Any, tls: Any,
                      agent_id: str, factory: Any, fence_lease: Any, metrics: Any, metrics_address: str) -> int:
-    store = await Store(a.etcd, a.cluster, tls=etcd_tls_files(a), timeout=timings.etcd_timeout_s).connect()
-    # One line about etcd's version and its advisories, once etcd answers.
-    version = asyncio.create_task(etcd_version.report(store, who=f"agent {a.node}", retry_s=timings.heartbeat_interval_s))
+    if a.coordinators:
+        # No etcd at all: the coordinators read for it (and say etcd's version).
+        store: Any = CoordinatorReads(a.coordinators.split(","), a.cluster, a.az, tls=tls, timeout=timings.etcd_timeout_s)
+        version = asyncio.create_task(asyncio.sleep(0))
+    else:
+        store = await Store(a.etcd, a.cluster, tls=etcd_tls_files(a), timeout=timings.etcd_timeout_s).connect()
+        # One line about etcd's version and its advisories, once etcd answers.
+        version = asyncio.create_task(etcd_version.report(store, who=f"agent {a.node}",
+                                                          retry_s=timings.heartbeat_interval_s))
     history = None
     if a.history:
         from agent.sim import HistoryFile

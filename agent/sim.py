@@ -15,8 +15,9 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from agent.coordinator_reads import CoordinatorReads
 from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.metrics import AgentMetrics
 from agent.session import Agent
@@ -127,10 +128,13 @@ async def run_agents(
     etcd_tls: TlsFiles | None = None,
     metrics: AgentMetrics | None = None,
     metrics_listen: str = "",
+    coordinators: Sequence[str] = (),
 ) -> None:
     """``tls_dir``: a directory with ca.crt and agent-<node>.crt/.key for
     every simulated node (each agent connects with its own node's
     certificate); ``etcd_tls``: the agents' etcd user files. None: plaintext.
+    ``coordinators``: the AZ's coordinator addresses; given, the agents read
+    through them (agent/coordinator_reads.py) and never reach ``etcd``.
     ``metrics``: the one set of metrics all these agents count in (None: a
     new one); ``metrics_listen``: serve it there (HTTPS with the first
     node's certificate under ``tls_dir``), shown as ``metrics=`` in the
@@ -150,7 +154,8 @@ async def run_agents(
     try:
         await _run(cluster=cluster, az=az, etcd=etcd, topologies=topologies, timings=timings, launch=launch,
                    state_dir=state_dir, ready_line=ready_line, stop_event=stop_event, history=history, slices=slices,
-                   tls=tls, etcd_tls=etcd_tls, metrics=metrics, metrics_address=metrics_address)
+                   tls=tls, etcd_tls=etcd_tls, metrics=metrics, metrics_address=metrics_address,
+                   coordinators=coordinators)
     finally:
         if server is not None:
             server.close()
@@ -159,15 +164,18 @@ async def run_agents(
 async def _run(*, cluster: str, az: str, etcd: str, topologies: list[NodeTopology], timings: Timings, launch: bool,
                state_dir: Path | None, ready_line: bool, stop_event: asyncio.Event | None, history: list | None,
                slices: list[tuple[int, int]], tls: dict[str, TlsFiles], etcd_tls: TlsFiles | None,
-               metrics: AgentMetrics, metrics_address: str) -> None:
-    store = await Store(etcd, cluster, tls=etcd_tls, timeout=timings.etcd_timeout_s).connect()
+               metrics: AgentMetrics, metrics_address: str, coordinators: Sequence[str]) -> None:
+    store = None if coordinators else await Store(etcd, cluster, tls=etcd_tls, timeout=timings.etcd_timeout_s).connect()
+    # Reading through the coordinators, each node presents its own certificate.
+    reads = {t.node: CoordinatorReads(coordinators, cluster, az, tls=tls.get(t.node), timeout=timings.etcd_timeout_s)
+             for t in topologies} if coordinators else {}
     # Plaintext agents share one channel per leader; under TLS each agent
     # presents its own node's certificate, so each keeps its own channels.
     channels: dict | None = {} if not tls else None
     ids = {t.node: agent_identity(t.node, state_dir if launch else None) for t in topologies}
     agents = [
         Agent(
-            cluster=cluster, az=az, topology=t, store=store, timings=timings, agent_id=ids[t.node],
+            cluster=cluster, az=az, topology=t, store=reads.get(t.node, store), timings=timings, agent_id=ids[t.node],
             launcher_factory=launcher_factory(launch, state_dir, ids[t.node], timings), channels=channels,
             tls=tls.get(t.node),
             fence_lease=fence_lease_path(launch, state_dir, ids[t.node]),
@@ -178,7 +186,9 @@ async def _run(*, cluster: str, az: str, etcd: str, topologies: list[NodeTopolog
     ]
     tasks = [asyncio.create_task(a.run(), name=f"agent-{a.node}") for a in agents]
     # One line about etcd's version and its advisories, once etcd answers.
-    version = asyncio.create_task(etcd_version.report(store, who=f"agent.sim {az}", retry_s=timings.heartbeat_interval_s))
+    # (Reading through the coordinators, the agents reach no etcd: they say it.)
+    version = asyncio.create_task(etcd_version.report(store, who=f"agent.sim {az}", retry_s=timings.heartbeat_interval_s)
+                                  if store is not None else asyncio.sleep(0))
     if ready_line:
         shown = f" metrics={metrics_address}" if metrics_address else ""
         print(f"PHALANX_AGENTS_READY az={az} nodes={len(agents)}{shown}", flush=True)
@@ -194,7 +204,10 @@ async def _run(*, cluster: str, az: str, etcd: str, topologies: list[NodeTopolog
         await asyncio.gather(*tasks, version, return_exceptions=True)
         for ch in (channels or {}).values():
             await ch.close()
-        await store.close()
+        for r in reads.values():
+            await r.close()
+        if store is not None:
+            await store.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import grpc
 
-from coordinator.core import peer_auth
+from coordinator.core import peer_auth, token_read
 from coordinator.throttle import Throttled
 from coordinator.leader import AgentConn, AzLeader
 from phalanx import agent_messages as am
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.certs import Identity, IdentityError
-from phalanx.errors import NotLeader
+from phalanx.errors import NotLeader, StoreUnavailable
+from phalanx.store import KV, Get
 from phalanx.tls import peer_identity, utc_now
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
@@ -79,6 +80,24 @@ async def _uncancelled(work: Any, node: str) -> None:
         task.add_done_callback(done)
         raise
 
+def _record(kv: KV | None) -> apb.StoredRecord:
+    if kv is None:
+        return apb.StoredRecord(present=False)
+    return apb.StoredRecord(present=True, value=kv.value, create_revision=kv.create_revision,
+                            mod_revision=kv.mod_revision, version=kv.version)
+
+
+def _json_or_none(kv: KV | None) -> Any:
+    """The record's JSON; None when absent; ``False`` when unreadable (it
+    names no node, so it is refused)."""
+    if kv is None:
+        return None
+    try:
+        return kv.json()
+    except ValueError:
+        return False
+
+
 class AgentServicer(agrpc.AgentServiceServicer):
     def __init__(self, coordinator: "Coordinator"):
         self.c = coordinator
@@ -91,6 +110,30 @@ class AgentServicer(agrpc.AgentServiceServicer):
     async def _refuse(self, context: grpc.aio.ServicerContext, r: peer_auth.Refusal) -> None:
         log.warning("AgentService.Session refused: %s", r.message)
         await context.abort(r.code, r.message)
+
+    async def ReadToken(self, request: apb.TokenReadRequest, context: grpc.aio.ServicerContext) -> apb.TokenReadReply:
+        """The agent's token-check read, on any replica of the AZ
+        (coordinator/core/token_read.py decides who may read what)."""
+        identity = await caller_identity(self.c, context, token_read.SERVICE)
+        refusal = token_read.caller_refusal(identity, self.c.config.az, request.az, request.gang)
+        if refusal is None:
+            keys = self.c.store.keys
+            ops = [Get(keys.leader(request.az))] + ([Get(keys.reservation(request.az, request.gang))] if request.gang else [])
+            try:
+                res = await self.c.store.txn([], ops)  # linearizable
+            except StoreUnavailable as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"token read: etcd did not answer: {exc}")
+                raise  # unreachable: abort raises
+            kvs = [r[0] if r else None for r in res.results]
+            if request.gang:
+                refusal = token_read.reservation_refusal(identity, request.gang, _json_or_none(kvs[1]))
+        if refusal is not None:
+            log.warning("%s refused: %s", token_read.SERVICE, refusal.message)
+            await context.abort(refusal.code, refusal.message)
+        reply = apb.TokenReadReply(leader=_record(kvs[0]), revision=res.revision)
+        if request.gang:
+            reply.reservation.CopyFrom(_record(kvs[1]))
+        return reply
 
     async def Session(self, request_iterator: AsyncIterator[apb.AgentMessage], context: grpc.aio.ServicerContext) -> AsyncIterator[apb.CoordinatorMessage]:
         identity = await caller_identity(self.c, context, "AgentService.Session")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from phalanx.v1 import types_pb2 as phalanx_dot_v1_dot_types__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16phalanx/v1/agent.proto\x12\nphalanx.v1\x1a\x16phalanx/v1/types.proto\"\xce\x01\n\x0cMemberStatus\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12&\n\x05phase\x18\x04 \x01(\x0e\x32\x17.phalanx.v1.MemberPhase\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0c\n\x04gpus\x18\x08 \x03(\x05\x12\x0b\n\x03pid\x18\t \x01(\x05\x12\n\n\x02\x61t\x18\n \x01(\x01\x12\x0c\n\x04node\x18\x0b \x01(\t\"(\n\tPortRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\"\xcc\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x08topology\x18\x02 \x01(\x0b\x32\x18.phalanx.v1.NodeTopology\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.phalanx.v1.MemberStatus\x12\x15\n\rhighest_epoch\x18\x04 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12/\n\x10rendezvous_ports\x18\x06 \x01(\x0b\x32\x15.phalanx.v1.PortRange\"C\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12)\n\x07members\x18\x02 \x03(\x0b\x32\x18.phalanx.v1.MemberStatus\"\x98\x01\n\x0c\x41gentMessage\x12(\n\x08register\x18\x01 \x01(\x0b\x32\x14.phalanx.v1.RegisterH\x00\x12*\n\theartbeat\x18\x02 \x01(\x0b\x32\x15.phalanx.v1.HeartbeatH\x00\x12*\n\x06member\x18\x03 \x01(\x0b\x32\x18.phalanx.v1.MemberStatusH\x00\x42\x06\n\x04kind\"V\n\x07Welcome\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x15\n\rfence_after_s\x18\x03 \x01(\x01\"\xe8\x02\n\nAssignment\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x12\n\nlocal_rank\x18\x05 \x01(\x05\x12\x18\n\x10local_world_size\x18\x06 \x01(\x05\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x0c\n\x04nics\x18\x08 \x03(\t\x12\x0f\n\x07\x63ommand\x18\t \x03(\t\x12,\n\x03\x65nv\x18\n \x03(\x0b\x32\x1f.phalanx.v1.Assignment.EnvEntry\x12\x12\n\nduration_s\x18\x0b \x01(\x01\x12\x13\n\x0bmaster_addr\x18\x0c \x01(\t\x12\x13\n\x0bmaster_port\x18\r \x01(\x05\x12\r\n\x05owner\x18\x0e \x01(\t\x12\x13\n\x0bstimulus_id\x18\x0f \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\nRevocation\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0bstimulus_id\x18\x04 \x01(\t\"\x1b\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x03\"\xe6\x01\n\x12\x43oordinatorMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\n\n\x02\x61z\x18\x02 \x01(\t\x12&\n\x07welcome\x18\x03 \x01(\x0b\x32\x13.phalanx.v1.WelcomeH\x00\x12(\n\x06\x61ssign\x18\x04 \x01(\x0b\x32\x16.phalanx.v1.AssignmentH\x00\x12(\n\x06revoke\x18\x05 \x01(\x0b\x32\x16.phalanx.v1.RevocationH\x00\x12\x31\n\rheartbeat_ack\x18\x06 \x01(\x0b\x32\x18.phalanx.v1.HeartbeatAckH\x00\x42\x06\n\x04kind*\xca\x01\n\x0bMemberPhase\x12\x1c\n\x18MEMBER_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15MEMBER_PHASE_STARTING\x10\x01\x12\x18\n\x14MEMBER_PHASE_RUNNING\x10\x02\x12\x1a\n\x16MEMBER_PHASE_SUCCEEDED\x10\x03\x12\x17\n\x13MEMBER_PHASE_FAILED\x10\x04\x12\x18\n\x14MEMBER_PHASE_STOPPED\x10\x05\x12\x19\n\x15MEMBER_PHASE_REJECTED\x10\x06\x32W\n\x0c\x41gentService\x12G\n\x07Session\x12\x18.phalanx.v1.AgentMessage\x1a\x1e.phalanx.v1.CoordinatorMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16phalanx/v1/agent.proto\x12\nphalanx.v1\x1a\x16phalanx/v1/types.proto\",\n\x10TokenReadRequest\x12\n\n\x02\x61z\x18\x01 \x01(\t\x12\x0c\n\x04gang\x18\x02 \x01(\t\"n\n\x0cStoredRecord\x12\x0f\n\x07present\x18\x01 \x01(\x08\x12\r\n\x05value\x18\x02 \x01(\x0c\x12\x17\n\x0f\x63reate_revision\x18\x03 \x01(\x03\x12\x14\n\x0cmod_revision\x18\x04 \x01(\x03\x12\x0f\n\x07version\x18\x05 \x01(\x03\"{\n\x0eTokenReadReply\x12(\n\x06leader\x18\x01 \x01(\x0b\x32\x18.phalanx.v1.StoredRecord\x12-\n\x0breservation\x18\x02 \x01(\x0b\x32\x18.phalanx.v1.StoredRecord\x12\x10\n\x08revision\x18\x03 \x01(\x03\"\xce\x01\n\x0cMemberStatus\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12&\n\x05phase\x18\x04 \x01(\x0e\x32\x17.phalanx.v1.MemberPhase\x12\x11\n\texit_code\x18\x05 \x01(\x05\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x0c\n\x04gpus\x18\x08 \x03(\x05\x12\x0b\n\x03pid\x18\t \x01(\x05\x12\n\n\x02\x61t\x18\n \x01(\x01\x12\x0c\n\x04node\x18\x0b \x01(\t\"(\n\tPortRange\x12\r\n\x05\x66irst\x18\x01 \x01(\x05\x12\x0c\n\x04last\x18\x02 \x01(\x05\"\xcc\x01\n\x08Register\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12*\n\x08topology\x18\x02 \x01(\x0b\x32\x18.phalanx.v1.NodeTopology\x12)\n\x07members\x18\x03 \x03(\x0b\x32\x18.phalanx.v1.MemberStatus\x12\x15\n\rhighest_epoch\x18\x04 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\t\x12/\n\x10rendezvous_ports\x18\x06 \x01(\x0b\x32\x15.phalanx.v1.PortRange\"C\n\tHeartbeat\x12\x0b\n\x03seq\x18\x01 \x01(\x03\x12)\n\x07members\x18\x02 \x03(\x0b\x32\x18.phalanx.v1.MemberStatus\"\x98\x01\n\x0c\x41gentMessage\x12(\n\x08register\x18\x01 \x01(\x0b\x32\x14.phalanx.v1.RegisterH\x00\x12*\n\theartbeat\x18\x02 \x01(\x0b\x32\x15.phalanx.v1.HeartbeatH\x00\x12*\n\x06member\x18\x03 \x01(\x0b\x32\x18.phalanx.v1.MemberStatusH\x00\x42\x06\n\x04kind\"V\n\x07Welcome\x12\x16\n\x0e\x63oordinator_id\x18\x01 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x02 \x01(\x01\x12\x15\n\rfence_after_s\x18\x03 \x01(\x01\"\xe8\x02\n\nAssignment\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x12\n\nlocal_rank\x18\x05 \x01(\x05\x12\x18\n\x10local_world_size\x18\x06 \x01(\x05\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x0c\n\x04nics\x18\x08 \x03(\t\x12\x0f\n\x07\x63ommand\x18\t \x03(\t\x12,\n\x03\x65nv\x18\n \x03(\x0b\x32\x1f.phalanx.v1.Assignment.EnvEntry\x12\x12\n\nduration_s\x18\x0b \x01(\x01\x12\x13\n\x0bmaster_addr\x18\x0c \x01(\t\x12\x13\n\x0bmaster_port\x18\r \x01(\x05\x12\r\n\x05owner\x18\x0e \x01(\t\x12\x13\n\x0bstimulus_id\x18\x0f \x01(\t\x1a*\n\x08\x45nvEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"T\n\nRevocation\x12\x0c\n\x04gang\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x05\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x13\n\x0bstimulus_id\x18\x04 \x01(\t\"\x1b\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x03\"\xe6\x01\n\x12\x43oordinatorMessage\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\n\n\x02\x61z\x18\x02 \x01(\t\x12&\n\x07welcome\x18\x03 \x01(\x0b\x32\x13.phalanx.v1.WelcomeH\x00\x12(\n\x06\x61ssign\x18\x04 \x01(\x0b\x32\x16.phalanx.v1.AssignmentH\x00\x12(\n\x06revoke\x18\x05 \x01(\x0b\x32\x16.phalanx.v1.RevocationH\x00\x12\x31\n\rheartbeat_ack\x18\x06 \x01(\x0b\x32\x18.phalanx.v1.HeartbeatAckH\x00\x42\x06\n\x04kind*\xca\x01\n\x0bMemberPhase\x12\x1c\n\x18MEMBER_PHASE_UNSPECIFIED\x10\x00\x12\x19\n\x15MEMBER_PHASE_STARTING\x10\x01\x12\x18\n\x14MEMBER_PHASE_RUNNING\x10\x02\x12\x1a\n\x16MEMBER_PHASE_SUCCEEDED\x10\x03\x12\x17\n\x13MEMBER_PHASE_FAILED\x10\x04\x12\x18\n\x14MEMBER_PHASE_STOPPED\x10\x05\x12\x19\n\x15MEMBER_PHASE_REJECTED\x10\x06\x32\x9e\x01\n\x0c\x41gentService\x12G\n\x07Session\x12\x18.phalanx.v1.AgentMessage\x1a\x1e.phalanx.v1.CoordinatorMessage(\x01\x30\x01\x12\x45\n\tReadToken\x12\x1c.phalanx.v1.TokenReadRequest\x1a\x1a.phalanx.v1.TokenReadReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,30 +34,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ASSIGNMENT_ENVENTRY']._loaded_options = None
   _globals['_ASSIGNMENT_ENVENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERPHASE']._serialized_start=1544
-  _globals['_MEMBERPHASE']._serialized_end=1746
-  _globals['_MEMBERSTATUS']._serialized_start=63
-  _globals['_MEMBERSTATUS']._serialized_end=269
-  _globals['_PORTRANGE']._serialized_start=271
-  _globals['_PORTRANGE']._serialized_end=311
-  _globals['_REGISTER']._serialized_start=314
-  _globals['_REGISTER']._serialized_end=518
-  _globals['_HEARTBEAT']._serialized_start=520
-  _globals['_HEARTBEAT']._serialized_end=587
-  _globals['_AGENTMESSAGE']._serialized_start=590
-  _globals['_AGENTMESSAGE']._serialized_end=742
-  _globals['_WELCOME']._serialized_start=744
-  _globals['_WELCOME']._serialized_end=830
-  _globals['_ASSIGNMENT']._serialized_start=833
-  _globals['_ASSIGNMENT']._serialized_end=1193
-  _globals['_ASSIGNMENT_ENVENTRY']._serialized_start=1151
-  _globals['_ASSIGNMENT_ENVENTRY']._serialized_end=1193
-  _globals['_REVOCATION']._serialized_start=1195
-  _globals['_REVOCATION']._serialized_end=1279
-  _globals['_HEARTBEATACK']._serialized_start=1281
-  _globals['_HEARTBEATACK']._serialized_end=1308
-  _globals['_COORDINATORMESSAGE']._serialized_start=1311
-  _globals['_COORDINATORMESSAGE']._serialized_end=1541
-  _globals['_AGENTSERVICE']._serialized_start=1748
-  _globals['_AGENTSERVICE']._serialized_end=1835
+  _globals['_MEMBERPHASE']._serialized_start=1827
+  _globals['_MEMBERPHASE']._serialized_end=2029
+  _globals['_TOKENREADREQUEST']._serialized_start=62
+  _globals['_TOKENREADREQUEST']._serialized_end=106
+  _globals['_STOREDRECORD']._serialized_start=108
+  _globals['_STOREDRECORD']._serialized_end=218
+  _globals['_TOKENREADREPLY']._serialized_start=220
+  _globals['_TOKENREADREPLY']._serialized_end=343
+  _globals['_MEMBERSTATUS']._serialized_start=346
+  _globals['_MEMBERSTATUS']._serialized_end=552
+  _globals['_PORTRANGE']._serialized_start=554
+  _globals['_PORTRANGE']._serialized_end=594
+  _globals['_REGISTER']._serialized_start=597
+  _globals['_REGISTER']._serialized_end=801
+  _globals['_HEARTBEAT']._serialized_start=803
+  _globals['_HEARTBEAT']._serialized_end=870
+  _globals['_AGENTMESSAGE']._serialized_start=873
+  _globals['_AGENTMESSAGE']._serialized_end=1025
+  _globals['_WELCOME']._serialized_start=1027
+  _globals['_WELCOME']._serialized_end=1113
+  _globals['_ASSIGNMENT']._serialized_start=1116
+  _globals['_ASSIGNMENT']._serialized_end=1476
+  _globals['_ASSIGNMENT_ENVENTRY']._serialized_start=1434
+  _globals['_ASSIGNMENT_ENVENTRY']._serialized_end=1476
+  _globals['_REVOCATION']._serialized_start=1478
+  _globals['_REVOCATION']._serialized_end=1562
+  _globals['_HEARTBEATACK']._serialized_start=1564
+  _globals['_HEARTBEATACK']._serialized_end=1591
+  _globals['_COORDINATORMESSAGE']._serialized_start=1594
+  _globals['_COORDINATORMESSAGE']._serialized_end=1824
+  _globals['_AGENTSERVICE']._serialized_start=2032
+  _globals['_AGENTSERVICE']._serialized_end=2190
 # @@protoc_insertion_point(module_scope)

@@ -25,6 +25,38 @@ MEMBER_PHASE_FAILED: MemberPhase
 MEMBER_PHASE_STOPPED: MemberPhase
 MEMBER_PHASE_REJECTED: MemberPhase
 
+class TokenReadRequest(_message.Message):
+    __slots__ = ("az", "gang")
+    AZ_FIELD_NUMBER: _ClassVar[int]
+    GANG_FIELD_NUMBER: _ClassVar[int]
+    az: str
+    gang: str
+    def __init__(self, az: _Optional[str] = ..., gang: _Optional[str] = ...) -> None: ...
+
+class StoredRecord(_message.Message):
+    __slots__ = ("present", "value", "create_revision", "mod_revision", "version")
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    CREATE_REVISION_FIELD_NUMBER: _ClassVar[int]
+    MOD_REVISION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    present: bool
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    def __init__(self, present: _Optional[bool] = ..., value: _Optional[bytes] = ..., create_revision: _Optional[int] = ..., mod_revision: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class TokenReadReply(_message.Message):
+    __slots__ = ("leader", "reservation", "revision")
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    leader: StoredRecord
+    reservation: StoredRecord
+    revision: int
+    def __init__(self, leader: _Optional[_Union[StoredRecord, _Mapping]] = ..., reservation: _Optional[_Union[StoredRecord, _Mapping]] = ..., revision: _Optional[int] = ...) -> None: ...
+
 class MemberStatus(_message.Message):
     __slots__ = ("gang", "incarnation", "rank", "phase", "exit_code", "epoch", "reason", "gpus", "pid", "at", "node")
     GANG_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class AgentServiceStub:
                 request_serializer=phalanx_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
                 response_deserializer=phalanx_dot_v1_dot_agent__pb2.CoordinatorMessage.FromString,
                 _registered_method=True)
+        self.ReadToken = channel.unary_unary(
+                '/phalanx.v1.AgentService/ReadToken',
+                request_serializer=phalanx_dot_v1_dot_agent__pb2.TokenReadRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_agent__pb2.TokenReadReply.FromString,
+                _registered_method=True)
 
 
 class AgentServiceServicer:
@@ -50,6 +55,15 @@ class AgentServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReadToken(self, request, context):
+        """The agent's etcd reads, served by every coordinator replica of the AZ
+        (leader or standby) so that agents need no etcd credentials
+        (docs/design.md §9.3 "Where the token check reads").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +71,11 @@ def add_AgentServiceServicer_to_server(servicer, server):
                     servicer.Session,
                     request_deserializer=phalanx_dot_v1_dot_agent__pb2.AgentMessage.FromString,
                     response_serializer=phalanx_dot_v1_dot_agent__pb2.CoordinatorMessage.SerializeToString,
+            ),
+            'ReadToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadToken,
+                    request_deserializer=phalanx_dot_v1_dot_agent__pb2.TokenReadRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_agent__pb2.TokenReadReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +105,33 @@ class AgentService:
             '/phalanx.v1.AgentService/Session',
             phalanx_dot_v1_dot_agent__pb2.AgentMessage.SerializeToString,
             phalanx_dot_v1_dot_agent__pb2.CoordinatorMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phalanx.v1.AgentService/ReadToken',
+            phalanx_dot_v1_dot_agent__pb2.TokenReadRequest.SerializeToString,
+            phalanx_dot_v1_dot_agent__pb2.TokenReadReply.FromString,
             options,
             channel_credentials,
             insecure,
