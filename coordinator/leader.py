@@ -43,6 +43,7 @@ from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.logfmt import bind, current, log_context, new_stimulus
 from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, DataLoss, FailedPrecondition, NotFound, NotLeader
+from phalanx.errors import StoreSpaceExhausted
 from phalanx.model import GangState, MemberPhase
 from phalanx.spec import GangSpec
 from phalanx.topology import NodeTopology
@@ -171,7 +172,10 @@ class AzLeader:
                         # A transient etcd error is not a lost leadership: the
                         # lease session decides that (docs/timing.md). Every
                         # write was fenced, so retrying next cycle is safe.
-                        log.info("cycle in %s: %s", self.az, exc)
+                        # etcd's space alarm would say the same every cycle:
+                        # coordinator/etcd_space.py logs it once, at ERROR.
+                        log.log(logging.DEBUG if isinstance(exc, StoreSpaceExhausted) else logging.INFO,
+                                "cycle in %s: %s", self.az, exc)
                     if self.mono() - self._last_view >= self.t.metrics_view_interval_s:
                         self._last_view = self.mono()
                         self.publish_view()
