@@ -21,10 +21,10 @@ import tempfile
 from typing import Any
 from pathlib import Path
 
-from agent.coordinator_reads import CoordinatorReads
+from agent.coordinator_reads import CoordinatorReads, add_where_flags, credentials_error
 from agent.launcher import agent_identity
 from agent.session import Agent
-from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
+from phalanx.process_flags import add_credential_flags, add_log_flags
 from phalanx.timings import timings_from_arg
 from phalanx.ports import DEFAULT_PORTS, parse_port_range
 from phalanx.store import Store
@@ -42,12 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m agent", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--etcd", default="", help="etcd HOST:PORT[,...] (or --coordinators)")
-    where.add_argument("--coordinators", default="", metavar="ADDR[,ADDR...]",
-                   help="read the leader and the token check through these coordinator replicas of the AZ "
-                        "(AgentService.ReadToken) instead of etcd: the agent then needs no etcd and no etcd "
-                        "credentials (docs/design.md 9.3); not with --etcd-tls-dir")
+    add_where_flags(p)
     p.add_argument("--node", default=os.uname().nodename)
     p.add_argument("--region", default="")
     p.add_argument("--spine", default="")
@@ -90,13 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 def required_flags_error(a: argparse.Namespace) -> str | None:
     """The one-line error for a missing credential flag without --insecure
     (--print-topology talks to nobody and needs none)."""
-    if a.print_topology:
-        return None
-    if a.coordinators:
-        if a.etcd_tls_dir:
-            return "--coordinators: not with --etcd-tls-dir (the agent then reads through the coordinators)"
-        return None if a.insecure or a.tls_dir else "--tls-dir: required (pass --insecure to connect in plaintext)"
-    return missing_credentials(a, plaintext="connect in plaintext")
+    return None if a.print_topology else credentials_error(a)
 
 
 def etcd_tls_files(a: argparse.Namespace) -> TlsFiles | None:

@@ -18,15 +18,40 @@ agent treats as an unreachable etcd (nothing starts: it fails closed).
 
 from __future__ import annotations
 
+import argparse
 from typing import Any, Iterable, Sequence
 
 import grpc
 
 from phalanx.errors import StoreDenied, StoreUnavailable
+from phalanx.process_flags import missing_credentials
 from phalanx.store import KV, Get, Keys, TxnResult
 from phalanx.tls import TlsFiles, coordinator_channel
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
+
+COORDINATORS_HELP = ("read the leader and the token check through these coordinator replicas of the AZ "
+                     "(AgentService.ReadToken) instead of etcd: no etcd and no etcd credentials "
+                     "(docs/design.md 9.3); not with --etcd-tls-dir")
+
+
+def add_where_flags(p: argparse.ArgumentParser) -> None:
+    """--etcd or --coordinators, exactly one (python -m agent, agent.sim)."""
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--etcd", default="", help="etcd HOST:PORT[,...] (or --coordinators)")
+    where.add_argument("--coordinators", default="", metavar="ADDR[,ADDR...]", help=COORDINATORS_HELP)
+
+
+def credentials_error(a: argparse.Namespace) -> str | None:
+    """The one-line error for missing or contradictory credential flags:
+    with --coordinators only --tls-dir is needed (and --etcd-tls-dir is
+    refused), else what every process needs."""
+    if not a.coordinators:
+        return missing_credentials(a, plaintext="connect in plaintext")
+    if a.etcd_tls_dir:
+        return "--coordinators: not with --etcd-tls-dir (the agent then reads through the coordinators)"
+    return None if a.insecure or a.tls_dir else "--tls-dir: required (pass --insecure to connect in plaintext)"
+
 
 _REFUSED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED}
 

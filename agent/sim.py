@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from agent.coordinator_reads import CoordinatorReads
+from agent.coordinator_reads import CoordinatorReads, add_where_flags, credentials_error
 from agent.launcher import agent_identity, Launcher, MemberKey
 from agent.metrics import AgentMetrics
 from agent.session import Agent
 from agent.simulated import SimulatedLauncher
-from phalanx.process_flags import add_credential_flags, add_log_flags, missing_credentials
+from phalanx.process_flags import add_credential_flags, add_log_flags
 from phalanx.timings import Timings, timings_from_arg
 from phalanx.ports import DEFAULT_PORTS, parse_port_range, split_port_range
 from phalanx.store import Store
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m agent.sim", description=__doc__)
     p.add_argument("--cluster", default="local")
     p.add_argument("--az", required=True)
-    p.add_argument("--etcd", required=True)
+    add_where_flags(p)
     p.add_argument("--nodes", type=int, default=8)
     p.add_argument("--spines", type=int, default=1)
     p.add_argument("--leaves-per-spine", type=int, default=2)
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="serve the metrics of all these agents here (127.0.0.1:0 picks a port; default off); with "
                         "--tls-dir HTTPS, scrapers need a client certificate of the cluster's CA (docs/metrics.md)")
     a = p.parse_args(argv)
-    missing = missing_credentials(a, plaintext="connect in plaintext")
+    missing = credentials_error(a)
     if missing:
         print(f"error: {missing}", file=sys.stderr)
         return 2
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     # Logged at WARNING, above this process's default level, so always seen.
     if not a.tls_dir:
         log.warning(PLAINTEXT_WARNING)
-    if etcd_tls is None:
+    if etcd_tls is None and not a.coordinators:
         log.warning(ETCD_PLAINTEXT_WARNING)
     try:
         ports = parse_port_range(a.rendezvous_ports, "--rendezvous-ports")
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 launch=a.launch, state_dir=Path(a.state_dir) if a.state_dir else None, stop_event=stop,
                 history=sink, rendezvous_ports=ports, tls_dir=Path(a.tls_dir) if a.tls_dir else None,
                 etcd_tls=etcd_tls, metrics_listen=a.metrics_listen,
+                coordinators=a.coordinators.split(",") if a.coordinators else (),
             )
         finally:
             if sink is not None:
