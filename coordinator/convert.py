@@ -50,6 +50,8 @@ def node_to_pb(n: NodeRecord, used_gpus: frozenset[int], last_heartbeat: float |
         last_heartbeat=n.last_heartbeat if last_heartbeat is None else last_heartbeat,
         agent_id=n.agent_id,
         reason=n.reason,
+        cordoned=n.cordoned,
+        expired=n.expired,
     )
 
 

@@ -105,7 +105,7 @@ class AzLeader:
         # nodes do not change (keyed by the FabricIndex they were built with).
         self._verdicts: dict[tuple, str] = {}
         # (the index, other AZs' node-record version) the memo was built for
-        self._verdicts_for: tuple[FabricIndex, int] | None = None
+        self._verdicts_for: tuple[FabricIndex, int, tuple[NodeTopology, ...]] | None = None
         self.led_since = mono()  # reset once rebuilt: when this leadership began to act
         self.wake = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -656,7 +656,8 @@ class AzLeader:
         holds (PREPARED or COMMITTED) and cross-AZ releases not yet done."""
         taken = capacity.held((self.az, s) for s in self.book.held_slices())
         up = [(rec.topology, True) for name, rec in self.book.nodes.items()
-              if (live := self.book.liveness.get(name)) is not None and live.ready and name in self.conns]
+              if (live := self.book.liveness.get(name)) is not None and live.ready and name in self.conns
+              and not rec.cordoned]
         return capacity.free_view(up, taken)
 
     async def cycle(self) -> None:
@@ -718,6 +719,7 @@ class AzLeader:
             pending.append(c)
         self.pending_classes = classes  # forget gangs no longer pending
         views = self.placeable_nodes()
+        up = {v.name for v in views}
         free = sum(len(v.free_gpus) for v in views)
         total = sum(len(v.topology.gpu_indices) for v in views)
         self.metrics.view(
@@ -725,6 +727,7 @@ class AzLeader:
             holds=[h.state.name for h in self.book.participant.holds.values()],
             agents=sum(1 for c in self.conns.values() if not c.closed), nodes_ready=len(views),
             gpus_free=free, gpus_used=total - free,
+            nodes=[capacity.node_state(rec, name in up) for name, rec in self.book.nodes.items()],
         )
 
     def judges_never_fits(self) -> bool:
@@ -736,14 +739,15 @@ class AzLeader:
         return self.mono() - self.led_since >= self.t.node_register_grace_s
 
     def registered_topologies(self) -> list[NodeTopology]:
-        """Every node of this AZ with a record, ready or not."""
-        return [n.topology for n in self.book.nodes.values()]
+        """Every node of this AZ with a record that can take work, ready or
+        not: neither cordoned nor expired (docs/nodes.md)."""
+        return [n.topology for n in self.book.nodes.values() if capacity.takes_work(n)]
 
     def _plan(self, pending: list[GangRecord]) -> list:
         """plan_admissions on the live view (pure; the cycle and explain both
         call it, so explain reports exactly what the next cycle decides)."""
-        inventory = (self.index, self.twophase.remote_version)
-        if self._verdicts_for is None or self._verdicts_for[0] is not self.index or self._verdicts_for[1] != inventory[1]:
+        inventory = (self.index, self.twophase.remote_version, tuple(self.registered_topologies()))
+        if self._verdicts_for is None or self._verdicts_for[0] is not self.index or self._verdicts_for[1:] != inventory[1:]:
             self._verdicts, self._verdicts_for = {}, inventory
         wide = any(is_two_phase(g) for g in pending)
         registered = None
@@ -754,7 +758,7 @@ class AzLeader:
         # in as not ready: placement skips them, shortfalls count them.
         up = {v.name for v in views}
         views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
-                  for name, n in self.book.nodes.items() if name not in up]
+                  for name, n in self.book.nodes.items() if name not in up and capacity.takes_work(n)]
         if wide:
             # Cross-AZ gangs are placed over every AZ: the others as the
             # watch shows them (no etcd request; stale at worst, which the
@@ -1114,6 +1118,21 @@ class AzLeader:
                                        replace_after_s=self.t.replace_after_s)
             for effect in fx.liveness_effects(v, rec, self._stimulus()):
                 await self.perform(effect)
+            rec = self.book.nodes.get(node)
+            if rec is not None and capacity.expires(rec, live.ready, v.silent_s, self.t.node_expire_after_s):
+                await self._expire_node(rec, v.silent_s)
+
+    async def _expire_node(self, rec: NodeRecord, silent: float) -> None:
+        """Write the node's record expired (fenced): placement and
+        never-fits leave it out, here and in every other AZ's view, until its
+        agent registers again (docs/nodes.md)."""
+        self.check_valid()
+        why = f"expired: its agent not heard for {silent:.0f}s (node_expire_after_s={self.t.node_expire_after_s:g})"
+        new = dataclasses.replace(rec, ready=False, expired=True, reason=why)
+        res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, rec.name), new.to_dict())])
+        self.book.nodes[rec.name] = dataclasses.replace(new, mod_revision=res.revision)
+        log.warning("node %s %s", rec.name, why, extra={"node": rec.name})
+        self.wake.set()
 
     def _close_session(self, node: str) -> None:
         live = self.book.liveness.get(node)

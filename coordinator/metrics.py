@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from coordinator.core.capacity import NODE_STATES
 from phalanx.metrics import new_registry
 from phalanx.reservation import HoldState
 
@@ -158,6 +159,8 @@ class CoordinatorMetrics:
         self.agents_connected = Gauge("phalanx_agents_connected", "Agents with a session at this leader", ["az"], registry=r)
         self.nodes_ready = Gauge("phalanx_nodes_ready", "Nodes this leader can place on", ["az"], registry=r)
         self.gpus = Gauge("phalanx_gpus", "GPUs of the ready nodes, free or used", ["az", "state"], registry=r)
+        self.nodes = Gauge("phalanx_nodes", "This AZ's node records by state: ready, not_ready, cordoned, expired "
+                           "(docs/nodes.md)", ["az", "state"], registry=r)
         # etcd's space (coordinator/etcd_space.py), read by every coordinator,
         # leader or not: the alarm stops admission in every AZ at once.
         self.etcd_db_size = Gauge("phalanx_etcd_db_size_bytes", "Size of the database file of the etcd member this "
@@ -255,6 +258,8 @@ class CoordinatorMetrics:
         self.nodes_ready.labels(self.az).set(0)
         for s in ("free", "used"):
             self.gpus.labels(self.az, s).set(0)
+        for s in NODE_STATES:
+            self.nodes.labels(self.az, s).set(0)
 
     # -- gang lifecycle (the leader calls these after its write succeeded)
     def submitted(self, queue: str) -> None:
@@ -296,9 +301,10 @@ class CoordinatorMetrics:
 
     # -- the leader's view, once per cycle
     def view(self, *, pending: Iterable[str], reservations: Iterable[str], holds: Iterable[str],
-             agents: int, nodes_ready: int, gpus_free: int, gpus_used: int) -> None:
+             agents: int, nodes_ready: int, gpus_free: int, gpus_used: int, nodes: Iterable[str] = ()) -> None:
         """``pending``: a reason class per PENDING gang; ``reservations`` and
-        ``holds``: a state per record."""
+        ``holds``: a state per record; ``nodes``: a state per node record
+        (``capacity.NODE_STATES``)."""
         counts = dict.fromkeys(PENDING_CLASSES, 0)
         for c in pending:
             counts[c] = counts.get(c, 0) + 1
@@ -318,3 +324,8 @@ class CoordinatorMetrics:
         self.nodes_ready.labels(self.az).set(nodes_ready)
         self.gpus.labels(self.az, "free").set(gpus_free)
         self.gpus.labels(self.az, "used").set(gpus_used)
+        ns = dict.fromkeys(NODE_STATES, 0)
+        for s in nodes:
+            ns[s] = ns.get(s, 0) + 1
+        for s, n in ns.items():
+            self.nodes.labels(self.az, s).set(n)

@@ -131,6 +131,12 @@ class RemoteInventory:
             self._touch(at)
             self._changed_topologies()
             return True
+        if not capacity.takes_work(old) or not capacity.takes_work(rec):
+            # Cordoned or expired, or back (docs/nodes.md): never-fits
+            # counts it again or no more.
+            self._touch(at)
+            self._changed_topologies()
+            return True
         if old.ready != rec.ready:
             self._touch(at)
             return True
@@ -292,16 +298,18 @@ class RemoteInventory:
                     continue  # a hold on a node with no record (yet): nothing to place on
                 self.node_views_computed += 1
                 taken = capacity.held((at[0], {at[1]: d}) for d in self._holds_on.get(at, {}).values())
-                self._node_views[at] = capacity.free_view([(rec.topology, rec.ready and at[0] in self._epochs)], taken)[0]
+                self._node_views[at] = capacity.free_view(
+                    [(rec.topology, rec.ready and not rec.cordoned and at[0] in self._epochs)], taken)[0]
             self._stale.clear()
             self._view = tuple(self._node_views[at] for at in self._nodes)
         return self._view
 
     def registered(self) -> tuple[NodeTopology, ...]:
-        """Every other AZ's registered node (ready or not), for never-fits."""
+        """Every other AZ's registered node that can take work (ready or not;
+        neither cordoned nor expired), for never-fits."""
         if self._registered_for != self.version:
             self.registered_rebuilds += 1
-            self._registered = tuple(rec.topology for rec in self._nodes.values())
+            self._registered = tuple(rec.topology for rec in self._nodes.values() if capacity.takes_work(rec))
             self._registered_for = self.version
         return self._registered
 

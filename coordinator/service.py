@@ -686,7 +686,9 @@ class GangServicer(ggrpc.GangServiceServicer):
         for az in azs:
             nodes, ledger = await self._az_state(az)
             taken = capacity.held((az, s) for s in ledger.slices())
-            views.extend(capacity.free_view(((n.topology, n.ready) for n in nodes.values()), taken))
+            # Only nodes that can take work count (docs/nodes.md).
+            views.extend(capacity.free_view(((n.topology, n.ready) for n in nodes.values() if capacity.takes_work(n)),
+                                            taken))
         waited = max(0.0, self.c.wall() - g.submitted_at)
         head = f"{g.state.name} for {waited:.0f}s"
         verdict = never_fits(request, [v.topology for v in views])
@@ -756,16 +758,24 @@ class GangServicer(ggrpc.GangServiceServicer):
             info = leaders.get(az)
             total = sum(len(n.topology.gpus) for n in nodes.values())
             used = sum(len(ledger.used_gpus(n)) for n in nodes)
+            states = [capacity.node_state(n, n.ready) for n in nodes.values()]
+            usable = [n for n in nodes.values() if capacity.node_state(n, n.ready) == "ready"]
+            usable_gpus = sum(len(n.topology.gpus) for n in usable)
             resp.azs.append(gpb.AzStatus(
                 az=az,
                 has_leader=info is not None,
                 leader_id=info.coordinator_id if info else "",
                 leader_address=info.address if info else "",
                 epoch=info.epoch if info else 0,
-                nodes_ready=sum(1 for n in nodes.values() if n.ready),
+                nodes_ready=states.count("ready"),
                 nodes_total=len(nodes),
                 gpus_total=total,
                 gpus_free=total - used,
+                nodes_not_ready=states.count("not_ready"),
+                nodes_cordoned=states.count("cordoned"),
+                nodes_expired=states.count("expired"),
+                gpus_usable=usable_gpus,
+                gpus_usable_free=usable_gpus - sum(len(ledger.used_gpus(n.name)) for n in usable),
             ))
         kvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
         # Parsed as every reader parses a gang record: one that GetGang would

@@ -874,7 +874,7 @@ class TwoPhaseDriver:
         return self.book.remote.view()
 
     def other_azs_registered(self) -> list[NodeTopology]:
-        """Every other AZ's registered node (ready or not), for never-fits."""
+        """Every other AZ's registered node that can take work, for never-fits."""
         return list(self.book.remote.registered())
 
     def placement_index(self, local: FabricIndex) -> FabricIndex:
@@ -891,7 +891,7 @@ class TwoPhaseDriver:
         views = list(self.l.placeable_nodes())
         placeable = {v.name for v in views}
         views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
-                  for name, n in self.book.nodes.items() if name not in placeable]
+                  for name, n in self.book.nodes.items() if name not in placeable and capacity.takes_work(n)]
         views += self.other_azs_view()
         registered = self.l.registered_topologies() + self.other_azs_registered()
         return views, registered, set(self.book.remote.led) | {self.az}

@@ -75,6 +75,11 @@ class Timings:
     # in etcd; a leader judges only once it has led this long, so that at a
     # cluster's start the agents have had time to register their nodes.
     node_register_grace_s: float = 60.0
+    # A node whose agent this leadership has not heard for this long (from
+    # its takeover for a node not heard yet) is expired (docs/nodes.md): its
+    # record says so, placement and never-fits leave it out until its agent
+    # registers again.
+    node_expire_after_s: float = 600.0
     # The GangService policy a coordinator applies is at most this old: it
     # reads the policy record from etcd again when its copy is older, so an
     # admin's SetPolicy on one coordinator binds every other one within it.
@@ -201,6 +206,13 @@ class Timings:
              "node_register_grace_s must be at least reconnect_budget_s + heartbeat_interval_s (agents register "
              f"before gangs are judged against their nodes) ({self.node_register_grace_s} < "
              f"{self.reconnect_budget_s + self.heartbeat_interval_s:g})")
+        # An expired node is left out of never-fits: only once it is lost
+        # (its members stopped and re-placed) and once a new leader's agents
+        # have had time to register.
+        floor = max(self.replace_after_s, self.node_register_grace_s)
+        rule(self.node_expire_after_s > floor,
+             "node_expire_after_s must exceed fence_after_s + replace_margin_s and node_register_grace_s "
+             f"(a node expires only after it is lost and its agent had time to register) ({self.node_expire_after_s} <= {floor:g})")
         # A finished gang must outlive (a) every retry of its own submission:
         # a gang created by a first attempt whose reply was lost may finish at
         # once, and a retry after collection would run it a second time; and
@@ -259,6 +271,7 @@ class Timings:
             restart_backoff_s=0.2,
             restart_backoff_max_s=2.0,
             node_register_grace_s=2.0,
+            node_expire_after_s=30.0,
             policy_max_staleness_s=0.5,
             etcd_space_poll_s=0.5,
             # gang_retention_s stays at its default (7 days): the chaos

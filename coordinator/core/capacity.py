@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from coordinator.core.placement import NodeView
+from coordinator.core.records import NodeRecord
 from phalanx.reservation import NodeDevices
 from phalanx.topology import NodeTopology
 
@@ -44,3 +45,33 @@ def free_view(nodes: Iterable[tuple[NodeTopology, bool]], taken: Mapping[NodeKey
             ready=ready,
         ))
     return out
+
+
+# ------------------------------------------------------- node lifecycle
+NODE_STATES = ("ready", "not_ready", "cordoned", "expired")
+"""What a node is, one of these (docs/nodes.md): ``status`` and the
+``phalanx_nodes`` gauge count each apart."""
+
+
+def takes_work(rec: NodeRecord) -> bool:
+    """Whether the node counts for never-fits (and explain): neither
+    cordoned by an admin nor expired. A node that is only not ready may come
+    back, so it counts."""
+    return not rec.cordoned and not rec.expired
+
+
+def node_state(rec: NodeRecord, ready: bool) -> str:
+    """The node's state as status shows it; ``ready``: whether it can be
+    placed on now (the leader's liveness, or the record's ``ready``)."""
+    if rec.expired:
+        return "expired"
+    if rec.cordoned:
+        return "cordoned"
+    return "ready" if ready else "not_ready"
+
+
+def expires(rec: NodeRecord, ready: bool, silent: float, expire_after_s: float) -> bool:
+    """Whether the leader expires the node now: not ready, not heard for
+    ``expire_after_s`` (``silent``: since its last contact, or since this
+    leader's takeover for a node it has not heard) and not expired yet."""
+    return not ready and not rec.expired and silent >= expire_after_s

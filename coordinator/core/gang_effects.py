@@ -486,7 +486,8 @@ def register_node(session: AgentSession, previous: NodeRecord | None, *, replace
     content changes: a re-registration that says what ``previous`` says
     (all but the time) writes nothing (docs/design.md D17)."""
     record = NodeRecord(topology=session.topology, ready=True, agent_id=session.agent_id, last_heartbeat=wall,
-                        address=session.address, ports=session.ports)
+                        address=session.address, ports=session.ports,
+                        cordoned=previous is not None and previous.cordoned)  # an admin's cordon outlives its agent
     same = previous is not None and dataclasses.replace(
         previous, last_heartbeat=wall, mod_revision=record.mod_revision) == record
     return RegisterNode(session.node, previous if same else record, replaces_session,

@@ -143,6 +143,12 @@ class NodeRecord:
     # node name is used), and the ports it owns for rendezvous.
     address: str = ""
     ports: tuple[int, int] = DEFAULT_PORTS
+    # Node lifecycle (docs/nodes.md): an admin cordoned it (nothing new is
+    # placed on it; what runs there stays), or its agent was not heard for
+    # node_expire_after_s (left out of placement and never-fits until it
+    # registers again). Written by the leader, fenced.
+    cordoned: bool = False
+    expired: bool = False
 
     @property
     def name(self) -> str:
@@ -157,6 +163,8 @@ class NodeRecord:
             "reason": limits.clip(self.reason),
             "address": self.address,
             "ports": list(self.ports),
+            "cordoned": self.cordoned,
+            "expired": self.expired,
         }
 
     @classmethod
@@ -170,6 +178,8 @@ class NodeRecord:
             mod_revision=mod_revision,
             address=str(d.get("address", "")),
             ports=tuple(int(p) for p in d["ports"]) if len(d.get("ports") or ()) == 2 else DEFAULT_PORTS,  # type: ignore[arg-type]
+            cordoned=d.get("cordoned", False) is True,
+            expired=d.get("expired", False) is True,
         )
 
 

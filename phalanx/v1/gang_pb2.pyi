@@ -7,6 +7,52 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CordonNodeRequest(_message.Message):
+    __slots__ = ("az", "node", "cordoned")
+    AZ_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    az: str
+    node: str
+    cordoned: bool
+    def __init__(self, az: _Optional[str] = ..., node: _Optional[str] = ..., cordoned: _Optional[bool] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("az", "node", "requeue")
+    AZ_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    REQUEUE_FIELD_NUMBER: _ClassVar[int]
+    az: str
+    node: str
+    requeue: bool
+    def __init__(self, az: _Optional[str] = ..., node: _Optional[str] = ..., requeue: _Optional[bool] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("node", "gangs", "requeued")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GANGS_FIELD_NUMBER: _ClassVar[int]
+    REQUEUED_FIELD_NUMBER: _ClassVar[int]
+    node: _types_pb2.NodeStatus
+    gangs: _containers.RepeatedScalarFieldContainer[str]
+    requeued: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[_Union[_types_pb2.NodeStatus, _Mapping]] = ..., gangs: _Optional[_Iterable[str]] = ..., requeued: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteNodeRequest(_message.Message):
+    __slots__ = ("az", "node", "force")
+    AZ_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    az: str
+    node: str
+    force: bool
+    def __init__(self, az: _Optional[str] = ..., node: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class DeleteNodeResponse(_message.Message):
+    __slots__ = ("gangs",)
+    GANGS_FIELD_NUMBER: _ClassVar[int]
+    gangs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, gangs: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class SubmitGangRequest(_message.Message):
     __slots__ = ("spec", "idempotency_key")
     SPEC_FIELD_NUMBER: _ClassVar[int]
@@ -134,7 +180,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class AzStatus(_message.Message):
-    __slots__ = ("az", "has_leader", "leader_id", "leader_address", "epoch", "nodes_ready", "nodes_total", "gpus_total", "gpus_free")
+    __slots__ = ("az", "has_leader", "leader_id", "leader_address", "epoch", "nodes_ready", "nodes_total", "gpus_total", "gpus_free", "nodes_not_ready", "nodes_cordoned", "nodes_expired", "gpus_usable", "gpus_usable_free")
     AZ_FIELD_NUMBER: _ClassVar[int]
     HAS_LEADER_FIELD_NUMBER: _ClassVar[int]
     LEADER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +190,11 @@ class AzStatus(_message.Message):
     NODES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     GPUS_FREE_FIELD_NUMBER: _ClassVar[int]
+    NODES_NOT_READY_FIELD_NUMBER: _ClassVar[int]
+    NODES_CORDONED_FIELD_NUMBER: _ClassVar[int]
+    NODES_EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USABLE_FIELD_NUMBER: _ClassVar[int]
+    GPUS_USABLE_FREE_FIELD_NUMBER: _ClassVar[int]
     az: str
     has_leader: bool
     leader_id: str
@@ -153,7 +204,12 @@ class AzStatus(_message.Message):
     nodes_total: int
     gpus_total: int
     gpus_free: int
-    def __init__(self, az: _Optional[str] = ..., has_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., epoch: _Optional[int] = ..., nodes_ready: _Optional[int] = ..., nodes_total: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ...) -> None: ...
+    nodes_not_ready: int
+    nodes_cordoned: int
+    nodes_expired: int
+    gpus_usable: int
+    gpus_usable_free: int
+    def __init__(self, az: _Optional[str] = ..., has_leader: _Optional[bool] = ..., leader_id: _Optional[str] = ..., leader_address: _Optional[str] = ..., epoch: _Optional[int] = ..., nodes_ready: _Optional[int] = ..., nodes_total: _Optional[int] = ..., gpus_total: _Optional[int] = ..., gpus_free: _Optional[int] = ..., nodes_not_ready: _Optional[int] = ..., nodes_cordoned: _Optional[int] = ..., nodes_expired: _Optional[int] = ..., gpus_usable: _Optional[int] = ..., gpus_usable_free: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("cluster", "azs", "served_by", "gangs_by_state", "etcd")

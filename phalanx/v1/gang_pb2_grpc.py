@@ -90,6 +90,21 @@ class GangServiceStub:
                 request_serializer=phalanx_dot_v1_dot_gang__pb2.SetPolicyRequest.SerializeToString,
                 response_deserializer=phalanx_dot_v1_dot_gang__pb2.PolicyRecord.FromString,
                 _registered_method=True)
+        self.CordonNode = channel.unary_unary(
+                '/phalanx.v1.GangService/CordonNode',
+                request_serializer=phalanx_dot_v1_dot_gang__pb2.CordonNodeRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_types__pb2.NodeStatus.FromString,
+                _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/phalanx.v1.GangService/DrainNode',
+                request_serializer=phalanx_dot_v1_dot_gang__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_gang__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
+        self.DeleteNode = channel.unary_unary(
+                '/phalanx.v1.GangService/DeleteNode',
+                request_serializer=phalanx_dot_v1_dot_gang__pb2.DeleteNodeRequest.SerializeToString,
+                response_deserializer=phalanx_dot_v1_dot_gang__pb2.DeleteNodeResponse.FromString,
+                _registered_method=True)
 
 
 class GangServiceServicer:
@@ -170,6 +185,32 @@ class GangServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CordonNode(self, request, context):
+        """Node lifecycle (docs/nodes.md), admin only, done by the node's AZ
+        leader. Cordon (or uncordon): nothing new is placed on the node, what
+        runs there stays.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainNode(self, request, context):
+        """Cordon, and with requeue restart every gang with members on the node
+        elsewhere; answers the gangs that still hold its devices (the CLI then
+        waits for the node to hold none).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteNode(self, request, context):
+        """Remove the node's record: FAILED_PRECONDITION naming the gangs while it
+        holds devices, unless force.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GangServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +268,21 @@ def add_GangServiceServicer_to_server(servicer, server):
                     servicer.SetPolicy,
                     request_deserializer=phalanx_dot_v1_dot_gang__pb2.SetPolicyRequest.FromString,
                     response_serializer=phalanx_dot_v1_dot_gang__pb2.PolicyRecord.SerializeToString,
+            ),
+            'CordonNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.CordonNode,
+                    request_deserializer=phalanx_dot_v1_dot_gang__pb2.CordonNodeRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_types__pb2.NodeStatus.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=phalanx_dot_v1_dot_gang__pb2.DrainNodeRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_gang__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'DeleteNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteNode,
+                    request_deserializer=phalanx_dot_v1_dot_gang__pb2.DeleteNodeRequest.FromString,
+                    response_serializer=phalanx_dot_v1_dot_gang__pb2.DeleteNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -526,6 +582,87 @@ class GangService:
             '/phalanx.v1.GangService/SetPolicy',
             phalanx_dot_v1_dot_gang__pb2.SetPolicyRequest.SerializeToString,
             phalanx_dot_v1_dot_gang__pb2.PolicyRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CordonNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phalanx.v1.GangService/CordonNode',
+            phalanx_dot_v1_dot_gang__pb2.CordonNodeRequest.SerializeToString,
+            phalanx_dot_v1_dot_types__pb2.NodeStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phalanx.v1.GangService/DrainNode',
+            phalanx_dot_v1_dot_gang__pb2.DrainNodeRequest.SerializeToString,
+            phalanx_dot_v1_dot_gang__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/phalanx.v1.GangService/DeleteNode',
+            phalanx_dot_v1_dot_gang__pb2.DeleteNodeRequest.SerializeToString,
+            phalanx_dot_v1_dot_gang__pb2.DeleteNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

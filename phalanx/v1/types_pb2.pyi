@@ -291,7 +291,7 @@ class NodeTopology(_message.Message):
     def __init__(self, node: _Optional[str] = ..., az: _Optional[str] = ..., region: _Optional[str] = ..., spine: _Optional[str] = ..., leaf: _Optional[str] = ..., rack: _Optional[str] = ..., nvlink_domain: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., nics: _Optional[_Iterable[_Union[Nic, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[GpuNicLink, _Mapping]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., sources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("topology", "ready", "gpus_total", "gpus_used", "used_gpus", "last_heartbeat", "agent_id", "reason")
+    __slots__ = ("topology", "ready", "gpus_total", "gpus_used", "used_gpus", "last_heartbeat", "agent_id", "reason", "cordoned", "expired")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     GPUS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +300,8 @@ class NodeStatus(_message.Message):
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CORDONED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
     topology: NodeTopology
     ready: bool
     gpus_total: int
@@ -308,7 +310,9 @@ class NodeStatus(_message.Message):
     last_heartbeat: float
     agent_id: str
     reason: str
-    def __init__(self, topology: _Optional[_Union[NodeTopology, _Mapping]] = ..., ready: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., used_gpus: _Optional[_Iterable[int]] = ..., last_heartbeat: _Optional[float] = ..., agent_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    cordoned: bool
+    expired: bool
+    def __init__(self, topology: _Optional[_Union[NodeTopology, _Mapping]] = ..., ready: _Optional[bool] = ..., gpus_total: _Optional[int] = ..., gpus_used: _Optional[int] = ..., used_gpus: _Optional[_Iterable[int]] = ..., last_heartbeat: _Optional[float] = ..., agent_id: _Optional[str] = ..., reason: _Optional[str] = ..., cordoned: _Optional[bool] = ..., expired: _Optional[bool] = ...) -> None: ...
 
 class DomainShortfall(_message.Message):
     __slots__ = ("level", "domain", "gpus_free", "gpus_total", "gpus_needed", "members_fit", "members_needed", "reason")

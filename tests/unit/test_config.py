@@ -36,6 +36,9 @@ def test_defaults_and_fast_profile_are_valid() -> None:
         ({"gang_retention_s": 20.0, "lease_ttl_s": 2, "keepalive_interval_s": 0.4}, "gang_retention_s must exceed both"),
         ({"gang_retention_s": 0.0}, "gang_retention_s must be a positive number"),
         ({"node_register_grace_s": 3.5}, "node_register_grace_s must be at least reconnect_budget_s"),
+        # Lost after 12 + 2 = 14 s; a new leader's grace is 60 s.
+        ({"node_expire_after_s": 14.0}, "node_expire_after_s must exceed fence_after_s + replace_margin_s"),
+        ({"node_expire_after_s": 60.0}, "node_expire_after_s must exceed fence_after_s + replace_margin_s"),
         ({"backfill_window_s": 0.0}, "backfill_window_s must be a positive number"),
         ({"cycle_wait_s": 1.5}, "cycle_wait_s must be at most heartbeat_interval_s"),
         ({"twophase_retry_backoff_s": 5.0}, "twophase_retry_backoff_s must be at most twophase_retry_backoff_max_s"),
