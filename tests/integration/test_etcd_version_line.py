@@ -9,6 +9,7 @@ import asyncio
 import logging
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -99,3 +100,17 @@ async def test_a_real_agent_process_says_it_once(local_cluster, tmp_path):
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_phalanx_up_says_it_once(tmp_path: Path) -> None:
+    from phalanx.up import UpProcess
+
+    up = UpProcess(["--no-workload", "--azs", "1", "--coordinators-per-az", "1", "--nodes-per-az", "1",
+                    "--base-port", "0"], env=dict(os.environ, TMPDIR=str(tmp_path)))
+    try:
+        up.start()
+        said = [ln for ln in up.lines if "advisories" in ln]
+        assert len(said) == 1, "\n".join(up.lines)
+        assert said[0].startswith("phalanx up: warning: etcd: etcd 3.4.") and all(cve in said[0] for cve in CVES)
+    finally:
+        assert up.stop(signal.SIGINT) == 0
