@@ -88,3 +88,25 @@ def test_limits_are_checked_naming_the_flag() -> None:
     assert StreamLimits().errors() == []
     errs = StreamLimits(per_identity=0, total=-1, buffer=True, history=2).errors()  # type: ignore[arg-type]
     assert [e.split()[0] for e in errs] == ["--watch-streams-per-identity", "--watch-streams-total", "--watch-buffer"]
+
+
+BASE = ["--az", "az-a", "--id", "c0", "--etcd", "127.0.0.1:2379", "--insecure"]
+
+
+def test_the_flags_reach_the_config() -> None:
+    from coordinator.__main__ import parse_everything
+
+    config = parse_everything([*BASE, "--watch-streams-per-identity", "3", "--watch-streams-total", "9",
+                               "--watch-buffer", "5", "--watch-history", "7"])[0]
+    assert config.watch == StreamLimits(per_identity=3, total=9, buffer=5, history=7)
+    assert parse_everything(BASE)[0].watch == StreamLimits()
+
+
+@pytest.mark.parametrize("flag", ["--watch-streams-per-identity", "--watch-streams-total", "--watch-buffer",
+                                  "--watch-history"])
+def test_a_bound_below_one_stops_the_start_naming_the_flag(flag: str) -> None:
+    from coordinator.__main__ import parse_everything
+    from phalanx.timings import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{flag} must be a whole number of at least 1, got 0"):
+        parse_everything([*BASE, flag, "0"])
