@@ -692,3 +692,17 @@ def test_unknown_fields_list_the_allowed_ones_once() -> None:
         load_spec("name: x\nmembers: 1\nresources: {gpus: 1}\nfoo: 1\nbar: 2\nbaz: 3\n")
     assert str(info.value).count("allowed:") == 1, info.value
     assert [e.field for e in info.value.errors] == ["foo", "bar", "baz"]
+
+
+@pytest.mark.parametrize("where, why", [
+    ("unused", "connection refused"),
+    ("nosuch.invalid:7070", "its host name does not resolve"),  # .invalid never resolves (RFC 6761)
+])
+def test_nothing_listening_is_said_at_once_not_after_the_deadline(where: str, why: str, unused_address: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    address = unused_address if where == "unused" else where
+    # An hour's deadline: waiting it out would hang the test; knowing the cause ends the call.
+    assert cli.main(["status", "--address", f"{address},{address}", "--rpc-timeout", "3600"]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err == (f"error: ClusterStatus: nothing is listening at {address} ({why}; is the cluster up? "
+                   "`phalanx config` shows what this command used)\n"), err
