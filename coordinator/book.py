@@ -98,6 +98,14 @@ class Book:
         yield from (h.nodes for h in self.participant.holds.values())
         yield from self.releasing.values()
 
+    def gangs_holding(self, node: str) -> list[str]:
+        """The gangs holding devices on this AZ's ``node``: a single-AZ
+        reservation, a cross-AZ hold, or a cross-AZ release not done yet."""
+        gangs = {gang for gang in self.ledger.held.get(node, {})}
+        gangs |= {gang for gang, h in self.participant.holds.items() if node in h.nodes}
+        gangs |= {inc[0] for inc, nodes in self.releasing.items() if node in nodes}
+        return sorted(gangs)
+
     def held_here(self) -> set[str]:
         """Gangs whose devices or attempt are still held here: a single-AZ
         reservation, a cross-AZ hold, or an owner not settled. The collector

@@ -1180,6 +1180,75 @@ class AzLeader:
             self.book.members.setdefault((g.id, g.incarnation), {}).update(stopped)
             await self.evaluate(g.id)
 
+    # ------------------------------------------------------ node lifecycle
+    def _node_record(self, node: str) -> NodeRecord:
+        rec = self.book.nodes.get(node)
+        if rec is None:
+            raise NotFound(f"node: no node {node!r} in {self.az}")
+        return rec
+
+    async def cordon(self, node: str, cordoned: bool) -> NodeRecord:
+        """Write the node's record (un)cordoned, fenced (docs/nodes.md):
+        placement skips a cordoned node; what runs there stays."""
+        self.check_valid()
+        await self.until_rebuilt()
+        rec = self._node_record(node)
+        if rec.cordoned != cordoned:
+            new = dataclasses.replace(rec, cordoned=cordoned)
+            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
+            rec = self.book.nodes[node] = dataclasses.replace(new, mod_revision=res.revision)
+            log.info("node %s %s", node, "cordoned" if cordoned else "uncordoned", extra={"node": node})
+            self.wake.set()
+        return rec
+
+    async def drain(self, node: str, requeue: bool) -> tuple[NodeRecord, list[str], list[str]]:
+        """Cordon the node; with ``requeue``, restart every gang this AZ
+        owns that runs there through the restart path (its members are
+        revoked, its devices released once they stopped, its next
+        incarnation placed on other nodes). The record, the gangs still
+        holding its devices, the gangs restarted."""
+        rec = await self.cordon(node, True)
+        requeued = []
+        if requeue:
+            now = self.wall()
+            for gang in self.book.gangs_holding(node):
+                g = self.book.gangs.get(gang)
+                if g is None or self.busy(gang) or g.state not in (GangState.RESERVED, GangState.STARTING,
+                                                                   GangState.RUNNING):
+                    continue
+                reports = self.book.members.get((g.id, g.incarnation), {})
+                why = f"node {node} drained by an admin: restarted on other nodes"
+                await self._transition(g, lifecycle.run_time_step(g, GangState.RESTARTING, why, reports, now, self.epoch),
+                                       now)
+                requeued.append(gang)
+        return rec, self.book.gangs_holding(node), requeued
+
+    async def delete_node(self, node: str, force: bool) -> list[str]:
+        """Delete the node's record, fenced: refused while gangs hold its
+        devices unless ``force`` (FailedPrecondition naming them). A live
+        agent registers the node again (docs/nodes.md). The gangs that held
+        its devices."""
+        self.check_valid()
+        await self.until_rebuilt()
+        self._node_record(node)
+        held = self.book.gangs_holding(node)
+        if held and not force:
+            raise FailedPrecondition(f"node: {node} in {self.az} holds devices of gang{'s' if len(held) > 1 else ''} "
+                                     f"{', '.join(held)}; drain it first, or delete with force")
+        await self.store.fenced_txn(self.fence, [], [Delete(self.keys.node(self.az, node))])
+        self.book.nodes.pop(node, None)
+        self.book.liveness.pop(node, None)
+        self._close_session(node)
+        self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
+        if held:
+            # Forced: its members are taken as stopped, so their gangs
+            # restart elsewhere or fail (no liveness is kept for it now).
+            await self._lose_node(fx.NodeLost(node, f"node {node} deleted by an admin (forced)"))
+        log.warning("node %s deleted by an admin%s", node, f" while gangs {', '.join(held)} held its devices" if held else "",
+                    extra={"node": node})
+        self.wake.set()
+        return held
+
     # ---------------------------------------------------------------- view
     async def explain(self, gang_id: str) -> Explanation | None:
         """Why a gang this leader owns is not (yet) admitted, from the

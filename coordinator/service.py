@@ -122,6 +122,17 @@ def _valid_id(value: str, field: str = "id") -> str:
     return value
 
 
+def _valid_node(request: Any) -> tuple[str, str]:
+    """(az, node) of a node lifecycle request (docs/nodes.md), both
+    required and valid names, before anything is read or forwarded."""
+    for field, pattern, most, what in (("az", limits.LABEL_VALUE, limits.MAX_AZ_NAME_LEN, limits.LABEL_VALUE_WHAT),
+                                       ("node", limits.NODE_NAME, limits.MAX_NODE_NAME_LEN, limits.NODE_NAME_WHAT)):
+        why = limits.name_error(getattr(request, field), pattern, most, what)
+        if why:
+            raise InvalidArgument(f"{field}: {why[:160]}")
+    return request.az, request.node
+
+
 def _valid_reason(reason: str) -> str:
     """A cancel reason: bounded, and printable (it is shown in `phalanx
     list` and `get`, and quoted in the gang record)."""
@@ -794,6 +805,46 @@ class GangServicer(ggrpc.GangServiceServicer):
                                              alarms=list(space.alarms), level=space.level.value,
                                              summary=space.describe()))
         return resp
+
+    # ------------------------------------------------------ node lifecycle
+    async def _node_leader(self, context: grpc.aio.ServicerContext, method: str, request: Any) -> tuple[Any, Any]:
+        """Admin only; done by the node's AZ leader: (leader, None) here,
+        else (None, that leader's answer), forwarded like a write."""
+        az, _ = _valid_node(request)
+        await self._authorize(context, authz.NODE_ADMIN)
+        if az == self.c.config.az:
+            return await self._leader_or_forward(context, method, request)
+        if self._forwarded(context):
+            raise NotLeader(f"coordinator {self.c.config.coordinator_id} is not the leader of {az}; retry")
+        info = await self._leader_of(az)
+        if info is None or not info.address:
+            raise Unavailable(f"{az} has no leader right now; retry shortly")
+        return None, await self._forward(context, info, method, request)
+
+    async def _node_status(self, leader: Any, rec: NodeRecord) -> pb.NodeStatus:
+        return convert.node_to_pb(rec, leader.book.ledger.used_gpus(rec.name), leader.heartbeats().get(rec.name))
+
+    @handled
+    async def CordonNode(self, request: gpb.CordonNodeRequest, context: grpc.aio.ServicerContext) -> pb.NodeStatus:
+        leader, forwarded = await self._node_leader(context, "CordonNode", request)
+        if forwarded is not None:
+            return forwarded
+        return await self._node_status(leader, await leader.cordon(request.node, request.cordoned))
+
+    @handled
+    async def DrainNode(self, request: gpb.DrainNodeRequest, context: grpc.aio.ServicerContext) -> gpb.DrainNodeResponse:
+        leader, forwarded = await self._node_leader(context, "DrainNode", request)
+        if forwarded is not None:
+            return forwarded
+        rec, gangs, requeued = await leader.drain(request.node, request.requeue)
+        return gpb.DrainNodeResponse(node=await self._node_status(leader, rec), gangs=gangs, requeued=requeued)
+
+    @handled
+    async def DeleteNode(self, request: gpb.DeleteNodeRequest, context: grpc.aio.ServicerContext) -> gpb.DeleteNodeResponse:
+        leader, forwarded = await self._node_leader(context, "DeleteNode", request)
+        if forwarded is not None:
+            return forwarded
+        return gpb.DeleteNodeResponse(gangs=await leader.delete_node(request.node, request.force))
 
     # ------------------------------------------------------------- policy
     @handled

@@ -466,8 +466,9 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
             az.leader_id if az.has_leader else "(none)",
             az.leader_address if az.has_leader else "-",
             az.epoch if az.has_leader else "-",
-            f"{az.nodes_ready}/{az.nodes_total}",
-            f"{az.gpus_free}/{az.gpus_total}",
+            f"{az.nodes_ready}/{az.nodes_total}" + node_states_note(az),
+            f"{az.gpus_free}/{az.gpus_total}" + (f" (usable {az.gpus_usable_free}/{az.gpus_usable})"
+                                                  if az.gpus_usable != az.gpus_total else ""),
         ]
         for az in sorted(st.azs, key=lambda a: a.az)
     ]
@@ -479,6 +480,14 @@ async def cmd_status(client: AsyncClient, args: argparse.Namespace) -> int:
     _print("gangs: " + (format_state_counts(counts) or "none"))
     _print(etcd_space_line(st.etcd))
     return EXIT_OK
+
+
+def node_states_note(az: Any) -> str:
+    """" (1 not ready, 2 cordoned, 1 expired)" for an AzStatus, or ""
+    when every node is ready (docs/nodes.md)."""
+    parts = [f"{n} {what}" for n, what in ((az.nodes_not_ready, "not ready"), (az.nodes_cordoned, "cordoned"),
+                                           (az.nodes_expired, "expired")) if n]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def etcd_space_line(etcd: Any) -> str:
@@ -980,6 +989,22 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--revision", type=_non_negative_int, required=True,
                    help="the revision `phalanx policy get` printed (0: no policy stored yet); a newer one is refused")
 
+    p = sub.add_parser("node", help="node lifecycle (admin): cordon, uncordon, drain or delete a node (docs/nodes.md)")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, text in (("cordon", "place nothing new on NODE; what runs there stays"),
+                       ("uncordon", "let NODE take work again"),
+                       ("drain", "cordon NODE, then wait until it holds no devices (--requeue: restart its gangs elsewhere)"),
+                       ("delete", "remove NODE's record; refused while gangs hold its devices unless --force")):
+        q = actions.add_parser(name, parents=[common], help=text)
+        q.add_argument("node", metavar="NODE")
+        q.add_argument("--az", required=True, help="the node's AZ")
+        if name == "drain":
+            q.add_argument("--requeue", action="store_true", help="restart its gangs on other nodes now (default: let them finish)")
+            q.add_argument("--timeout", type=_positive_float, default=300.0,
+                           help="seconds to wait for the node to hold no devices (default 300)")
+        if name == "delete":
+            q.add_argument("--force", action="store_true", help="delete even while gangs hold its devices (they restart or fail)")
+
     # Local only: files in --dir, no coordinator is contacted (docs/security.md).
     p = sub.add_parser("certs", help="a cluster's CA and the certificates it issues (files in --dir)")
     actions = p.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
@@ -1084,7 +1109,30 @@ def read_policy_file(path: str) -> dict[str, Any]:
     return data
 
 
+async def cmd_node(client: AsyncClient, args: argparse.Namespace) -> int:
+    """``phalanx node cordon|uncordon|drain|delete NODE --az AZ`` (docs/nodes.md)."""
+    where = f"{args.node} ({args.az})"
+    if args.action in ("cordon", "uncordon"):
+        await client.cordon(args.az, args.node, args.action == "cordon")
+        _print(f"node {where} {args.action}ed")
+        return EXIT_OK
+    if args.action == "delete":
+        held = await client.delete_node(args.az, args.node, force=args.force)
+        _print(f"node {where} deleted" + (f" (gangs {', '.join(held)} held its devices)" if held else ""))
+        return EXIT_OK
+    answer = await client.drain(args.az, args.node, requeue=args.requeue, timeout=args.timeout)
+    if answer.requeued:
+        _print(f"restarted on other nodes: {', '.join(answer.requeued)}")
+    if answer.gangs:
+        _print(f"error: node {where} still holds devices of {', '.join(answer.gangs)} after {args.timeout:g}s "
+               "(it stays cordoned)", file=sys.stderr)
+        return EXIT_ERROR
+    _print(f"node {where} drained: cordoned, it holds no devices")
+    return EXIT_OK
+
+
 REMOTE: dict[str, Callable[[AsyncClient, argparse.Namespace], Awaitable[int]]] = {
+    "node": cmd_node,
     "policy": cmd_policy,
     "get": cmd_get,
     "list": cmd_list,

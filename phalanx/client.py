@@ -1108,6 +1108,38 @@ class AsyncClient:
         """Each AZ's leader, epoch and capacity; gang counts by state."""
         return await self._call("ClusterStatus", gang_pb2.ClusterStatusRequest())
 
+    # -- node lifecycle (docs/nodes.md), admin only --
+
+    async def cordon(self, az: str, node: str, cordoned: bool = True) -> pb.NodeStatus:
+        """Cordon ``node`` of ``az`` (nothing new is placed on it, what runs
+        there stays), or uncordon it with ``cordoned=False``."""
+        return await self._call("CordonNode", gang_pb2.CordonNodeRequest(az=az, node=node, cordoned=cordoned))
+
+    async def drain(self, az: str, node: str, *, requeue: bool = False, timeout: float = 300.0) -> gang_pb2.DrainNodeResponse:
+        """Cordon the node and, with ``requeue``, restart its gangs on other
+        nodes (else let them finish); then wait until it holds no devices
+        or ``timeout`` s pass. The last answer: ``gangs`` is empty when the
+        node holds no devices, else it names those still there."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        answer = await self._call("DrainNode", gang_pb2.DrainNodeRequest(az=az, node=node, requeue=requeue))
+        requeued = list(answer.requeued)
+        pause = _BACKOFF_START_S
+        while answer.gangs and loop.time() + pause < deadline:
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _BACKOFF_MAX_S)
+            answer = await self._call("DrainNode", gang_pb2.DrainNodeRequest(az=az, node=node))
+        del answer.requeued[:]
+        answer.requeued.extend(requeued)
+        return answer
+
+    async def delete_node(self, az: str, node: str, *, force: bool = False) -> list[str]:
+        """Remove the node's record; FailedPrecondition naming the gangs
+        while it holds devices, unless ``force``. The gangs that held its
+        devices (``force`` only). A live agent registers it again."""
+        response = await self._call("DeleteNode", gang_pb2.DeleteNodeRequest(az=az, node=node, force=force))
+        return list(response.gangs)
+
     # -- the policy (docs/security.md "Policy as data") --
 
     async def get_policy(self) -> tuple[dict[str, Any], gang_pb2.PolicyRecord]:
@@ -1225,6 +1257,15 @@ class Client:
 
     def get_policy(self) -> tuple[dict[str, Any], gang_pb2.PolicyRecord]:
         return self._run(self._async.get_policy())
+
+    def cordon(self, az: str, node: str, cordoned: bool = True) -> pb.NodeStatus:
+        return self._run(self._async.cordon(az, node, cordoned))
+
+    def drain(self, az: str, node: str, *, requeue: bool = False, timeout: float = 300.0) -> gang_pb2.DrainNodeResponse:
+        return self._run(self._async.drain(az, node, requeue=requeue, timeout=timeout))
+
+    def delete_node(self, az: str, node: str, *, force: bool = False) -> list[str]:
+        return self._run(self._async.delete_node(az, node, force=force))
 
     def set_policy(self, policy: Mapping[str, Any], expected_revision: int) -> gang_pb2.PolicyRecord:
         return self._run(self._async.set_policy(policy, expected_revision))

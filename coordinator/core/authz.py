@@ -27,10 +27,12 @@ SUBMIT = "submit"
 CANCEL = "cancel"
 SET_POLICY = "set-policy"
 GET_POLICY = "policy"
+# Cordon, drain, delete a node (docs/nodes.md): admin only.
+NODE_ADMIN = "node-admin"
 # Reads: every role that may call GangService at all may do these (which
 # gangs a submitter sees is ``visible``'s answer).
 READS = ("get", "list", "watch", "explain", "nodes", "status", GET_POLICY)
-ACTIONS = (SUBMIT, CANCEL, SET_POLICY) + READS
+ACTIONS = (SUBMIT, CANCEL, SET_POLICY, NODE_ADMIN) + READS
 
 # visibility: "all" (every reading role sees every gang) or "own" (a
 # submitter sees only the gangs it owns; admins and viewers still see all).
@@ -144,6 +146,10 @@ def decide(identity: Identity, action: str, *, policy: Policy, forwarded: bool =
         if role == "admin":
             return ALLOW
         return _deny(identity, "only an admin may change the policy (SetPolicy)")
+    if action == NODE_ADMIN:
+        if role == "admin":
+            return ALLOW
+        return _deny(identity, "only an admin may cordon, uncordon, drain or delete a node")
     if role == "viewer":
         return _deny(identity, f"a viewer may only read (get, list, watch, explain, nodes, status, policy), not {action}")
     if action == SUBMIT:

@@ -10,7 +10,7 @@ import pytest
 from phalanx import strict_docs
 
 from coordinator.core.authz import (
-    ACTIONS, DEFAULT_MAX_PRIORITY, GET_POLICY, MAX_POLICY_JSON_BYTES, READS, SET_POLICY, Policy, PolicyError, decide,
+    ACTIONS, DEFAULT_MAX_PRIORITY, GET_POLICY, MAX_POLICY_JSON_BYTES, NODE_ADMIN, READS, SET_POLICY, Policy, PolicyError, decide,
     owner_of, policy_from_yaml, parse_policy, parse_policy_json, valid_owner, visible,
 )
 from phalanx.certs import Identity
@@ -165,20 +165,19 @@ def test_visibility_table(identity: Identity, policy: Policy, owner: str, forwar
     assert visible(identity, policy, owner, forwarded=forwarded) is seen
 
 
-@pytest.mark.parametrize("identity,forwarded,allowed", [
-    (ADMIN, False, True),
-    (ALICE, False, False),
-    (VIEWER, False, False),
-    (AGENT, False, False),
-    # SetPolicy is never forwarded: a coordinator certificate may not set it.
-    (COORD, True, False),
-    (COORD, False, False),
-])
-def test_set_policy_is_admin_only(identity: Identity, forwarded: bool, allowed: bool) -> None:
-    d = decide(identity, SET_POLICY, policy=P, forwarded=forwarded)
-    assert d.allowed is allowed, d.reason
-    if not allowed:
-        assert owner_of(identity) in d.reason
+# SetPolicy is never forwarded: a coordinator certificate may not set it.
+# Node lifecycle (docs/nodes.md) is forwarded to the node's leader by the
+# coordinator that decided.
+@pytest.mark.parametrize("action,forward_ok,words", [(SET_POLICY, False, "change the policy"),
+                                                     (NODE_ADMIN, True, "only an admin may cordon")])
+@pytest.mark.parametrize("identity,forwarded", [(ADMIN, False), (ALICE, False), (VIEWER, False), (AGENT, False),
+                                                (COORD, True), (COORD, False)])
+def test_admin_only_actions(action: str, forward_ok: bool, words: str, identity: Identity, forwarded: bool) -> None:
+    d = decide(identity, action, policy=P, forwarded=forwarded)
+    assert d.allowed is (identity is ADMIN or (identity is COORD and forwarded and forward_ok)), d.reason
+    if not d.allowed:
+        assert owner_of(identity) in d.reason, d.reason
+        assert words in d.reason or identity in (AGENT, COORD), d.reason
 
 
 def test_every_reading_role_reads_the_policy() -> None:
