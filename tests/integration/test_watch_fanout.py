@@ -29,6 +29,9 @@ from tests.integration.test_metrics_coordinator import METRICS, Scraper, value
 
 AZ = "az-a"
 PER_IDENTITY, TOTAL, BUFFER = 4, 6, 4
+# Changes kept for a resume: a gang's life is 4 or 5 changes that carry
+# events (submitted, placed+reserved, started, finished; a restart more).
+HISTORY = 8
 CAPS = ["--watch-streams-per-identity", str(PER_IDENTITY), "--watch-streams-total", str(TOTAL),
         "--watch-buffer", str(BUFFER)]
 # A reader's HTTP/2 window kept at a few hundred bytes: a stream it never
@@ -57,8 +60,8 @@ async def opened(call: Any) -> tuple[bool, grpc.StatusCode | None, str]:
     return True, None, ""
 
 
-async def setup(c: LocalCluster) -> tuple[str, Scraper]:
-    proc = c.start_coordinator(AZ, "w0", extra_args=[*METRICS, *CAPS])
+async def setup(c: LocalCluster, *more: str) -> tuple[str, Scraper]:
+    proc = c.start_coordinator(AZ, "w0", extra_args=[*METRICS, *CAPS, *more])
     await c.wait_leader(AZ)
     c.start_agents(AZ, [dgx_node(f"n{i}", AZ) for i in range(2)])
     await c.wait_nodes_ready(AZ, 2)
@@ -177,7 +180,7 @@ def finished(gang_id: str) -> Any:
 
 async def test_a_reopened_stream_resumes_after_the_last_revision_it_received(local_cluster: LocalCluster) -> None:
     c = local_cluster
-    address, m = await setup(c)
+    address, m = await setup(c, "--watch-history", str(HISTORY))
     ch = c.channel(address)
     try:
         stub = ggrpc.GangServiceStub(ch)
@@ -199,9 +202,12 @@ async def test_a_reopened_stream_resumes_after_the_last_revision_it_received(loc
         assert kinds[0] == "submitted" and kinds[-1] == "finished", kinds
         assert not [e for e in again if e.gang_id == a.id and e.revision <= last], "sent again what it had"
         resumed.cancel()
-        # A revision older than the coordinator's first read is not held:
-        # the stream starts from now and says so.
-        gap = stub.WatchEvents(gpb.WatchEventsRequest(after_revision=1))
+        # More changes than the history keeps: a resume after `last` would
+        # miss some, so the stream starts from now and says so.
+        for name in ("r-c", "r-d", "r-e"):
+            g = await c.submit(tiny(name, members=2, duration=0.1))
+            await c.wait_state(g.id, TERMINAL, timeout=60)
+        gap = stub.WatchEvents(gpb.WatchEventsRequest(after_revision=last))
         assert (await opened(gap))[0]
         assert dict(await gap.initial_metadata()).get("x-phalanx-resume") == "gap"
         gap.cancel()
