@@ -48,6 +48,9 @@ async def test_a_node_whose_agent_is_gone_expires_and_a_gang_that_needs_it_never
     await c.wait_nodes_ready(AZ, 2)
     gone.stop.set()
     await asyncio.wait_for(gone.task, 30)
+    # 16 GPUs: only with n1, which is gone. Before expiry it waits (n1 may
+    # come back); today it waited "for devices" for ever.
+    big = await c.submit(tiny("big", members=2, gpus=8, duration=0.5))
 
     async def expired() -> bool:
         a = await az_status(c)
@@ -60,8 +63,6 @@ async def test_a_node_whose_agent_is_gone_expires_and_a_gang_that_needs_it_never
     assert nodes["n1"].expired and not nodes["n1"].ready and "node_expire_after_s=6" in nodes["n1"].reason
     assert not nodes["n0"].expired
 
-    # 16 GPUs: only with n1, which is gone. Today it waited "for devices".
-    big = await c.submit(tiny("big", members=2, gpus=8, duration=0.5))
     failed = await c.wait_state(big.id, TERMINAL, timeout=30)
     assert failed.state == pb.GANG_STATE_FAILED, failed.reason
     assert failed.reason.startswith("never fits: needs 16 GPUs"), failed.reason

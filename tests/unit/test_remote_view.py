@@ -98,6 +98,28 @@ def test_node_records(steps, wakes, nodes, version) -> None:  # type: ignore[no-
     assert {(t.az, t.node) for t in inv.registered()} == set(nodes)
 
 
+def test_cordoned_and_expired_nodes_are_not_placed_on_nor_registered_for_never_fits() -> None:
+    """docs/nodes.md: another AZ's cordoned or expired node leaves the
+    never-fits set (a version bump, so memoised verdicts are judged again)
+    and is not placed on; back in service, it returns to both."""
+    inv = inventory("a", "b")
+
+    def put(node: str, rev: int, **flags: bool) -> bool:
+        rec = NodeRecord(topology=topo(node), ready=not flags.get("expired", False), **flags)
+        return inv.on_node(KEYS.node("b", node), kv(KEYS.node("b", node), rec.to_dict(), rev))
+
+    assert put("n0", 1) and put("n1", 1)
+    before = inv.version
+    assert put("n0", 2, cordoned=True)
+    assert put("n1", 2, expired=True)
+    assert inv.version == before + 2
+    assert inv.registered() == ()
+    assert {k: ready for k, (_, ready) in free(inv).items()} == {("b", "n0"): False, ("b", "n1"): False}
+    assert put("n0", 3) and put("n1", 3)
+    assert {t.node for t in inv.registered()} == {"n0", "n1"}
+    assert {k: ready for k, (_, ready) in free(inv).items()} == {("b", "n0"): True, ("b", "n1"): True}
+
+
 @pytest.mark.parametrize("doc", [b"not json", json.dumps({"ready": True}).encode(),
                                  json.dumps({"topology": {"az": "b"}, "ready": True}).encode()],
                          ids=["not-json", "no-topology", "topology-without-node"])
