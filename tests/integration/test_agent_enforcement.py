@@ -143,6 +143,24 @@ async def test_agent_enforces_epoch_token_and_ledger(rig: Rig) -> None:
     peer.send(lead.epoch, assign=assignment("ghost", [5]))
     await wait_for(lambda: any(e == "assign_refused_token" and "ghost" in d["key"] for e, d in history))
 
+    # 3b. A reservation that is not COMMITTED for this incarnation: a
+    #     two-phase hold still PREPARED, or a COMMITTED one of the incarnation
+    #     before. Nothing starts (fails if the token check's "holds" is gone).
+    prepared = Reservation(AZ, "held", 1, HoldState.PREPARED, {"n0": NodeDevices((3,))}, lead.epoch)
+    await store.txn([], [Put(store.keys.reservation(AZ, "held"), prepared.to_dict())])
+    peer.send(lead.epoch, assign=assignment("held", [3]))
+    await commit(store, "older", 1, [4], lead.epoch)
+    peer.send(lead.epoch, assign=assignment("older", [4], inc=2))
+    # 3c. A COMMITTED reservation that does not give every GPU assigned on
+    #     this node: nothing starts (fails if the token check's cover is gone).
+    await commit(store, "narrow", 1, [7], lead.epoch)
+    peer.send(lead.epoch, assign=assignment("narrow", [5, 7]))
+    for gang, why in (("held#1", "not COMMITTED for"), ("older#2", "not COMMITTED for"),
+                      ("narrow#1", "does not give GPUs [5, 7] on n0")):
+        await wait_for(lambda: any(e == "assign_refused_token" and gang in d["key"] for e, d in history))
+        refused = [d for e, d in history if e == "assign_refused_token" and gang in d["key"]][0]
+        assert why in refused["reason"], refused
+
     # 4. The leader is deposed in etcd (a successor wins) but this stale
     #    "leader" has not noticed: its still-highest epoch starts nothing.
     await store.txn([], [Delete(store.keys.leader(AZ))])

@@ -414,6 +414,20 @@ async def test_peer_calls_of_a_deposed_leader_are_refused_by_the_driver(leader: 
     assert gang not in book.participant.holds and await read_hold(store, gang) == (None, 0)
 
 
+async def test_prepare_for_a_gang_another_az_owns_is_refused(leader: AzLeader, store: Store,
+                                                            other_leader: Any) -> None:
+    """A Prepare from OTHER_AZ's current leader for a gang whose record names
+    another owner AZ is refused PERMISSION_DENIED and holds nothing. Fails if
+    ``handle_prepare_rpc``'s owner check is removed (the Prepare then reaches
+    the participant and is voted on)."""
+    gang = "g-not-theirs"
+    await store.txn([], [Put(store.keys.gang(gang), attempt_record(gang).evolve(owner_az="az-c").to_dict())])
+    with pytest.raises(PeerRefused, match=f"gang {gang} is owned by az-c, not {OTHER_AZ}") as refused:
+        await leader.twophase.handle_prepare_rpc(prepare_rpc(gang, other_leader.epoch))
+    assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
+    assert gang not in leader.book.participant.holds and await read_hold(store, gang) == (None, 0)
+
+
 async def test_write_gang_loses_to_a_newer_record(leader: AzLeader, store: Store) -> None:
     """The compare that guards every gang write: a write based on a record
     etcd has since replaced (a stale copy) raises Conflict and leaves the
