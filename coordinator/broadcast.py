@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import grpc
 
 from coordinator import convert
-from coordinator.core.fanout import History, StreamBuffer, StreamCaps, StreamLimits, last_seq, slow_reader, unseen_events
+from coordinator.core.fanout import (History, StreamBuffer, StreamCaps, StreamLimits, after_compaction, last_seq,
+                                     slow_reader, unseen_events)
 from coordinator.core.records import UNREADABLE, GangRecord, read_records
 from phalanx.errors import ResourceExhausted
 from phalanx.store import Compacted, StoreUnavailable
@@ -257,13 +258,13 @@ class Broadcaster:
 
     async def _resync(self) -> int:
         gangs, rev = await self._read()
-        kept = {g.id for g in gangs}
-        for gid in [gid for gid in self._seen if gid not in kept]:
+        gone, changed = after_compaction(list(self._seen), [(g.id, g.mod_revision) for g in gangs], self.position)
+        for gid in gone:
             self._seen.pop(gid, None)
             self._publish(Change(rev, gid, deleted=True))
-        for g in gangs:
-            if g.mod_revision > self.position:
-                self._publish(self._change(g, rev))
+        by_id = {g.id: g for g in gangs}
+        for gid in changed:
+            self._publish(self._change(by_id[gid], rev))
         self.position = max(self.position, rev)
         return rev
 

@@ -146,6 +146,18 @@ class History(Generic[T]):
         return len(self._items)
 
 
+def after_compaction(kept: Iterable[str], read: Iterable[tuple[str, int]], position: int) -> tuple[list[str], list[str]]:
+    """What a watch that missed history (compacted) tells its streams from a
+    fresh read of every gang: the gangs it kept that are gone (deleted
+    meanwhile), and the gangs read that changed after ``position`` (the
+    last revision it had sent; ``read``: id and mod_revision). The others
+    have nothing new."""
+    now = dict(read)
+    gone = [gid for gid in kept if gid not in now]
+    changed = [gid for gid, mod in now.items() if mod > position]
+    return gone, changed
+
+
 def unseen_events(seen_seq: int, events: Any) -> list[Any]:
     """The events of one gang a cluster stream has not sent yet: those with
     a ``seq`` above the highest it saw for that gang (``seq`` is 1, 2, ...

@@ -110,3 +110,18 @@ def test_a_bound_below_one_stops_the_start_naming_the_flag(flag: str) -> None:
 
     with pytest.raises(ConfigError, match=f"{flag} must be a whole number of at least 1, got 0"):
         parse_everything([*BASE, flag, "0"])
+
+
+@pytest.mark.parametrize("kept,read,position,gone,changed", [
+    (["a", "b"], [("a", 5), ("b", 7)], 10, [], []),              # nothing happened in the gap
+    (["a", "b"], [("a", 5), ("b", 12)], 10, [], ["b"]),          # b changed in the gap
+    (["a", "b"], [("b", 7)], 10, ["a"], []),                     # a deleted (retention) in the gap
+    (["a"], [("a", 5), ("c", 11)], 10, [], ["c"]),               # c appeared in the gap
+    (["a"], [("a", 10)], 10, [], []),                            # at the position: already sent
+    ([], [], 10, [], []),
+])
+def test_after_a_compaction_only_what_changed_in_the_gap_is_sent(
+        kept: list[str], read: list[tuple[str, int]], position: int, gone: list[str], changed: list[str]) -> None:
+    from coordinator.core.fanout import after_compaction
+
+    assert after_compaction(kept, read, position) == (gone, changed)
