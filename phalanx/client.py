@@ -135,6 +135,8 @@ _CONFLICT_BACKOFF_START_S = 0.05
 _BACKOFF_MAX_S = 1.0
 # Stream errors after which a watch resumes on another address.
 _RESUMABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+# WatchEvents' response header: resumed, gap or new (docs/events.md "Bounds and resume").
+_RESUME_HEADER = "x-phalanx-resume"
 
 T = TypeVar("T")
 SpecLike = GangSpec | pb.GangSpec | Mapping[str, Any] | str
@@ -926,7 +928,8 @@ class AsyncClient:
                     last = e.seq
                     yield e
 
-    async def watch_cluster_events(self, queue: str = "", on_open: Callable[[], None] | None = None
+    async def watch_cluster_events(self, queue: str = "", on_open: Callable[[], None] | None = None,
+                                   on_gap: Callable[[int], None] | None = None
                                    ) -> AsyncIterator[gang_pb2.ClusterEvent]:
         """Yield every gang event recorded from now on, of every queue or of
         ``queue``, as ``ClusterEvent`` (the gang's id, name and queue, and the
@@ -937,12 +940,16 @@ class AsyncClient:
         same failover rules as ``watch``, after the last revision received:
         events recorded while it was closed are sent when that coordinator
         still holds them (docs/events.md "Bounds and resume"; each gang's
-        ``watch_events`` has its history)."""
+        ``watch_events`` has its history). When it no longer does,
+        ``on_gap`` is called with the revision asked for: events recorded
+        after it and before the reopen are not sent."""
         pause = _BACKOFF_START_S
         after = 0  # the last revision whose events all arrived
         newest, at_newest = 0, set[tuple[str, int]]()  # the newest revision received, and its events
         while True:
             call = await self._open_cluster_events(queue, after)
+            if after and on_gap is not None and dict(await call.initial_metadata()).get(_RESUME_HEADER) == "gap":
+                on_gap(after)
             if on_open is not None:
                 on_open()
             try:
@@ -1223,9 +1230,9 @@ class Client:
     def watch_events(self, id: str, after_seq: int = 0) -> Iterator[pb.GangEventRecord]:
         return self._iterate(self._async.watch_events(id, after_seq))
 
-    def watch_cluster_events(self, queue: str = "", on_open: Callable[[], None] | None = None
-                             ) -> Iterator[gang_pb2.ClusterEvent]:
-        return self._iterate(self._async.watch_cluster_events(queue, on_open))
+    def watch_cluster_events(self, queue: str = "", on_open: Callable[[], None] | None = None,
+                             on_gap: Callable[[int], None] | None = None) -> Iterator[gang_pb2.ClusterEvent]:
+        return self._iterate(self._async.watch_cluster_events(queue, on_open, on_gap))
 
     def _iterate(self, agen: Any) -> Iterator[Any]:
         """An async generator of the client's loop, as a blocking iterator

@@ -19,6 +19,7 @@ import urllib.request
 from typing import Any
 
 import grpc
+import pytest
 
 from phalanx.client import AsyncClient
 from phalanx.v1 import gang_pb2 as gpb
@@ -220,14 +221,21 @@ async def test_a_reopened_stream_resumes_after_the_last_revision_it_received(loc
         await ch.close()
 
 
-async def test_the_sdk_resumes_on_another_coordinator_with_what_was_recorded_meanwhile(local_cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("history", [4096, 2])
+async def test_the_sdk_resumes_on_another_coordinator_with_what_was_recorded_meanwhile(
+        local_cluster: LocalCluster, history: int) -> None:
+    """With the default history the coordinator it reopens on still holds
+    what was recorded while the stream was closed, and sends it; with a
+    history of 2 changes (outrun by a gang's life) it does not, and the SDK
+    says so through on_gap."""
     c = local_cluster
-    c.start_coordinator(AZ, "w0")
+    c.start_coordinator(AZ, "w0", extra_args=["--watch-history", str(history)])
     await c.wait_leader(AZ)
     standby = c.start_coordinator(AZ, "w1")
     c.start_agents(AZ, [dgx_node(f"n{i}", AZ) for i in range(2)])
     await c.wait_nodes_ready(AZ, 2)
     leader_address = c.coordinators["w0"].address
+    gaps: list[int] = []
     async with AsyncClient([standby.address, leader_address], timeout=10, tls_dir=c.client_dir()) as client:
         opened_at: list[str] = []
         is_open = asyncio.Event()
@@ -236,7 +244,7 @@ async def test_the_sdk_resumes_on_another_coordinator_with_what_was_recorded_mea
             opened_at.append(client.last_address)
             is_open.set()
 
-        stream = client.watch_cluster_events(on_open=on_open)
+        stream = client.watch_cluster_events(on_open=on_open, on_gap=gaps.append)
         got: list[gpb.ClusterEvent] = []
         first = asyncio.ensure_future(stream.__anext__())
         await asyncio.wait_for(is_open.wait(), 60)
@@ -249,11 +257,26 @@ async def test_the_sdk_resumes_on_another_coordinator_with_what_was_recorded_mea
         standby.signal(signal.SIGKILL)
         b = await c.submit(tiny("sdk-b", members=2, duration=0.1), address=leader_address)
         await c.wait_state(b.id, TERMINAL, timeout=60)
-        while not finished(b.id)(got):
-            got.append(await asyncio.wait_for(stream.__anext__(), 60))
+        if history == 2:
+            # Nothing of b is sent; a gang after the reopen arrives.
+            is_open.clear()
+            following = asyncio.ensure_future(stream.__anext__())
+            await asyncio.wait_for(is_open.wait(), 60)
+            d = await c.submit(tiny("sdk-d", members=2, duration=0.1), address=leader_address)
+            got.append(await asyncio.wait_for(following, 60))
+            while not finished(d.id)(got):
+                got.append(await asyncio.wait_for(stream.__anext__(), 60))
+        else:
+            while not finished(b.id)(got):
+                got.append(await asyncio.wait_for(stream.__anext__(), 60))
         await stream.aclose()
     assert len(opened_at) == 2 and opened_at[1] == leader_address, opened_at
     kinds = [e.event.kind for e in got if e.gang_id == b.id]
-    assert kinds[0] == "submitted" and kinds[-1] == "finished", kinds
+    if history == 2:
+        # on_gap names the revision asked for: just before a's last one.
+        assert kinds == [] and gaps == [max(e.revision for e in got if e.gang_id == a.id) - 1], (kinds, gaps)
+    else:
+        assert kinds[0] == "submitted" and kinds[-1] == "finished", kinds
+        assert gaps == []
     seqs = [(e.gang_id, e.event.seq) for e in got]
     assert len(seqs) == len(set(seqs)), "an event was sent twice"
