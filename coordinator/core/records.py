@@ -135,7 +135,7 @@ class NodeRecord:
     topology: NodeTopology
     ready: bool
     agent_id: str = ""
-    last_heartbeat: float = 0.0  # wall clock, persisted coarsely
+    last_heartbeat: float = 0.0  # wall clock of its registration (the live one is the leader's, docs/design.md D17)
     reason: str = ""
     mod_revision: int = 0
     # What the agent advertised (absent in records of older agents): the
