@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -106,6 +107,7 @@ class AzLeader:
         self._verdicts: dict[tuple, str] = {}
         # (the index, other AZs' node-record version) the memo was built for
         self._verdicts_for: tuple[FabricIndex, int, tuple[NodeTopology, ...]] | None = None
+        self._node_writes = asyncio.Lock()  # one node-record write at a time (_write_node)
         self.led_since = mono()  # reset once rebuilt: when this leadership began to act
         self.wake = asyncio.Event()
         self.stopped = asyncio.Event()
@@ -1126,11 +1128,16 @@ class AzLeader:
         """Write the node's record expired (fenced): placement and
         never-fits leave it out, here and in every other AZ's view, until its
         agent registers again (docs/nodes.md)."""
-        self.check_valid()
         why = f"expired: its agent not heard for {silent:.0f}s (node_expire_after_s={self.t.node_expire_after_s:g})"
-        new = dataclasses.replace(rec, ready=False, expired=True, reason=why)
-        res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, rec.name), new.to_dict())])
-        self.book.nodes[rec.name] = dataclasses.replace(new, mod_revision=res.revision)
+
+        def make(cur: NodeRecord | None) -> NodeRecord:
+            if cur is None:
+                raise NotFound(f"node {rec.name} was deleted")
+            return dataclasses.replace(cur, ready=False, expired=True, reason=why)
+        try:
+            await self._write_node(rec.name, make)
+        except NotFound:
+            return  # deleted by an admin meanwhile: nothing to expire
         log.warning("node %s %s", rec.name, why, extra={"node": rec.name})
         self.wake.set()
 
@@ -1143,10 +1150,21 @@ class AzLeader:
             conn.closed = True
             conn.queue.put_nowait(None)
 
+    async def _write_node(self, node: str, make: Callable[[NodeRecord | None], NodeRecord]) -> NodeRecord:
+        """Put the record ``make`` derives from the node's current one (None:
+        none), fenced, one node write at a time: so a write decided before
+        an admin's cordon (a registration, NotReady) never undoes it, and a
+        cordon never writes back an older registration."""
+        async with self._node_writes:
+            rec = make(self.book.nodes.get(node))
+            await failpoints.hit("leader.before_node_write")
+            self.check_valid()
+            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), rec.to_dict())])
+            rec = self.book.nodes[node] = dataclasses.replace(rec, mod_revision=res.revision)
+            return rec
+
     async def _mark_not_ready(self, e: fx.MarkNodeNotReady) -> None:
-        self.check_valid()
-        res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, e.node), e.record.to_dict())])
-        self.book.nodes[e.node] = dataclasses.replace(e.record, mod_revision=res.revision)
+        await self._write_node(e.node, functools.partial(capacity.keep_cordon, e.record))
         log.warning("node %s not ready: %s", e.node, e.record.reason, extra={"node": e.node})
 
     async def _register_node(self, e: fx.RegisterNode) -> None:
@@ -1159,8 +1177,7 @@ class AzLeader:
             old.closed = True
             old.queue.put_nowait(None)
         if e.write:
-            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), e.record.to_dict())])
-            self.book.nodes[node] = dataclasses.replace(e.record, mod_revision=res.revision)
+            await self._write_node(node, functools.partial(capacity.keep_cordon, e.record))
             self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
         else:
             self.check_valid()  # (the write's fence would have checked)
@@ -1194,9 +1211,11 @@ class AzLeader:
         await self.until_rebuilt()
         rec = self._node_record(node)
         if rec.cordoned != cordoned:
-            new = dataclasses.replace(rec, cordoned=cordoned)
-            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), new.to_dict())])
-            rec = self.book.nodes[node] = dataclasses.replace(new, mod_revision=res.revision)
+            def make(cur: NodeRecord | None) -> NodeRecord:
+                if cur is None:
+                    raise NotFound(f"node: no node {node!r} in {self.az} (deleted just now)")
+                return dataclasses.replace(cur, cordoned=cordoned)
+            rec = await self._write_node(node, make)
             log.info("node %s %s", node, "cordoned" if cordoned else "uncordoned", extra={"node": node})
             self.wake.set()
         return rec
@@ -1235,8 +1254,9 @@ class AzLeader:
         if held and not force:
             raise FailedPrecondition(f"node: {node} in {self.az} holds devices of gang{'s' if len(held) > 1 else ''} "
                                      f"{', '.join(held)}; drain it first, or delete with force")
-        await self.store.fenced_txn(self.fence, [], [Delete(self.keys.node(self.az, node))])
-        self.book.nodes.pop(node, None)
+        async with self._node_writes:
+            await self.store.fenced_txn(self.fence, [], [Delete(self.keys.node(self.az, node))])
+            self.book.nodes.pop(node, None)
         self.book.liveness.pop(node, None)
         self._close_session(node)
         self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())

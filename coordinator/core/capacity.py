@@ -9,6 +9,7 @@ done) and as free only on a usable NIC or a listed GPU.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Mapping
 
 from coordinator.core.placement import NodeView
@@ -68,6 +69,13 @@ def node_state(rec: NodeRecord, ready: bool) -> str:
     if rec.cordoned:
         return "cordoned"
     return "ready" if ready else "not_ready"
+
+
+def keep_cordon(decided: NodeRecord, current: NodeRecord | None) -> NodeRecord:
+    """A node record decided before it is written (a registration,
+    NotReady) as it is written: with the cordon of the ``current`` record
+    (None: none), so an admin's cordon written in between is not undone."""
+    return decided if current is None else dataclasses.replace(decided, cordoned=current.cordoned)
 
 
 def expires(rec: NodeRecord, ready: bool, silent: float, expire_after_s: float) -> bool:

@@ -11,6 +11,7 @@ import sys
 import grpc
 import pytest
 
+from coordinator.core.records import NodeRecord
 from phalanx.timings import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
@@ -196,3 +197,46 @@ async def test_drain_waits_for_a_gang_to_finish_and_delete_is_refused_while_devi
     assert await node_status(c, "n0") is None
     a = await az_status(c)
     assert (a.nodes_total, a.nodes_ready) == (1, 1), a
+
+
+async def test_a_cordon_racing_a_registration_is_not_undone(etcd_endpoint, cluster_name, tmp_path) -> None:
+    """An admin cordons a node while its agent's registration write is in
+    flight (held up by the failpoint): the cordon is written after it, and
+    stays."""
+    # Heartbeats every 1 s: an agent waits 3 s for its leader, longer than
+    # the 1.5 s the failpoint holds each node write (the rest follows the rules).
+    slow = dataclasses.replace(TIMINGS, heartbeat_interval_s=1.0, node_not_ready_after_s=2.0, reconnect_budget_s=2.0,
+                               fence_after_s=5.0, node_register_grace_s=3.0, node_expire_after_s=8.0).validate()
+    c = LocalCluster(etcd_endpoint, cluster_name, tmp_path, timings=slow)
+    await c.start()
+    try:
+        c.start_coordinator(AZ, "a0", extra_env={"PHALANX_FAILPOINTS": "leader.before_node_write=delay(1.5)"})
+        await c.wait_leader(AZ)
+        first = c.start_agents(AZ, [dgx_node("n0", AZ)])
+        await c.wait_nodes_ready(AZ, 1)
+        first.stop.set()
+        await asyncio.wait_for(first.task, 30)
+
+        async def not_ready() -> bool:
+            st = await node_status(c, "n0")
+            return st is not None and not st.ready
+        await until("n0 not ready", not_ready)
+        log = c.coordinators["a0"]
+        hits = log.log().count("failpoint leader.before_node_write")
+        c.start_agents(AZ, [dgx_node("n0", AZ)])  # its registration writes the record ready again
+
+        async def registering() -> bool:
+            return log.log().count("failpoint leader.before_node_write") > hits
+        await until("the registration's write held up", registering)
+        await c.stub().CordonNode(gpb.CordonNodeRequest(az=AZ, node="n0", cordoned=True), timeout=20)
+
+        async def registered() -> bool:
+            st = await node_status(c, "n0")
+            return st is not None and st.ready
+        await until("n0 registered again", registered)
+        st = await node_status(c, "n0")
+        assert st is not None and st.cordoned, st
+        kv = await c.store.get(c.store.keys.node(AZ, "n0"))
+        assert NodeRecord.from_dict(kv.json()).cordoned
+    finally:
+        await c.close()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from coordinator.core import gang_effects as fx
-from coordinator.core.capacity import expires, node_state, takes_work
+from coordinator.core.capacity import expires, keep_cordon, node_state, takes_work
 from coordinator.core.records import NodeRecord
 from phalanx.topology import Gpu, NodeTopology
 
@@ -70,3 +70,17 @@ def test_the_record_round_trips_cordon_and_expiry_and_reads_old_records() -> Non
     assert NodeRecord.from_dict(old) == REC
     # Only a true boolean cordons or expires a node.
     assert not NodeRecord.from_dict({**REC.to_dict(), "cordoned": "yes", "expired": 1}).cordoned
+
+
+@pytest.mark.parametrize("decided_cordon, current, cordoned", [
+    (False, dataclasses.replace(REC, cordoned=True), True),  # an admin cordoned it in between: kept
+    (True, REC, False),  # uncordoned in between: kept too
+    (True, None, True),  # deleted in between: as decided
+])
+def test_a_record_decided_earlier_is_written_with_the_cordon_last_written(decided_cordon: bool,
+                                                                         current: NodeRecord | None,
+                                                                         cordoned: bool) -> None:
+    decided = dataclasses.replace(REC, ready=False, reason="no heartbeat", cordoned=decided_cordon)
+    written = keep_cordon(decided, current)
+    assert written.cordoned is cordoned
+    assert (written.ready, written.reason) == (False, "no heartbeat")
