@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from coordinator.core.records import NodeRecord
+from phalanx.metrics import scrape
 from phalanx.timings import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
@@ -42,7 +43,7 @@ async def az_status(c: LocalCluster) -> gpb.AzStatus:
 
 async def test_a_node_whose_agent_is_gone_expires_and_a_gang_that_needs_it_never_fits(cluster: LocalCluster) -> None:
     c = cluster
-    c.start_coordinator(AZ, "a0")
+    c.start_coordinator(AZ, "a0", extra_args=["--metrics-listen", "127.0.0.1:0"])
     await c.wait_leader(AZ)
     c.start_agents(AZ, [dgx_node("n0", AZ)])
     gone = c.start_agents(AZ, [dgx_node("n1", AZ)])
@@ -63,6 +64,13 @@ async def test_a_node_whose_agent_is_gone_expires_and_a_gang_that_needs_it_never
     nodes = {n.topology.node: n for n in (await c.stub().ListNodes(gpb.ListNodesRequest(az=AZ))).nodes}
     assert nodes["n1"].expired and not nodes["n1"].ready and "node_expire_after_s=6" in nodes["n1"].reason
     assert not nodes["n0"].expired
+
+    async def gauge_says_expired() -> bool:
+        text = await asyncio.to_thread(scrape, c.coordinators["a0"].metrics, tls=c.pki.client_files(), cluster=c.cluster)
+        want = {f'phalanx_nodes{{az="{AZ}",state="{s}"}} {n:.1f}' for s, n in
+                (("ready", 1), ("not_ready", 0), ("cordoned", 0), ("expired", 1))}
+        return want <= set(text.splitlines())
+    await until("phalanx_nodes showing n1 expired", gauge_says_expired)
 
     failed = await c.wait_state(big.id, TERMINAL, timeout=30)
     assert failed.state == pb.GANG_STATE_FAILED, failed.reason
