@@ -160,6 +160,14 @@ async def test_a_cordoned_node_takes_nothing_new_and_counts_for_no_never_fits(cl
     rc, out, err = await cli(c, "node", "uncordon", "n0", "--az", AZ)
     assert rc == 0, err
     assert not (await node_status(c, "n0")).cordoned  # type: ignore[union-attr]
+    # Bad names are refused naming the field, an unknown node is NOT_FOUND.
+    for req, code, words in ((gpb.CordonNodeRequest(az="", node="n0"), grpc.StatusCode.INVALID_ARGUMENT, "az: "),
+                             (gpb.CordonNodeRequest(az=AZ, node="../n0"), grpc.StatusCode.INVALID_ARGUMENT, "node: "),
+                             (gpb.CordonNodeRequest(az=AZ, node="n9", cordoned=True), grpc.StatusCode.NOT_FOUND,
+                              "no node 'n9' in az-a")):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await c.stub().CordonNode(req, timeout=10)
+        assert refused.value.code() == code and words in (refused.value.details() or ""), refused.value
     await c.stub().CancelGang(gpb.CancelGangRequest(id=g.id, reason="test"))
 
 
