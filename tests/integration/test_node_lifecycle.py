@@ -256,3 +256,20 @@ async def test_a_cordon_racing_a_registration_is_not_undone(etcd_endpoint, clust
         assert NodeRecord.from_dict(kv.json()).cordoned
     finally:
         await c.close()
+
+
+async def test_a_forced_delete_restarts_the_gangs_that_held_the_node(cluster: LocalCluster) -> None:
+    c = cluster
+    await one_az_two_nodes(c)
+    g = await running_on(c, "long", "n0")
+    rc, out, err = await cli(c, "node", "delete", "n0", "--az", AZ, "--force")
+    assert rc == 0 and f"node n0 (az-a) deleted (gangs {g.id} held its devices)" in out, (rc, out, err)
+
+    async def restarted() -> bool:
+        now = await c.stub().GetGang(gpb.GetGangRequest(id=g.id), timeout=5)
+        return now.incarnation > g.incarnation and now.state == pb.GANG_STATE_RUNNING
+    await until("the gang running again in a new incarnation", restarted, timeout=60)
+    # Its agent still runs: it registered the node again, uncordoned.
+    await c.wait_nodes_ready(AZ, 2)
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=g.id, reason="test"))
+    assert await c.check_etcd_invariants() == []
