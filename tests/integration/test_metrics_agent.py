@@ -310,7 +310,8 @@ async def test_a_restarted_agent_counts_the_members_it_adopts(etcd_endpoint: str
     counts."""
     # A fence deadline the members outlive the agent's restart by, however
     # loaded the machine (their shims would fence them otherwise).
-    timings = dataclasses.replace(Timings.fast(), fence_after_s=30.0).validate()
+    # (A node expires only after it could be lost: later than that fence.)
+    timings = dataclasses.replace(Timings.fast(), fence_after_s=30.0, node_expire_after_s=120.0).validate()
     c = await LocalCluster(etcd_endpoint, cluster_name, tmp_path, timings).start()
     try:
         c.start_coordinator(AZ, "c0")
