@@ -167,11 +167,13 @@ class Election:
                 if kv.lease == 0:
                     await self._reclaim_unleased(session, kv, res.revision)
                     continue
+                log.info("%s stands by in %s: %s is led (epoch %d); waiting for the record to go",
+                         self.coordinator_id, self.az, self.key, kv.create_revision)
                 await self._wait_for_vacancy(session, res.revision)
             # else: deleted between compare and read; try again at once
 
     async def _wait_for_vacancy(self, session: LeaseSession, revision: int) -> None:
-        """Wait until the current leader key is deleted (or our lease dies)."""
+        """Wait until the current leader key is deleted or unleased (or our lease dies)."""
 
         async def deleted() -> None:
             start = revision + 1
@@ -180,7 +182,10 @@ class Election:
                     async for batch in self.store.watch_prefix(self.key, start, exact=True):
                         for ev in batch:
                             start = ev.revision + 1
-                            if ev.kind == "delete":
+                            if ev.kind == "delete" or ev.kv.lease == 0:
+                                # Gone, or rewritten bound to no lease (it
+                                # would never expire): campaign again, and
+                                # the campaign reclaims an unleased record.
                                 return
                 except (StoreUnavailable, Compacted):
                     await asyncio.sleep(jitter(self.timings.campaign_retry_s))

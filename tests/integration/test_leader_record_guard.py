@@ -64,13 +64,16 @@ async def test_unleased_record_of_a_dead_leader_is_reclaimed(local_cluster: Loca
     procs = {cid: c.start_coordinator(AZ, cid) for cid in ("c0", "c1")}
     first = await c.wait_leader(AZ)
     dead = procs[first.coordinator_id]
+    standby = next(p for cid, p in procs.items() if cid != first.coordinator_id)
+    # The standby already waits on the record when it is rewritten (on a
+    # loaded machine it does; without this wait, only sometimes).
+    await _wait_log(standby, f"stands by in {AZ}")
     dead.signal(signal.SIGKILL)
     key = c.store.keys.leader(AZ)
     res = await c.store.txn([], [Put(key, json.dumps({"id": first.coordinator_id, "address": dead.address}))])
     assert res.succeeded
     kv = await c.store.get(key)
     assert kv is not None and kv.lease == 0 and kv.create_revision == first.epoch
-    standby = next(p for cid, p in procs.items() if cid != first.coordinator_id)
     await _wait_log(standby, f"deleted {key}: it was bound to no lease")
     again = await c.wait_leader(AZ, not_epoch=first.epoch, timeout=SETTLE_S)
     assert again.address == standby.address, again
