@@ -6,10 +6,13 @@ plaintext etcd, stopped and started again; the coordinator in-process."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import grpc
 import pytest
+
+from phalanx.store import StoreUnavailable
 
 from coordinator.config import CoordinatorConfig
 from coordinator.server import Coordinator
@@ -45,6 +48,16 @@ async def test_every_stream_ends_unavailable_when_etcd_is_gone_and_the_next_one_
             assert reg.get_sample_value("phalanx_watch_streams_dropped_total", {"reason": "unavailable"}) == 1
             assert reg.get_sample_value("phalanx_watch_streams") == 0
             etcd.start().wait_ready()
+            # "Back" as the coordinator sees it: its etcd channel may still be
+            # in gRPC's reconnect backoff from the refused connections.
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    await coord.store.get(coord.store.keys.leader("az-a"))
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "the coordinator never reached the restarted etcd"
+                    await asyncio.sleep(0.1)
             again = stub.WatchEvents(gpb.WatchEventsRequest())
             await asyncio.wait_for(again.initial_metadata(), 120)
             assert not again.done(), await again.details()
