@@ -7,9 +7,7 @@ expects exactly that invariant to be reported.
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -46,7 +44,6 @@ from coordinator.core.twophase_invariants import (
     SINGLE_DECISION,
 )
 
-REPO = Path(__file__).resolve().parents[2]
 SLICE = {"n1": ((0, 1), ())}
 OTHER = {"n1": ((2,), ())}
 
@@ -258,22 +255,4 @@ def test_config_is_validated_together(kwargs: dict[str, Any], message: str) -> N
         TwoPhaseConfig(**kwargs)
 
 
-# ------------------------------------------------------------------ purity
-
-CORE_FILES = sorted((REPO / "coordinator" / "core").glob("twophase*.py")) + [
-    REPO / "coordinator" / "core" / "ordering.py", REPO / "coordinator" / "core" / "retention.py"]
-FORBIDDEN = {"grpc", "aetcd", "etcd3", "asyncio", "time", "kubernetes", "socket", "threading", "random"}
-
-
-@pytest.mark.parametrize("path", CORE_FILES, ids=[p.name for p in CORE_FILES])
-def test_core_module_does_no_io(path: Path) -> None:
-    """docs/design.md §3: nothing under core/ imports grpc, the etcd client, asyncio
-    or time (nor a source of nondeterminism: same events, same effects)."""
-    tree = ast.parse(path.read_text())
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
-    assert not imported & FORBIDDEN
+# The purity rule for every core module: tests/unit/test_core_purity.py.
