@@ -8,6 +8,10 @@ the head of the order can only ever be refused by COMMITTED holds, never by a
 competitor that is itself waiting. That is what rules out both deadlock and
 livelock.
 
+The same key is the admission order of a leader's pending gangs
+(``GangRecord.order_key``, coordinator/core/admission.py): one order, one
+definition.
+
 Pure: no I/O.
 """
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 from coordinator.core import events as gang_events
 from coordinator.core.events import GangEvent
 from coordinator.core.progress import MemberReport
+from coordinator.core.ordering import GangOrderKey, gang_order_key
 from phalanx.ports import DEFAULT_PORTS
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx import limits
@@ -69,9 +70,10 @@ class GangRecord:
     mod_revision: int = 0  # from the read; not stored
 
     @property
-    def order_key(self) -> tuple[int, float, str]:
-        """Admission order: higher priority first, then older first."""
-        return (-self.spec.priority, self.submitted_at, self.id)
+    def order_key(self) -> GangOrderKey:
+        """Admission order, the same as the cross-AZ conflict order
+        (coordinator/core/ordering.py): higher priority first, then older first."""
+        return gang_order_key(self.spec.priority, self.submitted_at, self.id)
 
     def evolve(self, **changes: Any) -> "GangRecord":
         return dataclasses.replace(self, **changes)
