@@ -23,6 +23,7 @@ reservation was written) are exact.
 | 6 | no effect from a superseded epoch | reservation writes vs leader key (by revision); member starts vs leader terms |
 | 7 | a leader and admission resume after healing | leader terms and the post-heal probe gangs, within the stated bound |
 | 8 | two-phase decisions are final and agree | ``decisions/`` and two-phase reservation writes, replayed by revision |
+| 9 | a finished gang's members stop in time | each gang's first terminal write (recorder) vs its member exits (agents) |
 
 Cross-AZ gangs are ordinary gangs for 1-7: their members run on the agents
 of several AZs and every check groups members by (gang, incarnation, rank)
@@ -55,6 +56,7 @@ from chaos.history import (
 from chaos.history import Tracer
 from coordinator.core.records import DeviceLedger
 from phalanx.reservation import Reservation
+from phalanx.timings import Timings
 
 INVARIANTS: dict[int, str] = {
     1: "all-or-nothing",
@@ -65,6 +67,7 @@ INVARIANTS: dict[int, str] = {
     6: "no effect from a superseded epoch",
     7: "leader and admission resume after healing",
     8: "two-phase decisions are final and agree",
+    9: "no member outlives its gang's end",
 }
 
 SUBMIT_OPS = frozenset({"submit", "submit_cross_az"})
@@ -726,6 +729,72 @@ def check_two_phase(h: History) -> Check:
 
 
 # ---------------------------------------------------------------------------
+# 9. a finished gang's members stop within the stop grace and the fence bound
+
+
+# The Timings fields whose sum bounds how long a member may outlive the
+# terminal write of its gang: its agent is told (or, cut off from every
+# valid leader, fences: the node's fence deadline fence_after_s +
+# replace_margin_s, docs/timing.md) and stops it, SIGTERM then SIGKILL after
+# stop_grace_s.
+STOP_BOUND_FIELDS = ("stop_grace_s", "fence_after_s", "replace_margin_s")
+
+
+def stop_bound(timings: Mapping[str, Any]) -> float:
+    """``stop_grace_s + fence_after_s + replace_margin_s`` of the run's
+    timings (a field the run did not record takes its ``Timings`` default)."""
+    default = Timings()
+    return sum(float(timings.get(f, getattr(default, f))) for f in STOP_BOUND_FIELDS)
+
+
+def check_terminal_stops(h: History, ivs: Sequence[MemberInterval]) -> tuple[int, list[Violation], dict[str, Any]]:
+    """For every gang whose record was written terminal (SUCCEEDED, FAILED,
+    CANCELLED) at T, no member interval of that gang, of any incarnation,
+    ends later than T + ``stop_bound`` (stop_grace_s + fence_after_s +
+    replace_margin_s of the run's timings); a member with no recorded exit
+    counts as running at settle time.
+
+    The stamps compared, all ``time.monotonic()`` of the one machine: T is
+    when the recorder *saw* the gang's first terminal put (``etcd.jsonl``;
+    never before the write, so a late sighting can hide a violation but not
+    invent one); a member's end is its agent's ``member_exited`` stamp,
+    taken right after the exit (for an exit learnt late, the shim's
+    recorded end), or ``settle_at`` (the final dump) when none was recorded.
+    A cancel that races a start (the member is started after T) is held to
+    the same bound."""
+    out: list[Violation] = []
+    bound = stop_bound(h.params.timings)
+    fields = " + ".join(STOP_BOUND_FIELDS)
+    by_gang: dict[str, list[MemberInterval]] = defaultdict(list)
+    for iv in ivs:
+        by_gang[iv.gang].append(iv)
+    checked = 0
+    outlived = 0
+    longest = 0.0
+    for gid, obs in sorted(gang_observations(h.etcd).items()):
+        end = next((o for o in obs if o.state in TERMINAL), None)
+        if end is None:
+            continue
+        checked += 1
+        members = by_gang.get(gid, [])
+        lags = []
+        for iv in members:
+            stop = iv.end if iv.end != INF else max(h.params.settle_at, iv.start)
+            lags.append(stop - end.mono)
+            if stop - end.mono > bound:
+                alive = "still running at settle time" if iv.end == INF else f"exited {stop - end.mono:.2f}s"
+                out.append(Violation(9, f"{iv.key} of {end.state} gang {gid} {alive} after its terminal write "
+                                        f"(rev {end.rev}), past {fields} = {bound:g}s", (
+                    f"gang {gid} written {end.state} at rev {end.rev}, seen {_t(h, end.mono)}: {end.reason}",
+                    _iv(h, iv)), end.mono + bound))
+        if any(lag > 0 for lag in lags):
+            outlived += 1
+            longest = max(longest, max(lags))
+    return checked, out, {"bound_s": bound, "outlived_terminal_write": outlived,
+                          "longest_after_terminal_write_s": round(longest, 3)}
+
+
+# ---------------------------------------------------------------------------
 
 
 def check(h: History) -> Verdict:
@@ -745,6 +814,8 @@ def check(h: History) -> Verdict:
     results.append(InvariantResult(7, INVARIANTS[7], checked7, tuple(v7)))
     checked8, v8 = check_two_phase(h)
     results.append(InvariantResult(8, INVARIANTS[8], checked8, tuple(v8)))
+    checked9, v9, measured["terminal_stops"] = check_terminal_stops(h, ivs)
+    results.append(InvariantResult(9, INVARIANTS[9], checked9, tuple(v9)))
     measured["members"] = len(ivs)
     measured["incarnations"] = len({(iv.gang, iv.incarnation) for iv in ivs})
     measured["anomalies"] = anomalies(h, ivs)

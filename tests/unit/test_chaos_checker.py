@@ -28,7 +28,7 @@ from chaos.history import (
 )
 
 T0 = 1000.0
-TIMINGS = {"lease_ttl_s": 2, "fence_after_s": 4.0, "replace_margin_s": 1.0}
+TIMINGS = {"lease_ttl_s": 2, "fence_after_s": 4.0, "replace_margin_s": 1.0, "stop_grace_s": 1.0}
 
 
 # ---------------------------------------------------------------------------
@@ -723,6 +723,62 @@ def test_load_reads_a_run_directory(tmp_path: Path) -> None:
     assert len(h.agents) == 1 and h.agents[0].gpus == (0,)
     assert h.outcomes[0].acked and h.final is not None and "g" in h.final.gangs
     assert leader_terms(h.etcd)["a"][0].coordinator == "c"
+
+
+# ---------------------------------------------------------------------------
+# 9. no member outlives its gang's end (stop_grace_s + fence_after_s + replace_margin_s = 6 s here)
+
+
+def _cancelled_at_3(member_end: float | None, started_at: float = 2.0) -> History:
+    """g1 cancelled (seen at +3.0s) while its member runs; the member ends at
+    ``member_end`` (None: no exit recorded) and the reservation goes after it."""
+    h = healthy()
+    gone = 3.0 + 10 if member_end is None else member_end + 0.1
+    # a member started after the cancel never made its gang RUNNING
+    dropped = (13, 14, 15) if started_at > 3.0 else (14, 15)
+    etcd = tuple(e for e in h.etcd if not (e.key in ("gangs/g1", "reservations/a/g1") and e.rev in dropped))
+    etcd += (gang("g1", 14, 3.0, "CANCELLED"), released("g1", 15, gone))
+    agents = tuple(e for e in h.agents if not e.key.startswith("g1#"))
+    agents += (started("g1#1/r0", started_at),)
+    if member_end is not None:
+        agents += (exited("g1#1/r0", member_end, code=-15, phase="STOPPED"),)
+    fin = final({"g1": gang_value("g1", "CANCELLED"), "p-a": gang_value("p-a", "SUCCEEDED")})
+    return dataclasses.replace(h, etcd=tuple(sorted(etcd, key=lambda e: e.rev)),
+                               agents=tuple(sorted(agents, key=lambda e: e.mono)), final=fin)
+
+
+def test_terminal_stops_accepts_a_member_gone_just_inside_the_bound() -> None:
+    assert checker.stop_bound(TIMINGS) == 6.0
+    h = _cancelled_at_3(3.0 + 5.95)
+    assert violations(h, 9) == []
+    v = checker.check(h)
+    assert v.result(9).checked == 2  # g1 and the probe gang
+    assert v.measurements["terminal_stops"]["longest_after_terminal_write_s"] == pytest.approx(5.95)
+
+
+def test_terminal_stops_flags_a_member_that_outlives_the_bound() -> None:
+    found = violations(_cancelled_at_3(3.0 + 6.05), 9)
+    assert len(found) == 1
+    assert found[0].what == ("g1#1/r0 of CANCELLED gang g1 exited 6.05s after its terminal write (rev 14), past "
+                             "stop_grace_s + fence_after_s + replace_margin_s = 6s")
+    assert found[0].at == pytest.approx(T0 + 9.0)
+
+
+def test_terminal_stops_holds_a_member_started_after_the_cancel_to_the_same_bound() -> None:
+    # the cancel raced the start: the member starts after the terminal write
+    found = violations(_cancelled_at_3(3.0 + 7.0, started_at=3.5), 9)
+    assert len(found) == 1 and "exited 7.00s after its terminal write" in found[0].what
+
+
+def test_terminal_stops_flags_a_member_never_seen_to_exit() -> None:
+    found = checker.check(_cancelled_at_3(None)).result(9).violations
+    assert len(found) == 1 and "g1#1/r0 of CANCELLED gang g1 still running at settle time" in found[0].what
+
+
+def test_terminal_stops_reads_the_bound_from_the_run_timings() -> None:
+    h = _cancelled_at_3(3.0 + 6.05)
+    longer = dataclasses.replace(h.params, timings={**TIMINGS, "stop_grace_s": 1.2})
+    assert violations(dataclasses.replace(h, params=longer), 9) == []
 
 
 @pytest.mark.parametrize("n", list(checker.INVARIANTS))

@@ -26,7 +26,7 @@ def test_summary_lists_faults_leaders_outcomes_and_each_invariant() -> None:
     assert "+10.00s ..   +20.00s  partition-az-a  (target x)" in text
     assert "a: coord-a1 e5" in text
     assert "Gangs by final state: SUCCEEDED 2" in text
-    assert text.count("[PASS]") == len(checker.INVARIANTS) == 8 and "VERDICT: no violation" in text
+    assert text.count("[PASS]") == len(checker.INVARIANTS) == 9 and "VERDICT: no violation" in text
 
 
 def test_summary_shows_each_violation_with_its_evidence() -> None:
