@@ -207,8 +207,10 @@ def check_all_or_nothing(h: History, ivs: Sequence[MemberInterval]) -> Check:
 
 def check_no_double_booking(h: History, ivs: Sequence[MemberInterval]) -> Check:
     """(a) No (node, GPU) held by two live members at any instant (member
-    intervals from the agents' own stamps); (c) nor reserved twice in etcd at
-    any revision (see _reservation_overlaps). (b) No member holds its GPUs after
+    intervals from the agents' own stamps; an agent records its members'
+    GPUs, not their NICs, so NICs are checked in etcd only); (c) no (node,
+    GPU) and no (node, NIC) reserved twice in etcd at any revision (see
+    _reservation_overlaps). (b) No member holds its GPUs after
     etcd released them: once the reservation of its incarnation is *seen*
     deleted (true deletion is earlier), the member must be gone within
     ``release_tolerance_s``; else the coordinator's ledger hands out GPUs a
@@ -267,10 +269,12 @@ def check_no_double_booking(h: History, ivs: Sequence[MemberInterval]) -> Check:
 
 
 def _reservation_overlaps(h: History) -> Check:
-    """(c) etcd never holds two reservations on one GPU: replayed in revision
-    order (exact), after every reservation write the AZ's reservations at
-    that revision go through the coordinator's own ledger invariant
-    (``coordinator.core.records.DeviceLedger.conflicts``, docs/style.md §12); any
+    """(c) etcd never holds two reservations on one GPU or one NIC (NICs are
+    exclusive as GPUs are: capacity.free_view subtracts held NICs): replayed
+    in revision order (exact), after every reservation write the AZ's
+    reservations at that revision go through the coordinator's own ledger
+    invariant (``coordinator.core.records.DeviceLedger.conflicts``,
+    docs/style.md §12), which counts GPUs, and the same check of NICs; any
     status holds devices, except a two-phase record whose incarnation's
     decision is already ABORT at that revision: the decision key is the
     commit point (docs/two-phase.md), so such a hold is dead and its devices
@@ -304,10 +308,19 @@ def _reservation_overlaps(h: History) -> Check:
         if gang not in live:
             continue
         ledger = DeviceLedger.from_reservations(live)
-        mine = [c for c in ledger.conflicts() if c.endswith(f" {gang}") or f" {gang} and " in c]
+        conflicts = ledger.conflicts()
+        nic_holder: dict[tuple[str, str], str] = {}
+        for g, r in sorted(live.items()):
+            for node, dev in r.nodes.items():
+                for nic in dev.nics:
+                    if (node, nic) in nic_holder:
+                        conflicts.append(f"{node} nic {nic} held by {nic_holder[(node, nic)]} and {g}")
+                    nic_holder[(node, nic)] = g
+        mine = [c for c in conflicts if c.endswith(f" {gang}") or f" {gang} and " in c]
         if mine:
             others = sorted({g for g in held[az] if g != gang and any(f" {g} " in f" {c} " for c in mine)})
-            out.append(Violation(2, f"etcd holds reservations of {gang} and {', '.join(others)} on the same GPUs",
+            kinds = " and ".join(sorted({"NICs" if " nic " in c else "GPUs" for c in mine}))
+            out.append(Violation(2, f"etcd holds reservations of {gang} and {', '.join(others)} on the same {kinds}",
                                  (f"{e.key} written at rev {e.rev} (seen {_t(h, e.mono)}): {dict(e.value)}",
                                   *[f"reservations/{az}/{g} written at rev {held[az][g][0]}" for g in others],
                                   *[f"{az}: {c}" for c in mine]), e.mono))
