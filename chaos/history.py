@@ -79,6 +79,8 @@ class ClientCall:
     state: str = ""
     detail: str = ""
     probe: bool = False
+    aim: str = ""  # a cancel's aim: admission | restart | late (chaos.workload.CANCEL_AIMS)
+    trigger: str = ""  # a restart-aimed cancel's trigger: incarnation | fault | terminal | timeout
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,8 @@ class ClientOutcome:
     attempts: int
     probe: bool = False
     detail: str = ""
+    aim: str = ""
+    trigger: str = ""
 
 
 @dataclass(frozen=True)
@@ -256,7 +260,8 @@ def etcd_event(d: Mapping[str, Any]) -> EtcdEvent:
 def client_record(d: Mapping[str, Any]) -> ClientCall | ClientOutcome | None:
     kind = d.get("kind")
     common = dict(op=str(d.get("op", "")), key=str(d.get("key", "")), name=str(d.get("name", "")),
-                  az=str(d.get("az", "")), probe=bool(d.get("probe", False)))
+                  az=str(d.get("az", "")), probe=bool(d.get("probe", False)), aim=str(d.get("aim", "")),
+                  trigger=str(d.get("trigger", "")))
     if kind == "call":
         return ClientCall(
             **common, target=str(d.get("target", "")), attempt=int(d.get("attempt", 0)),

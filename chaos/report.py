@@ -104,6 +104,7 @@ def summary(h: History, v: Verdict, wall_s: float | None = None, metrics: RunMet
                  f"({sum(o.acked for o in cancels)} ok); {len(cross)} cross-AZ submissions "
                  f"({sum(o.acked for o in cross)} acknowledged)")
     lines.append("  attempts by status: " + ", ".join(f"{k} {n}" for k, n in attempts.most_common()))
+    lines.extend(cancel_lines(h))
     if h.final is not None:
         states = Counter(g.get("state", "?") for g in h.final.gangs.values() if isinstance(g, Mapping))
         lines.append("Gangs by final state: " + (", ".join(f"{k} {n}" for k, n in sorted(states.items())) or "none"))
@@ -115,6 +116,12 @@ def summary(h: History, v: Verdict, wall_s: float | None = None, metrics: RunMet
     lines.append("Agent effects: " + ", ".join(f"{k} {n}" for k, n in sorted(ev.items())))
     lines.append(traceability(h))
     m = v.measurements
+    stops = m.get("terminal_stops")
+    if stops:
+        lines.append(f"Terminal gangs (invariant 9): {v.result(9).checked} examined, "
+                     f"{stops['outlived_terminal_write']} with a member alive at their terminal write; the longest a "
+                     f"member outlived it {stops['longest_after_terminal_write_s']:.2f}s (bound {stops['bound_s']:g}s "
+                     "= stop_grace_s + fence_after_s + replace_margin_s)")
     lines.append(f"Recovery after the last heal (bound {m.get('bound_s', p.recovery_bound_s):g}s): leader "
                  f"{_fmt_az(m.get('leader_after_heal_s', {}))}; admission {_fmt_az(m.get('admission_after_heal_s', {}))}")
     for a in m.get("anomalies", []):
@@ -135,6 +142,44 @@ def summary(h: History, v: Verdict, wall_s: float | None = None, metrics: RunMet
     lines.append("")
     lines.append("VERDICT: " + ("no violation" if v.ok else f"{len(v.violations)} violation(s)"))
     return "\n".join(lines) + "\n"
+
+
+def cancels_by_aim(h: History) -> dict[str, dict[str, Counter[str]]]:
+    """Per aim (admission, restart, late; chaos.workload.CANCEL_AIMS), the
+    workload's cancels: ``outcome`` (ok or the final status), ``trigger``
+    (what a restart-aimed one waited for) and ``landed`` (the gang's state as
+    the recorder had last seen it when the cancel's first attempt began:
+    the recorder sees writes late, so the gang may already have been one
+    step further)."""
+    gobs = gang_observations(h.etcd)
+    out: dict[str, dict[str, Counter[str]]] = {}
+    for o in h.outcomes:
+        if o.op != "cancel" or o.probe:
+            continue
+        per = out.setdefault(o.aim or "unknown", {"outcome": Counter(), "trigger": Counter(), "landed": Counter()})
+        per["outcome"]["ok" if o.acked else o.code] += 1
+        if o.trigger:
+            per["trigger"][o.trigger] += 1
+        seen = [g for g in gobs.get(o.gang_id, []) if g.mono <= o.first_start]
+        per["landed"][seen[-1].state if seen else "unseen"] += 1
+    return out
+
+
+def cancel_lines(h: History) -> list[str]:
+    def fmt(c: Counter[str]) -> str:
+        return ", ".join(f"{k} {n}" for k, n in sorted(c.items()))
+
+    by_aim = cancels_by_aim(h)
+    if not by_aim:
+        return []
+    lines = ["  cancels by aim (landed on: the gang's state as last seen when the cancel was sent):"]
+    for aim in ("admission", "restart", "late", *sorted(set(by_aim) - {"admission", "restart", "late"})):
+        per = by_aim.get(aim)
+        if per is None:
+            continue
+        lines.append(f"    {aim}: {sum(per['outcome'].values())} ({fmt(per['outcome'])}); landed on {fmt(per['landed'])}"
+                     + (f"; trigger {fmt(per['trigger'])}" if per["trigger"] else ""))
+    return lines
 
 
 def traceability(h: History) -> str:

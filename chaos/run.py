@@ -137,7 +137,7 @@ def run_scenario(
             workload = pc.client.popen(
                 _py("chaos.workload", "--targets", targets, "--seed", str(seed), "--duration", str(duration),
                     "--rate", str(rate), "--steady", str(duration), "--out", str(run_dir / "workload.jsonl"),
-                    *pc.client_args()),
+                    "--fault-events", str(run_dir / "events.jsonl"), *pc.client_args()),
                 stdout=wl_out, stderr=subprocess.STDOUT, env=pc._env({}), cwd=str(REPO))
             wl_out.close()
             try:

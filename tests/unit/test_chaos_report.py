@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from chaos import checker, report
-from chaos.history import FaultRecord
+from chaos.history import ClientOutcome, FaultRecord
 from tests.unit.test_chaos_checker import T0, exited, healthy
 
 
@@ -60,3 +60,20 @@ def test_timeline_is_self_contained_inline_svg(tmp_path: Path) -> None:
     assert "svg" in p.tags and p.refs == [] and "<script" not in page
     assert "partition-az-a" in page and "g1" in page and "coord-a1 e5" in page
     assert (tmp_path / "report.txt").read_text().startswith("Phalanx chaos run")
+
+
+def test_summary_counts_cancels_by_aim_and_where_they_landed() -> None:
+    h = healthy()
+    cancels = (ClientOutcome("cancel", "g1", "g1", "a", True, "g1", T0 + 1.25, T0 + 1.3, "OK", 1, aim="admission"),
+               ClientOutcome("cancel", "g1", "g1", "a", False, "g1", T0 + 2.5, T0 + 30, "UNAVAILABLE", 9,
+                             aim="restart", trigger="fault"),
+               ClientOutcome("cancel", "p-a", "p-a", "a", True, "p-a", T0 + 20.5, T0 + 20.6, "OK", 1, aim="late"))
+    h = dataclasses.replace(h, outcomes=h.outcomes + cancels)
+    by_aim = report.cancels_by_aim(h)
+    assert by_aim["admission"]["landed"] == {"RESERVED": 1} and by_aim["admission"]["outcome"] == {"ok": 1}
+    assert by_aim["restart"]["trigger"] == {"fault": 1} and by_aim["restart"]["landed"] == {"RUNNING": 1}
+    assert by_aim["late"]["landed"] == {"unseen": 1}  # p-a's first write is seen at +21.0s
+    text = report.summary(h, checker.check(h))
+    assert "    admission: 1 (ok 1); landed on RESERVED 1" in text
+    assert "    restart: 1 (UNAVAILABLE 1); landed on RUNNING 1; trigger fault 1" in text
+    assert "Terminal gangs (invariant 9): 2 examined, 0 with a member alive at their terminal write" in text

@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from chaos.scenarios import MATRIX, SCENARIOS, schedule_seed
-from chaos.workload import CROSS_AZ_SHAPES, GPU_CHOICES, PROBE_PRIORITY, plan, probe_plan
+from chaos.workload import (
+    ADMISSION_WINDOW_S,
+    CANCEL_AIMS,
+    CROSS_AZ_SHAPES,
+    GPU_CHOICES,
+    PROBE_PRIORITY,
+    FaultWatch,
+    plan,
+    probe_plan,
+)
 from phalanx import wire
 from phalanx.spec import parse_spec
 
@@ -113,3 +125,37 @@ def test_planted_bug_failpoints_are_off_unless_armed() -> None:
         assert not failpoints.on("twophase.decision_overwrite")
     finally:
         failpoints.disarm_all()
+
+
+def test_cancels_aim_at_the_admission_window_restarts_and_later() -> None:
+    planned = [p for p in plan(11, 400, 1.0, AZS) if "steady" not in p.name]
+    cancelled = [p for p in planned if p.cancel_after is not None]
+    assert all(p.cancel_aim in CANCEL_AIMS for p in cancelled)
+    assert all(not p.cancel_aim for p in planned if p.cancel_after is None)
+    by_aim = {a: [p for p in cancelled if p.cancel_aim == a] for a in CANCEL_AIMS}
+    # half of the cancels land inside the admission window, a quarter at a restart
+    assert 0.35 < len(by_aim["admission"]) / len(cancelled) < 0.65
+    assert 0.12 < len(by_aim["restart"]) / len(cancelled) < 0.38
+    assert all(0.0 <= p.cancel_after <= ADMISSION_WINDOW_S for p in by_aim["admission"] + by_aim["restart"])
+    assert all(0.1 <= p.cancel_after <= 3.0 for p in by_aim["late"])
+    # the aims come from a per-gang stream: the rest of the plan is what it was
+    assert [(p.at, p.az, p.duration_s, p.cancel_after is None) for p in planned] == \
+        [(p.at, p.az, p.duration_s, p.cancel_after is None) for p in plan(11, 400, 1.0, AZS)
+         if "steady" not in p.name]
+
+
+def test_the_fault_watch_follows_the_runner_events_file(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    watch = FaultWatch(str(path))
+    assert not watch.since(0.0)  # no file yet
+    inject = json.dumps({"src": "fault", "mono": 10.0, "name": "pause", "action": "inject"})
+    path.write_text(json.dumps({"src": "process", "mono": 9.0, "action": "started", "name": "x"}) + "\n"
+                    + inject[:20])  # the runner is half-way through a line
+    assert not watch.since(0.0)
+    with path.open("a") as f:
+        f.write(inject[20:] + "\n")
+    assert watch.since(0.0) and watch.since(10.5)  # injected after 0; still in effect at 10.5
+    with path.open("a") as f:
+        f.write(json.dumps({"src": "fault", "mono": 12.0, "name": "pause", "action": "heal"}) + "\n")
+    assert watch.since(9.9) and not watch.since(10.0)  # healed: only an injection after the time counts
+    assert not FaultWatch("").since(0.0)
