@@ -28,7 +28,7 @@ from coordinator.core import capacity, lifecycle, peer_auth, progress
 from coordinator.core import explanation, gang_effects as fx
 from coordinator.core import twophase_events as tp
 from coordinator.core.explanation import Explanation
-from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, without
+from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, spans_azs, without
 from coordinator.core.placement import FabricIndex, NodeView, PlacementRequest, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
@@ -39,7 +39,6 @@ from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
 from coordinator.election import LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
 from phalanx.store import Delete, Fence, Get, Put, Store, StoreUnavailable, absent, unchanged_since
-from coordinator.twophase_driver import is_two_phase
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.logfmt import bind, current, log_context, new_stimulus
@@ -678,7 +677,7 @@ class AzLeader:
         decisions = self._plan(pending)
         self.metrics.placement_decision.observe(time.perf_counter() - started)
         last_attempts = {d.gang.id: self.twophase.last_reason(d.gang.id) for d in decisions
-                         if isinstance(d, FailAdmission) and is_two_phase(d.gang) and not d.never_fits}
+                         if isinstance(d, FailAdmission) and spans_azs(d.gang) and not d.never_fits}
         effects = fx.admission_effects(decisions, az=self.az, epoch=self.epoch, now=self.wall(),
                                        pending_class=pending_class, last_attempts=last_attempts,
                                        stimulus_id=self._stimulus())
@@ -703,7 +702,7 @@ class AzLeader:
         PENDING here and cross-AZ gangs whose two-phase owner waits for a
         placement; none with a write in flight."""
         return [g for g in self.book.gangs.values() if g.id not in self._inflight
-                and (self.twophase.awaits_placement(g) if is_two_phase(g) else g.state == GangState.PENDING)]
+                and (self.twophase.awaits_placement(g) if spans_azs(g) else g.state == GangState.PENDING)]
 
     def publish_view(self) -> None:
         """Set the metrics' gauges of this leader's view (pending gangs by
@@ -712,7 +711,7 @@ class AzLeader:
         pending: list[str] = []
         classes: dict[str, str] = {}
         for g in self.book.gangs.values():
-            wide = is_two_phase(g)
+            wide = spans_azs(g)
             c = fx.pending_gauge_class(g.state, wide, wide and self.twophase.awaits_placement(g),
                                        self.pending_classes.get(g.id, "no_room"))
             if c is None:
@@ -751,7 +750,7 @@ class AzLeader:
         inventory = (self.index, self.twophase.remote_version, tuple(self.registered_topologies()))
         if self._verdicts_for is None or self._verdicts_for[0] is not self.index or self._verdicts_for[1:] != inventory[1:]:
             self._verdicts, self._verdicts_for = {}, inventory
-        wide = any(is_two_phase(g) for g in pending)
+        wide = any(spans_azs(g) for g in pending)
         registered = None
         if self.judges_never_fits():
             registered = self.registered_topologies() + (self.twophase.other_azs_registered() if wide else [])
@@ -948,7 +947,7 @@ class AzLeader:
             if d.runs:
                 reported.setdefault((m.gang, m.incarnation), set()).add(m.rank)
         # Reservations on this node whose members the agent does not report.
-        for effect in fx.unreported_effects(node, self.az, list(self.book.gangs.values()), reported, two_phase=is_two_phase,
+        for effect in fx.unreported_effects(node, self.az, list(self.book.gangs.values()), reported, two_phase=spans_azs,
                                             stimulus_id=self._stimulus()):
             await self.perform(effect)
         await self.twophase.on_register(node, reported)
@@ -1034,7 +1033,7 @@ class AzLeader:
         if lifecycle.torn_down(g.state):
             # Torn down: act once no member of this incarnation can be alive.
             then = lifecycle.after_teardown(g, reports, has_reservation=g.id in self.book.reservations,
-                                            two_phase=is_two_phase(g))
+                                            two_phase=spans_azs(g))
             if then is None:
                 return
             with self.acting_on(gang_id):
@@ -1288,7 +1287,7 @@ class AzLeader:
         grace = "" if self.judges_never_fits() else (
             f"; whether it can ever fit is judged once this leader has led node_register_grace_s="
             f"{self.t.node_register_grace_s:g}s (agents may still be registering)")
-        if is_two_phase(g):
+        if spans_azs(g):
             return await self._explain_two_phase(g, head, grace)
         if g.id in self._inflight:
             return Explanation(f"{head}: the leader is writing its reservation (or its failure) now",

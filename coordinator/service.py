@@ -19,7 +19,8 @@ import grpc
 
 from coordinator import convert
 from coordinator.broadcast import RESUME_HEADER, Change, serve
-from coordinator.core.placement import NodeView, PlacementRequest, Unplaceable, never_fits, place
+from coordinator.core.admission import request_for, spans_azs
+from coordinator.core.placement import NodeView, Unplaceable, never_fits, place
 from coordinator.core import authz, capacity, listing
 from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
@@ -687,12 +688,8 @@ class GangServicer(ggrpc.GangServiceServicer):
         """Placement recomputed from the durable state of every AZ the gang
         may span; says nothing about when the leader admits it, which only
         the leader knows (``why``: why it could not be asked)."""
-        if g.spec.topology.may_span_azs:
-            azs = sorted(await self._azs())
-            request = PlacementRequest.from_spec(g.id, g.spec)
-        else:
-            azs = [g.owner_az]
-            request = PlacementRequest.from_spec(g.id, g.spec, azs=frozenset(azs))
+        azs = sorted(await self._azs()) if spans_azs(g) else [g.owner_az]
+        request = request_for(g, g.owner_az)
         views: list[NodeView] = []
         for az in azs:
             nodes, ledger = await self._az_state(az)

@@ -38,6 +38,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
 
 from coordinator.core import events as ev
+from coordinator.core.admission import spans_azs
 from coordinator.core import capacity, cross_az_members, progress
 from coordinator.core import gang_effects as fx
 from coordinator.core.effect_lines import effect_line
@@ -108,13 +109,6 @@ if TYPE_CHECKING:
     from coordinator.leader import AzLeader
 
 log = logging.getLogger(__name__)
-
-
-def is_two_phase(g: GangRecord) -> bool:
-    """Gangs that may span AZs are admitted through two-phase reservations
-    (even when their plan lands in one AZ); all others take the single-AZ
-    fast path (one fenced txn)."""
-    return g.spec.topology.may_span_azs
 
 
 class PeerRefused(Exception):
@@ -1166,7 +1160,7 @@ class TwoPhaseDriver:
         admission timeout is the plan's rule 1, as for every gang)."""
         now = self.now()
         for g in list(self.book.gangs.values()):
-            if not is_two_phase(g):
+            if not spans_azs(g):
                 continue
             o = self.book.owners.get(g.id)
             if o is None:
@@ -1185,7 +1179,7 @@ class TwoPhaseDriver:
             # gangs periodically; it writes only on a transition.
             self._last_eval = now
             for g in list(self.book.gangs.values()):
-                if is_two_phase(g) and not self.l.busy(g.id) and g.state not in (GangState.PENDING, GangState.RESERVING):
+                if spans_azs(g) and not self.l.busy(g.id) and g.state not in (GangState.PENDING, GangState.RESERVING):
                     self._spawn(self.l.evaluate(g.id), f"evaluate-{g.id}")
         for gang, o in list(self.book.owners.items()):
             if gang not in self.book.gangs and o.phase.settled:

@@ -111,7 +111,10 @@ def without(views: Sequence[NodeView], taken: Mapping[NodeKey, tuple[Iterable[in
 
 def spans_azs(gang: GangRecord) -> bool:
     """Whether the gang is placed over every AZ (and admitted by two-phase
-    reservations) rather than over its owner AZ alone."""
+    reservations, even when its plan lands in one AZ) rather than over its
+    owner AZ alone (the single-AZ fast path: one fenced txn). The one
+    definition: the leader, the two-phase driver and explain's etcd
+    fallback (coordinator/service.py) all ask this."""
     return gang.spec.topology.may_span_azs
 
 
