@@ -36,6 +36,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+# Re-exported: phalanx.certs is where callers have always found them.
+from phalanx.cert_names import CA_CERT, SERVER_NAME_SUFFIX, coordinator_server_name, leaf_paths  # noqa: F401
 from phalanx.limits import (
     DNS_LABEL,
     DNS_LABEL_WHAT,
@@ -53,7 +55,6 @@ SCHEME = "phalanx"
 ROLES = ("admin", "submitter", "viewer", "agent", "coordinator")
 # The roles whose certificate may name the AZ they serve in.
 AZ_BOUND_ROLES = ("agent", "coordinator")
-CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 DEFAULT_CLUSTER = "local"  # the default --cluster of the coordinator and the agents
 CA_DAYS = 3650
@@ -64,19 +65,6 @@ MAX_QUEUES = 256
 # Hosts a coordinator certificate names when --hosts is not given: what a
 # local cluster (``phalanx up``) dials.
 DEFAULT_HOSTS = ("localhost", "127.0.0.1", "::1")
-# Every coordinator certificate also names this DNS host (not a real one:
-# ``.invalid`` never resolves), and every client of a coordinator checks the
-# server's certificate against it, whatever address it dialed. So a client
-# can dial any address (a pod IP, a netns address, a proxy) and still only a
-# coordinator certificate of its cluster's CA passes.
-SERVER_NAME_SUFFIX = "phalanx.invalid"
-
-
-def coordinator_server_name(cluster: str) -> str:
-    """The DNS name every coordinator certificate of ``cluster`` carries."""
-    return f"coordinators.{cluster}.{SERVER_NAME_SUFFIX}"
-
-
 _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
 
@@ -503,11 +491,6 @@ def write_file(path: Path, data: bytes, mode: int) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def leaf_paths(directory: Path, role: str, name: str) -> tuple[Path, Path]:
-    """Where ``issue`` writes a certificate and its key."""
-    return directory / f"{role}-{name}.crt", directory / f"{role}-{name}.key"
 
 
 def init_ca(directory: Path, cluster: str = DEFAULT_CLUSTER, *, now: datetime.datetime, days: int = CA_DAYS) -> tuple[Path, Path]:

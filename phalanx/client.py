@@ -66,8 +66,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type
 from phalanx.errors import CLUSTER_METADATA, COORDINATOR_METADATA, Conflict, FailedPrecondition, PhalanxError, from_status
 from phalanx.model import GangState
 from phalanx.spec import FieldError, GangSpec, InvalidSpec, load_spec, parse_spec
-from phalanx.certs import coordinator_server_name
-from phalanx.tls import TlsError, TlsFiles, channel_credentials, coordinator_channel, looks_like_handshake, probe_server, utc_now
+from phalanx.cert_names import coordinator_server_name
+from phalanx.tls import (
+    TlsError, TlsFiles, ca_pem_cluster, client_pems, looks_like_handshake, pem_channel, probe_server, utc_now,
+)
 from phalanx.v1 import gang_pb2, gang_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
 from phalanx.wire import spec_from_pb, spec_to_pb
@@ -387,23 +389,11 @@ def connection_settings(
 def client_tls(directory: str | os.PathLike[str]) -> tuple[TlsFiles, str]:
     """The client's TLS files in ``directory`` and the cluster its CA is
     for, checked now: TlsError names the file and the check (a missing
-    file, a key that is not the certificate's, another CA, expired)."""
-    from cryptography import x509
-
-    from phalanx.certs import CertError, ca_cluster
-
+    file, a key that is not the certificate's, another CA, expired).
+    Files that passed before are not parsed again (phalanx.tls.client_pems)."""
     d = Path(directory)
     files = TlsFiles(d / TLS_CA_FILE, d / TLS_CERT_FILE, d / TLS_KEY_FILE)
-    try:
-        ca_pem = files.ca.read_bytes()
-    except OSError as exc:
-        raise TlsError(files.ca, "cannot read", exc.strerror or str(exc)) from None
-    try:
-        cluster = ca_cluster(x509.load_pem_x509_certificate(ca_pem))
-    except ValueError as exc:  # CertError is a ValueError: a CA phalanx did not make
-        raise TlsError(files.ca, "not a PEM certificate" if not isinstance(exc, CertError) else "bad identity", str(exc)) from None
-    channel_credentials(files, cluster=cluster)  # every check the channel will make
-    return files, cluster
+    return files, client_pems(files)[3]
 
 
 # --- bearer tokens (docs/security.md "Bearer tokens") -------------------------------
@@ -443,24 +433,17 @@ def token_credentials(directory: str | os.PathLike[str], token: str) -> tuple[gr
     in ``directory`` (and present client.crt/.key when they are there) and
     send ``authorization: Bearer <token>`` on every call, and the CA's
     cluster. gRPC itself refuses call credentials on a plaintext channel."""
-    from cryptography import x509
-
-    from phalanx.certs import CertError, ca_cluster
-
     d = Path(directory)
     if (d / TLS_CERT_FILE).exists():
-        files, cluster = client_tls(d)
-        base = channel_credentials(files, cluster=cluster)
+        ca_pem, cert_pem, key_pem, cluster = client_pems(TlsFiles(d / TLS_CA_FILE, d / TLS_CERT_FILE, d / TLS_KEY_FILE))
+        base = grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem, certificate_chain=cert_pem)
     else:
         ca = d / TLS_CA_FILE
         try:
             ca_pem = ca.read_bytes()
         except OSError as exc:
             raise TlsError(ca, "cannot read", exc.strerror or str(exc)) from None
-        try:
-            cluster = ca_cluster(x509.load_pem_x509_certificate(ca_pem))
-        except ValueError as exc:
-            raise TlsError(ca, "not a PEM certificate" if not isinstance(exc, CertError) else "bad identity", str(exc)) from None
+        cluster = ca_pem_cluster(ca, ca_pem)
         base = grpc.ssl_channel_credentials(root_certificates=ca_pem)
     return grpc.composite_channel_credentials(base, grpc.access_token_call_credentials(token)), cluster
 
@@ -699,7 +682,10 @@ class AsyncClient:
                     ("grpc.ssl_target_name_override", coordinator_server_name(cluster)), *_CHANNEL_OPTIONS])
             elif self._tls is not None:
                 files, cluster = self._tls
-                channel = coordinator_channel(address, files, cluster=cluster, options=_CHANNEL_OPTIONS)
+                # The files as they are now (a renewal is used by the next
+                # channel), checked as coordinator_channel checks them.
+                ca_pem, cert_pem, key_pem, _ = client_pems(files, cluster=cluster)
+                channel = pem_channel(address, ca_pem, cert_pem, key_pem, cluster=cluster, options=_CHANNEL_OPTIONS)
             else:
                 channel = grpc.aio.insecure_channel(address, options=list(_CHANNEL_OPTIONS))
             self._channels[address] = channel

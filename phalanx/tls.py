@@ -38,23 +38,20 @@ import ssl
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
-from phalanx.certs import (
-    CA_CERT,
-    CHECK_WRONG_NAME,
-    Identity,
-    IdentityError,
-    check_coordinator,
-    coordinator_server_name,
-    dns_names,
-    identity_of,
-    leaf_paths,
-)
+from phalanx.cert_names import CA_CERT, coordinator_server_name, leaf_paths
+
+if TYPE_CHECKING:
+    from cryptography import x509
+
+    from phalanx.certs import Identity
+
+# cryptography and phalanx.certs (which imports it) are imported where a
+# certificate is parsed, not here: a client whose files passed before
+# (phalanx/tls_check_cache.py) dials without them.
 
 __all__ = [
     "TlsError", "TlsFiles", "Loaded", "load", "ServerCredentialsSource", "channel_credentials",
@@ -140,7 +137,15 @@ def read_key_pair(files: TlsFiles) -> tuple[bytes, bytes, bytes, tuple[x509.Cert
     certificate's: ``(ca_pem, cert_pem, key_pem, cas, cert)``, or TlsError
     naming the file and the check. What the certificate must then be is the
     caller's (a Phalanx identity here, an etcd user in phalanx.etcd_pki)."""
-    ca_pem, cert_pem, key_pem = _read(files.ca), _read(files.cert), _read(files.key)
+    return parse_key_pair(files, _read(files.ca), _read(files.cert), _read(files.key))
+
+
+def parse_key_pair(files: TlsFiles, ca_pem: bytes, cert_pem: bytes, key_pem: bytes,
+                   ) -> tuple[bytes, bytes, bytes, tuple[x509.Certificate, ...], x509.Certificate]:
+    """``read_key_pair`` on bytes already read from ``files`` (named in errors)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     try:
         cas = tuple(x509.load_pem_x509_certificates(ca_pem))
     except ValueError as exc:
@@ -163,7 +168,15 @@ def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> 
     """Read and check the three files: the CA bundle parses, the certificate
     parses, the key is the certificate's, and the certificate is this
     cluster's CA's, valid at ``now``, for ``use`` ("client"/"server")."""
-    ca_pem, cert_pem, key_pem, cas, cert = read_key_pair(files)
+    return check_pems(files, _read(files.ca), _read(files.cert), _read(files.key), cluster=cluster, use=use, now=now)
+
+
+def check_pems(files: TlsFiles, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, *, cluster: str, use: str,
+               now: datetime.datetime) -> Loaded:
+    """``load`` on bytes already read from ``files`` (named in errors)."""
+    from phalanx.certs import CHECK_WRONG_NAME, IdentityError, dns_names, identity_of
+
+    ca_pem, cert_pem, key_pem, cas, cert = parse_key_pair(files, ca_pem, cert_pem, key_pem)
     try:
         identity = identity_of(cert, ca=cas, cluster=cluster, now=now, use=use)
     except IdentityError as exc:
@@ -174,6 +187,46 @@ def load(files: TlsFiles, *, cluster: str, use: str, now: datetime.datetime) -> 
         raise TlsError(files.cert, CHECK_WRONG_NAME, f"does not name {coordinator_server_name(cluster)}, the name every "
                        "client checks (issued by an older phalanx: issue it again with phalanx certs issue --role coordinator)")
     return Loaded(ca_pem, cert_pem, key_pem, cas, cert, identity)
+
+
+def ca_pem_cluster(path: Path | str, ca_pem: bytes) -> str:
+    """The cluster a phalanx CA (the first certificate of the bundle) is
+    for; TlsError naming ``path`` and the check."""
+    from cryptography import x509
+
+    from phalanx.certs import CertError, ca_cluster
+
+    try:
+        return ca_cluster(x509.load_pem_x509_certificate(ca_pem))
+    except ValueError as exc:  # CertError is a ValueError: a CA phalanx did not make
+        raise TlsError(path, "not a PEM certificate" if not isinstance(exc, CertError) else "bad identity",
+                       str(exc)) from None
+
+
+def client_pems(files: TlsFiles, *, cluster: str | None = None,
+                now: datetime.datetime | None = None) -> tuple[bytes, bytes, bytes, str]:
+    """A client's three files as read now and the cluster its CA is for,
+    checked as ``load(use="client")`` checks them (TlsError names the file
+    and the check). ``cluster`` None: the CA's. The verdict on these exact
+    bytes is remembered (phalanx/tls_check_cache.py): the next command
+    with the same files inside the certificate's validity skips the X.509
+    parse."""
+    from phalanx import tls_check_cache as cache
+
+    ca_pem, cert_pem, key_pem = _read(files.ca), _read(files.cert), _read(files.key)
+    now = now or utc_now()
+    path = cache.cache_path()
+    key = cache.digest(ca_pem, cert_pem, key_pem, "client")
+    entries = cache.read_entries(path)
+    known = cache.verdict(entries, key, now)
+    if known is not None and (cluster is None or cluster == known):
+        return ca_pem, cert_pem, key_pem, known
+    if cluster is None:
+        cluster = ca_pem_cluster(files.ca, ca_pem)
+    loaded = check_pems(files, ca_pem, cert_pem, key_pem, cluster=cluster, use="client", now=now)
+    cache.write_entries(path, cache.remembered(entries, key, cluster, loaded.cert.not_valid_before_utc,
+                                               loaded.cert.not_valid_after_utc, now))
+    return ca_pem, cert_pem, key_pem, cluster
 
 
 def _stat_key(files: TlsFiles) -> tuple[Any, ...]:
@@ -263,8 +316,18 @@ def coordinator_channel(target: str, files: TlsFiles, *, cluster: str, options: 
     server's certificate is from the CA and names
     ``coordinator_server_name(cluster)``, whatever host ``target`` names:
     only a coordinator certificate of this cluster passes."""
+    loaded = load(files, cluster=cluster, use="client", now=now or utc_now())
+    return pem_channel(target, loaded.ca_pem, loaded.cert_pem, loaded.key_pem, cluster=cluster, options=options,
+                       aio=aio)
+
+
+def pem_channel(target: str, ca_pem: bytes, cert_pem: bytes, key_pem: bytes, *, cluster: str,
+                options: Sequence[tuple[str, Any]] = (), aio: bool = True) -> Any:
+    """``coordinator_channel`` from files already checked (``load``,
+    ``client_pems``)."""
     opts = [("grpc.ssl_target_name_override", coordinator_server_name(cluster)), *options]
-    credentials = channel_credentials(files, cluster=cluster, now=now)
+    credentials = grpc.ssl_channel_credentials(root_certificates=ca_pem, private_key=key_pem,
+                                               certificate_chain=cert_pem)
     if aio:
         return grpc.aio.secure_channel(target, credentials, options=opts)
     return grpc.secure_channel(target, credentials, options=opts)
@@ -295,6 +358,10 @@ def probe_server(target: str, files: TlsFiles, *, cluster: str, now: datetime.da
     ``check`` is the failed check (``unknown CA``, ``expired``, ``wrong
     name``, ...); None if the certificate passes or the server could not be
     reached (gRPC's own error says more then). Blocking: run it in a thread."""
+    from cryptography import x509
+
+    from phalanx.certs import IdentityError, check_coordinator
+
     try:
         loaded = load(files, cluster=cluster, use="client", now=now)
     except TlsError as exc:  # our own files changed under us: that is the reason
@@ -333,6 +400,10 @@ def peer_identity(context: Any, *, cas: Sequence[x509.Certificate], cluster: str
     handshake verified (``context`` is a grpc or grpc.aio servicer context).
     IdentityError if the call carries no certificate or it names no valid
     identity of ``cluster``."""
+    from cryptography import x509
+
+    from phalanx.certs import IdentityError, identity_of
+
     pems = context.auth_context().get("x509_pem_cert") or []
     if not pems:
         raise IdentityError("no certificate", "the call carries no client certificate (plaintext, or TLS without client authentication)")

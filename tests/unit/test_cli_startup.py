@@ -41,3 +41,15 @@ def test_no_heavy_import_before_a_command_runs(argv: list[str], code: int, tmp_p
     # Only --version looks up the installed version (importlib.metadata: ~15 ms).
     allowed = ("importlib.metadata",) if argv == ["--version"] else ()
     assert not [m for m in result["loaded"] if m.startswith(HEAVY) and m not in allowed], result["loaded"]
+
+
+def test_dialing_a_coordinator_needs_no_x509_library() -> None:
+    """``phalanx get`` and the SDK import phalanx.client and phalanx.tls;
+    neither loads cryptography (or phalanx.certs, which does) until a
+    certificate must be parsed: files that passed before are not parsed
+    again (phalanx/tls_check_cache.py, tests/unit/test_tls_check_cache.py)."""
+    probe = ("import sys, phalanx.client, phalanx.tls\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'cryptography' or m == 'phalanx.certs'))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
