@@ -12,8 +12,9 @@ gangs are cancelled, when, and what each cancel aims at (:data:`CANCEL_AIMS`):
 half of them land in the admission window (0-0.3 s after the ack, while the
 gang is placed, reserved and started), a quarter at a restart (0-0.3 s after
 the workload sees the gang's incarnation grow, or a fault injected or in
-effect: ``--fault-events`` is the runner's ``events.jsonl``), the rest 0.1-3 s
-after the ack. About a quarter of the gangs are cross-AZ
+effect: ``--fault-events`` is the runner's ``events.jsonl``; such a gang runs
+to the end of the workload with at least one restart, so a fault finds it
+running), the rest 0.1-3 s after the ack. About a quarter of the gangs are cross-AZ
 (``allow_cross_az: true``, two-phase reservations, docs/two-phase.md), with
 shapes from :data:`CROSS_AZ_SHAPES` (2-4 members of 4 or 8 GPUs): an AZ of
 the chaos cluster has 2 nodes x 8 GPUs, so 3 x 8 always spans AZs and the
@@ -84,8 +85,9 @@ ADMISSION_SHARE, RESTART_SHARE = 0.5, 0.25
 # the reservation txn, dispatch and the start barrier (issue 26 item 1).
 ADMISSION_WINDOW_S = 0.3
 # A restart-aimed cancel waits at most this long for its trigger (polling
-# the gang every RESTART_POLL_S), then is sent anyway ("timeout").
-RESTART_WAIT_S, RESTART_POLL_S = 20.0, 0.2
+# the gang every RESTART_POLL_S), then is sent anyway ("timeout"). Its gang
+# runs to the end of the workload (plan()), so a fault finds it running.
+RESTART_WAIT_S, RESTART_POLL_S = 60.0, 0.2
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,10 @@ def plan(
         aim = ""
         if cancel is not None:
             aim, cancel = cancel_aim(seed, n, cancel)
+        if aim == "restart":
+            # alive, and restartable, when a fault strikes: it runs to the
+            # end of the workload unless cancelled at its trigger
+            run_s, restarts = round(max(run_s, duration - t), 2), max(restarts, 1)
         out.append(PlannedSubmit(n, round(t, 3), az, name, f"{name}-k", members, gpus, run_s,
                                  cancel, aim, cross, max_restarts=restarts))
         n += 1

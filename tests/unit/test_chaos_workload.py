@@ -40,7 +40,7 @@ def test_every_planned_gang_is_small_valid_and_single_az_unless_marked() -> None
             assert 1 <= spec.members <= 2 and spec.resources.gpus in GPU_CHOICES
         assert spec.topology.allow_cross_az == p.cross_az
         assert not spec.run.command  # the launcher's built-in sleeper
-        if "steady" not in p.name:
+        if "steady" not in p.name and p.cancel_aim != "restart":
             assert 1.0 <= spec.run.duration_s <= 4.0
     assert len({p.name for p in planned}) == len(planned)
     assert len({p.key for p in planned}) == len(planned)
@@ -138,6 +138,8 @@ def test_cancels_aim_at_the_admission_window_restarts_and_later() -> None:
     assert 0.12 < len(by_aim["restart"]) / len(cancelled) < 0.38
     assert all(0.0 <= p.cancel_after <= ADMISSION_WINDOW_S for p in by_aim["admission"] + by_aim["restart"])
     assert all(0.1 <= p.cancel_after <= 3.0 for p in by_aim["late"])
+    # a restart-aimed gang is running, and restartable, whenever a fault strikes
+    assert all(p.at + p.duration_s >= 400 - 0.01 and p.max_restarts >= 1 for p in by_aim["restart"])
     # the aims come from a per-gang stream: the rest of the plan is what it was
     assert [(p.at, p.az, p.duration_s, p.cancel_after is None) for p in planned] == \
         [(p.at, p.az, p.duration_s, p.cancel_after is None) for p in plan(11, 400, 1.0, AZS)
