@@ -5,9 +5,12 @@ simulated agents run in the test's event loop (so tests can read their
 history). Everything talks over real gRPC on loopback to a real etcd, with
 TLS on both (the default a deployment runs with): coordinators and agents
 present certificates of the test cluster's CA (tests/pki.py), the test's
-stubs an admin client certificate, and everything reaches etcd as the
-cluster's least-privilege etcd users (coordinator: read-write on the
-cluster's prefix; agent: read-only on what its token check reads).
+stubs an admin client certificate. Coordinators reach etcd as the cluster's
+coordinator etcd user (read-write on the cluster's prefix); agents hold no
+etcd credentials and read their token check through the coordinators of
+their AZ (``--coordinators``; docs/design.md §9.3), as by default. Each
+coordinator id keeps one port across restarts, so agents given its address
+find it again.
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ class LocalCluster:
         self.workdir = workdir
         self.timings = timings or Timings.fast()
         self.coordinators: dict[str, CoordProc] = {}
+        # Per coordinator id, the port it listens on, kept across restarts;
+        # per AZ, the addresses its agents read through (a live list: the
+        # in-process agents see coordinators started later too).
+        self.listen_ports: dict[str, int] = {}
+        self.az_addresses: dict[str, list[str]] = {}
         self.agent_groups: list[AgentGroup] = []
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.pki = pki or ClusterPki(workdir, cluster)
@@ -110,7 +118,10 @@ class LocalCluster:
     # --- credentials --------------------------------------------------------------------
 
     def etcd_tls_dir(self, role: str = "coordinator") -> Path:
-        """``--etcd-tls-dir`` for this cluster's ``role`` ("coordinator" or "agent")."""
+        """``--etcd-tls-dir`` for this cluster's ``role`` user: "coordinator";
+        "agent" only in a test that provisioned the legacy agent user
+        (tests.pki.provision(..., agent_user=True)): agents have none by
+        default."""
         return self.etcd_pki.role_dir(self.cluster, role)
 
     def client_dir(self, role: str = "admin", name: str = "tester", queues: tuple[str, ...] | list[str] = ()) -> Path:
@@ -130,17 +141,30 @@ class LocalCluster:
         self.pki.coordinator(cid)
         return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("coordinator"))]
 
-    def agent_args(self, node: str) -> list[str]:
-        """The credential flags of ``python -m agent --node node``."""
+    def agent_args(self, node: str, az: str = "") -> list[str]:
+        """Where ``python -m agent --node node`` reads and its credentials:
+        ``--coordinators`` (the coordinators of ``az`` started so far; ""
+        when they all serve one AZ) and its agent certificate, no etcd."""
         self.pki.agent(node)
-        return ["--tls-dir", str(self.pki.server_dir()), "--etcd-tls-dir", str(self.etcd_tls_dir("agent"))]
+        return ["--coordinators", ",".join(self.addresses_of(az)), "--tls-dir", str(self.pki.server_dir())]
 
-    def agents_tls(self, nodes: list[str]) -> dict[str, Any]:
+    def addresses_of(self, az: str = "") -> list[str]:
+        """The live list of the coordinator addresses of ``az`` ("": the one
+        AZ every coordinator started so far serves)."""
+        if not az:
+            azs = {c.az for c in self.coordinators.values()}
+            if len(azs) != 1:
+                raise ValueError(f"agent_args: name the AZ (coordinators serve {sorted(azs) or 'none yet'})")
+            az = azs.pop()
+        return self.az_addresses.setdefault(az, [])
+
+    def agents_tls(self, nodes: list[str], az: str = "") -> dict[str, Any]:
         """``run_agents`` keyword arguments for simulated ``nodes`` of this
-        cluster: each node's agent certificate and the agent etcd user."""
+        cluster: each node's agent certificate, and the coordinators of
+        ``az`` to read through (no etcd credentials)."""
         for node in nodes:
             self.pki.agent(node)
-        return {"tls_dir": self.pki.server_dir(), "etcd_tls": self.etcd_pki.role(self.cluster, "agent")}
+        return {"tls_dir": self.pki.server_dir(), "etcd_tls": None, "coordinators": self.addresses_of(az)}
 
     def _timings_json(self) -> str:
         import dataclasses
@@ -151,12 +175,14 @@ class LocalCluster:
     def start_coordinator(self, az: str, cid: str, extra_env: dict[str, str] | None = None,
                           extra_args: list[str] | None = None) -> CoordProc:
         log_path = self.workdir / f"{cid}.log"
+        port = self.listen_ports.setdefault(cid, stable_port())
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         # Through procs.spawn: the coordinator dies with this process however
         # it dies (a killed pytest leaves no orphan coordinator behind).
         proc = procs.spawn(
             [sys.executable, "-m", "coordinator", "--cluster", self.cluster, "--az", az, "--id", cid,
              "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO",
+             "--listen", f"127.0.0.1:{port}",
              # extra_args last: a test that gives its own --tls-dir (its own CA) wins.
              *self.coordinator_args(cid), *(extra_args or [])],
             die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO,
@@ -171,6 +197,9 @@ class LocalCluster:
         metrics = line.split("metrics=")[1].split()[0] if "metrics=" in line else ""
         c = CoordProc(cid, az, proc, address, log_path, metrics=metrics)
         self.coordinators[cid] = c
+        known = self.az_addresses.setdefault(az, [])
+        if address not in known:
+            known.append(address)
         return c
 
     async def start(self) -> "LocalCluster":
@@ -181,7 +210,7 @@ class LocalCluster:
         stop = asyncio.Event()
         history: list[tuple[str, dict[str, Any]]] = []
         group = AgentGroup(az, None, stop, history)  # type: ignore[arg-type]
-        tls = self.agents_tls([t.node for t in topologies])
+        tls = self.agents_tls([t.node for t in topologies], az)
 
         async def go() -> None:
             await run_agents(cluster=self.cluster, az=az, etcd=self.etcd, topologies=topologies,
@@ -360,6 +389,24 @@ class LocalCluster:
         for ch in self._channels.values():
             await ch.close()
         await self.store.close()
+
+
+def stable_port() -> int:
+    """A free loopback port below Linux's ephemeral range and above the
+    rendezvous ports (phalanx.ports.DEFAULT_PORTS), so no outgoing
+    connection takes it while its coordinator is down between restarts."""
+    import random
+    import socket
+
+    for _ in range(200):
+        port = random.randrange(30000, 32768)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port in 30000-32767 for a coordinator")
 
 
 async def until(what: str, ok: Any, timeout: float = 30.0) -> None:
