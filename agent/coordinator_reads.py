@@ -14,11 +14,19 @@ Replicas are asked in turn, starting with the last one that answered: a
 refusal (PERMISSION_DENIED, INVALID_ARGUMENT: not transient) is
 ``StoreDenied``; no replica answering is ``StoreUnavailable``, which the
 agent treats as an unreachable etcd (nothing starts: it fails closed).
+Besides the given replicas, the leader's address of the last answer is
+asked last (a leader that came up on an address the agent was not given,
+e.g. a replaced pod); the given list is read at every call, so a caller may
+add to it (the test harness adds the coordinators it starts later).
+RESOURCE_EXHAUSTED (a replica's rate limit on token reads, with its retry
+hint) is transient: the next replica is asked, and with none left the read
+is unavailable (the token unconfirmed; the leader sends the start again).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any, Iterable, Sequence
 
 import grpc
@@ -56,12 +64,25 @@ def credentials_error(a: argparse.Namespace) -> str | None:
 _REFUSED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED}
 
 
+def leader_address(r: apb.StoredRecord) -> str:
+    """The address a leader record names ("" when absent or unreadable: the
+    agent judges the record itself; this is only where to ask next)."""
+    if not r.present:
+        return ""
+    try:
+        data = json.loads(bytes(r.value))
+    except ValueError:
+        return ""
+    address = data.get("address") if isinstance(data, dict) else None
+    return address if isinstance(address, str) and 0 < len(address) <= 256 else ""
+
+
 class CoordinatorReads:
     def __init__(self, addresses: Sequence[str], cluster: str, az: str, *, tls: TlsFiles | None,
                  timeout: float) -> None:
-        if not addresses:
-            raise ValueError("--coordinators: at least one address")
-        self.addresses = list(addresses)
+        # Not copied: read at every call (see the module docstring).
+        self.addresses = addresses
+        self.learned = ""  # the leader's address of the last answer
         self.keys = Keys(cluster)
         self.cluster = cluster
         self.az = az
@@ -81,10 +102,12 @@ class CoordinatorReads:
 
     async def _read(self, gang: str) -> apb.TokenReadReply:
         tried: list[str] = []
-        n = len(self.addresses)
+        given = list(self.addresses)
+        candidates = given + ([self.learned] if self.learned and self.learned not in given else [])
+        n = len(candidates)
         for i in range(n):
             index = (self._first + i) % n
-            address = self.addresses[index]
+            address = candidates[index]
             try:
                 reply = await self._stub(address).ReadToken(apb.TokenReadRequest(az=self.az, gang=gang),
                                                              timeout=self.timeout)
@@ -94,9 +117,11 @@ class CoordinatorReads:
                                       f"{exc.details()}", key=gang or self.keys.leader(self.az)) from None
                 tried.append(f"{address}: {exc.code().name}: {exc.details()}")
                 continue
-            self._first = index
+            self._first = index if index < len(given) else 0
+            self.learned = leader_address(reply.leader) or self.learned
             return reply
-        raise StoreUnavailable(f"no coordinator of {self.az} answered the token read ({'; '.join(tried)})")
+        raise StoreUnavailable(f"no coordinator of {self.az} answered the token read "
+                               f"({'; '.join(tried) or 'no coordinator address known'})")
 
     def _kv(self, key: str, r: apb.StoredRecord) -> tuple[KV, ...]:
         if not r.present:

@@ -97,6 +97,10 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--register-rate", type=float, default=r.register_per_s,
                    help="agent registrations per second one node identity may make here")
     p.add_argument("--register-burst", type=int, default=r.register_burst, help="... saved up at most")
+    p.add_argument("--token-read-rate", type=float, default=r.token_read_per_s,
+                   help="AgentService.ReadToken calls per second one node identity may make here (an agent's "
+                        "leader lookups and token checks)")
+    p.add_argument("--token-read-burst", type=int, default=r.token_read_burst, help="... saved up at most")
     add_log_flags(p)
     a = p.parse_args(argv)
     logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
@@ -109,7 +113,8 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         max_finished_gangs=a.max_finished_gangs, max_finished_bytes=a.max_finished_bytes,
         max_expired_ids=a.max_expired_ids,
         watch=StreamLimits(a.watch_streams_per_identity, a.watch_streams_total, a.watch_buffer, a.watch_history),
-        rates=RateLimits(a.submit_rate, a.submit_burst, a.register_rate, a.register_burst),
+        rates=RateLimits(a.submit_rate, a.submit_burst, a.register_rate, a.register_burst, a.token_read_rate,
+                         a.token_read_burst),
     ).validate()
     missing = missing_credentials(a, plaintext="serve plaintext")
     if missing:

@@ -117,6 +117,14 @@ class AgentServicer(agrpc.AgentServiceServicer):
         identity = await caller_identity(self.c, context, token_read.SERVICE)
         refusal = token_read.caller_refusal(identity, self.c.config.az, request.az, request.gang)
         if refusal is None:
+            try:
+                # Before etcd is read: a flood of token reads from one node
+                # identity (each a linearizable etcd read) is refused here.
+                self.c.throttle.token_read(identity.name if identity is not None else context.peer())
+            except Throttled as exc:
+                log.warning("%s refused: %s", token_read.SERVICE, exc)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"token read: {exc}")
+                raise  # unreachable: abort raises
             keys = self.c.store.keys
             ops = [Get(keys.leader(request.az))] + ([Get(keys.reservation(request.az, request.gang))] if request.gang else [])
             try:

@@ -174,9 +174,9 @@ class CoordinatorMetrics:
         # Rate limits per identity (coordinator/throttle.py, docs/limits.md
         # "Rate limits"): every coordinator applies them to what it receives.
         self.throttled = Counter("phalanx_requests_throttled_total", "Requests refused RESOURCE_EXHAUSTED by a rate "
-                                 "limit per identity: submit (--submit-rate), register (--register-rate)", ["kind"],
-                                 registry=r)
-        for kind in ("submit", "register"):
+                                 "limit per identity: submit (--submit-rate), register (--register-rate), token_read "
+                                 "(--token-read-rate)", ["kind"], registry=r)
+        for kind in ("submit", "register", "token_read"):
             self.throttled.labels(kind)
         # Watch streams (coordinator/broadcast.py, docs/events.md "Bounds and
         # resume"): every coordinator, leader or not, serves them.

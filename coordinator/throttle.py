@@ -9,7 +9,8 @@ import time
 from typing import Any, Callable
 
 from coordinator.core.rate_limit import (
-    REGISTER_BURST_FLAG, REGISTER_RATE_FLAG, SUBMIT_BURST_FLAG, SUBMIT_RATE_FLAG, RateLimits, TokenBuckets,
+    REGISTER_BURST_FLAG, REGISTER_RATE_FLAG, SUBMIT_BURST_FLAG, SUBMIT_RATE_FLAG, TOKEN_READ_BURST_FLAG,
+    TOKEN_READ_RATE_FLAG, RateLimits, TokenBuckets,
 )
 from phalanx.errors import ResourceExhausted
 
@@ -29,6 +30,7 @@ class Throttle:
         self.clock = clock
         self._submits = TokenBuckets(limits.submit_per_s, limits.submit_burst)
         self._registers = TokenBuckets(limits.register_per_s, limits.register_burst)
+        self._token_reads = TokenBuckets(limits.token_read_per_s, limits.token_read_burst)
 
     def submission(self, who: str) -> None:
         """One SubmitGang from ``who`` (its owner string; "" in plaintext)."""
@@ -46,6 +48,15 @@ class Throttle:
             self._refuse("register", f"registrations of {who} are limited to {self.limits.register_per_s:g}/s with "
                          f"a burst of {self.limits.register_burst} ({REGISTER_RATE_FLAG}, {REGISTER_BURST_FLAG})",
                          wait)
+
+    def token_read(self, who: str) -> None:
+        """One AgentService.ReadToken from ``who`` (its certificate's name,
+        or the peer's address in plaintext)."""
+        wait = self._token_reads.take(who, self.clock())
+        if wait is not None:
+            self._refuse("token_read", f"token reads of {who} are limited to {self.limits.token_read_per_s:g}/s "
+                         f"with a burst of {self.limits.token_read_burst} ({TOKEN_READ_RATE_FLAG}, "
+                         f"{TOKEN_READ_BURST_FLAG})", wait)
 
     def _refuse(self, kind: str, text: str, wait: float) -> None:
         if self.metrics is not None:

@@ -709,7 +709,7 @@ def cmd_etcd_auth(args: argparse.Namespace) -> int:
         if args.remove:
             await etcd_auth.unprovision(endpoints, root, args.cluster)
         else:
-            await etcd_auth.provision(endpoints, root, args.cluster)
+            await etcd_auth.provision(endpoints, root, args.cluster, agent_user=args.agent_user)
         return await etcd_auth.describe(endpoints, root, args.cluster)
 
     try:
@@ -1041,6 +1041,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--etcd-tls-dir", required=True, help="the root user's client directory (phalanx certs etcd-user --user root)")
     p.add_argument("--cluster", required=True, help="the cluster whose users and roles to provision")
     p.add_argument("--remove", action="store_true", help="remove that cluster's users and roles instead")
+    p.add_argument("--agent-user", action="store_true",
+                   help="also the legacy read-only agent user, for agents started with --etcd/--etcd-tls-dir; only "
+                        "on an etcd with the fixes docs/security.md lists (default: none, agents read through the "
+                        "coordinators; an agent user there is removed)")
     return parser
 
 

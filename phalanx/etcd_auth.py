@@ -10,16 +10,22 @@ certificate):
 * role and user ``phalanx-<cluster>-coordinator``: read and write
   ``/phalanx/<cluster>/`` (the whole prefix, nothing outside it). Leases
   and watches need no more than that.
-* role and user ``phalanx-<cluster>-agent``: READ only, and only
-  ``/phalanx/<cluster>/leader/`` and ``/phalanx/<cluster>/reservations/``:
-  the keys an agent's token check reads (agent/session.py).
+* role and user ``phalanx-<cluster>-agent``: ONLY with ``agent_user=True``
+  (``phalanx etcd-auth --agent-user``), for agents on the legacy
+  ``--etcd``/``--etcd-tls-dir`` path: READ of ``/phalanx/<cluster>/leader/``
+  and ``/phalanx/<cluster>/reservations/``, the keys an agent's token check
+  reads. By default agents hold no etcd credentials at all: they read through
+  the coordinators (``AgentService.ReadToken``, docs/design.md §9.3), because
+  etcd 3.4.23 lets a READ role compact, grant leases and write through
+  nested transactions (docs/security.md "etcd operations per identity").
+  Without ``agent_user`` the agent user and role are removed if present.
 
 Users have no password: etcd runs with ``--client-cert-auth`` and takes the
 client certificate's CN as the user, so a process is whoever its etcd
 certificate names. ``provision`` is idempotent and converges: run again, it
 adds what is missing and removes permissions and role grants that are not in
 the list above (a hand-widened role is narrowed back). ``unprovision``
-removes one cluster's two users and roles (root and auth stay: other
+removes one cluster's users and roles (root and auth stay: other
 clusters may share the etcd).
 """
 
@@ -74,17 +80,20 @@ def _prefix_end(prefix: str) -> bytes:
     return prefix_end(prefix)
 
 
-def roles_for(cluster: str) -> dict[str, tuple[Perm, ...]]:
-    """The roles of one cluster and their exact permissions (pure)."""
+def roles_for(cluster: str, *, agent_user: bool = False) -> dict[str, tuple[Perm, ...]]:
+    """The roles of one cluster and their exact permissions (pure); the
+    agent's only with ``agent_user`` (the legacy opt-in)."""
     root = f"/phalanx/{cluster}/"
-    coordinator = etcd_pki.user_for(cluster, "coordinator")
-    agent = etcd_pki.user_for(cluster, "agent")
-    return {
-        coordinator: (Perm(READWRITE, root.encode(), _prefix_end(root)),),
-        agent: tuple(
-            Perm(READ, p.encode(), _prefix_end(p)) for p in (f"{root}leader/", f"{root}reservations/")
-        ),
-    }
+    roles = {etcd_pki.user_for(cluster, "coordinator"): (Perm(READWRITE, root.encode(), _prefix_end(root)),)}
+    if agent_user:
+        roles[etcd_pki.user_for(cluster, "agent")] = tuple(
+            Perm(READ, p.encode(), _prefix_end(p)) for p in (f"{root}leader/", f"{root}reservations/"))
+    return roles
+
+
+def all_users(cluster: str) -> tuple[str, ...]:
+    """Every user (and role) name ``provision`` may have made for ``cluster``."""
+    return tuple(roles_for(cluster, agent_user=True))
 
 
 class _Admin:
@@ -142,14 +151,22 @@ async def _ensure_user(admin: _Admin, user: str, role: str) -> None:
                          f"granting role {role} to user {user}")
 
 
-async def provision(endpoints: str | Sequence[str], root: TlsFiles, cluster: str) -> None:
+async def _remove(admin: _Admin, name: str) -> None:
+    """The user and role ``name`` (absent ones are fine)."""
+    await admin.call("UserDelete", epb.AuthUserDeleteRequest(name=name), f"removing user {name}", ok_if="not found")
+    await admin.call("RoleDelete", epb.AuthRoleDeleteRequest(role=name), f"removing role {name}", ok_if="not found")
+
+
+async def provision(endpoints: str | Sequence[str], root: TlsFiles, cluster: str, *, agent_user: bool = False) -> None:
     """Create (or converge) the cluster's etcd users and roles and enable
     auth; see the module docstring. ``root``: the root user's client files
-    (etcd_pki.issue_client(dir, "root")). Raises EtcdAuthError naming the
-    step, TlsError naming a bad file, CertError for a bad cluster name."""
+    (etcd_pki.issue_client(dir, "root")). ``agent_user``: also the legacy
+    agent user; without it an agent user there is removed. Raises
+    EtcdAuthError naming the step, TlsError naming a bad file, CertError for
+    a bad cluster name."""
     if isinstance(endpoints, str):
         endpoints = endpoints.split(",")
-    roles = roles_for(cluster)  # validates the cluster name before any call
+    roles = roles_for(cluster, agent_user=agent_user)  # validates the cluster name before any call
     admin = _Admin(endpoints, root)
     try:
         if admin.user != etcd_pki.ROOT_USER:
@@ -163,6 +180,8 @@ async def provision(endpoints: str | Sequence[str], root: TlsFiles, cluster: str
         for name, perms in roles.items():
             await _ensure_role(admin, name, perms)
             await _ensure_user(admin, name, name)  # each user has the role of its own name
+        for name in set(all_users(cluster)) - set(roles):
+            await _remove(admin, name)  # e.g. the agent user of an earlier, opted-in provisioning
         # Enabling it again is a no-op in etcd (3.4 has no AuthStatus to ask first).
         await admin.call("AuthEnable", epb.AuthEnableRequest(), "enabling auth")
         log.info("etcd at %s: users and roles of cluster %s provisioned", admin.endpoint, cluster)
@@ -171,17 +190,14 @@ async def provision(endpoints: str | Sequence[str], root: TlsFiles, cluster: str
 
 
 async def unprovision(endpoints: str | Sequence[str], root: TlsFiles, cluster: str) -> None:
-    """Remove the cluster's two users and roles (absent ones are fine)."""
+    """Remove the cluster's users and roles (absent ones are fine)."""
     if isinstance(endpoints, str):
         endpoints = endpoints.split(",")
-    roles = roles_for(cluster)
+    names = all_users(cluster)
     admin = _Admin(endpoints, root)
     try:
-        for name in roles:
-            await admin.call("UserDelete", epb.AuthUserDeleteRequest(name=name), f"removing user {name}",
-                             ok_if="not found")
-            await admin.call("RoleDelete", epb.AuthRoleDeleteRequest(role=name), f"removing role {name}",
-                             ok_if="not found")
+        for name in names:
+            await _remove(admin, name)
     finally:
         await admin.close()
 
@@ -195,7 +211,7 @@ async def describe(endpoints: str | Sequence[str], root: TlsFiles, cluster: str)
     admin = _Admin(endpoints, root)
     try:
         out: dict[str, Any] = {"users": {}, "roles": {}}
-        for name in roles_for(cluster):
+        for name in all_users(cluster):
             u = await admin.call("UserGet", epb.AuthUserGetRequest(name=name), f"reading user {name}", ok_if="not found")
             if u is not None:
                 out["users"][name] = sorted(u.roles)

@@ -183,11 +183,16 @@ def run_sync(coro: Coroutine[Any, Any, Any]) -> Any:
     return box.get("value")
 
 
-def provision(endpoints: str | Sequence[str], pki: EtcdPki, cluster: str) -> None:
-    """The cluster's etcd users and roles (and auth on), as root."""
+def provision(endpoints: str | Sequence[str], pki: EtcdPki, cluster: str, *, agent_user: bool = True) -> None:
+    """The cluster's etcd users and roles (and auth on), as root. Unlike
+    ``phalanx etcd-auth``, the test etcds get the legacy agent user too
+    (``agent_user``), for the tests that exercise an agent on ``--etcd``
+    explicitly; the agents the harness starts are given no etcd credentials
+    at all, and tests/integration/test_agent_no_etcd_credentials.py
+    provisions without it, as a deployment does."""
     from phalanx import etcd_auth
 
-    run_sync(etcd_auth.provision(_split(endpoints), pki.root, cluster))
+    run_sync(etcd_auth.provision(_split(endpoints), pki.root, cluster, agent_user=agent_user))
 
 
 def unprovision(endpoints: str | Sequence[str], pki: EtcdPki, cluster: str) -> None:
@@ -209,12 +214,15 @@ class PrivateEtcd:
     TLS, client-certificate auth and etcd auth on, ``cluster`` provisioned:
     ``with PrivateEtcd(tmp_path, cluster) as etcd: ... etcd.endpoint``."""
 
-    def __init__(self, workdir: Path, cluster: str, name: str = "private", **options: Any) -> None:
-        """``options``: more EtcdServer fields (a quota, a compaction retention)."""
+    def __init__(self, workdir: Path, cluster: str, name: str = "private", *, agent_user: bool = True,
+                 **options: Any) -> None:
+        """``options``: more EtcdServer fields (a quota, a compaction retention);
+        ``agent_user``: provision the legacy agent user too (as ``provision``)."""
         from phalanx.etcd_server import EtcdServer
 
         self.pki = EtcdPki(Path(workdir) / f"etcd-pki-{name}")
         self.cluster = cluster
+        self.agent_user = agent_user
         self.server = EtcdServer(data_dir=Path(workdir) / f"etcd-{name}", name=name,
                                  log_path=Path(workdir) / f"etcd-{name}.log", tls_dir=self.pki.dir, **options)
 
@@ -229,7 +237,7 @@ class PrivateEtcd:
         self.server.start().wait_ready()
         try:
             register(self.server.endpoint, self.pki)
-            provision(self.server.endpoint, self.pki, self.cluster)
+            provision(self.server.endpoint, self.pki, self.cluster, agent_user=self.agent_user)
         except BaseException:
             self.__exit__()
             raise

@@ -1,5 +1,5 @@
-"""Rate limits per caller identity: submissions and agent registrations
-(docs/limits.md "Rate limits"). Pure: ``now`` is passed in.
+"""Rate limits per caller identity: submissions, agent registrations and
+agents' token reads (docs/limits.md "Rate limits"). Pure: ``now`` is passed in.
 
 A token bucket per key (the caller's identity, or the node name for a
 plaintext agent): ``rate`` tokens a second, at most ``burst`` saved up; a
@@ -19,27 +19,35 @@ SUBMIT_RATE_FLAG = "--submit-rate"
 SUBMIT_BURST_FLAG = "--submit-burst"
 REGISTER_RATE_FLAG = "--register-rate"
 REGISTER_BURST_FLAG = "--register-burst"
+TOKEN_READ_RATE_FLAG = "--token-read-rate"
+TOKEN_READ_BURST_FLAG = "--token-read-burst"
 
 
 @dataclass(frozen=True)
 class RateLimits:
-    """Per identity: submissions (SubmitGang) and agent registrations
-    (AgentService.Session). Defaults in docs/limits.md: far above what one
-    submitter or agent needs (bench/admission.py offers 150 gangs/s from one
-    identity; an agent registers once per leader change), far below a flood."""
+    """Per identity: submissions (SubmitGang), agent registrations
+    (AgentService.Session) and token reads (AgentService.ReadToken, one per
+    member start and one per leader lookup). Defaults in docs/limits.md: far
+    above what one submitter or agent needs (bench/admission.py offers 150
+    gangs/s from one identity; an agent registers once per leader change and
+    starts at most one member per GPU per assignment), far below a flood."""
 
     submit_per_s: float = 200.0
     submit_burst: int = 400
     register_per_s: float = 1.0
     register_burst: int = 10
+    token_read_per_s: float = 50.0
+    token_read_burst: int = 500
 
     def errors(self) -> list[str]:
         out = []
-        for name, flag in (("submit_per_s", SUBMIT_RATE_FLAG), ("register_per_s", REGISTER_RATE_FLAG)):
+        for name, flag in (("submit_per_s", SUBMIT_RATE_FLAG), ("register_per_s", REGISTER_RATE_FLAG),
+                           ("token_read_per_s", TOKEN_READ_RATE_FLAG)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
                 out.append(f"{flag} must be a positive number (per second), got {v!r}")
-        for name, flag in (("submit_burst", SUBMIT_BURST_FLAG), ("register_burst", REGISTER_BURST_FLAG)):
+        for name, flag in (("submit_burst", SUBMIT_BURST_FLAG), ("register_burst", REGISTER_BURST_FLAG),
+                           ("token_read_burst", TOKEN_READ_BURST_FLAG)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 out.append(f"{flag} must be a whole number of at least 1, got {v!r}")

@@ -23,12 +23,14 @@ AZ = "az-a"
 async def test_agent_with_another_clusters_etcd_user_says_denied_and_registers_nothing(
         local_cluster, etcd_pki, etcd_root_tls, caplog):
     other = "t" + uuid.uuid4().hex[:10]
-    await etcd_auth.provision(local_cluster.etcd, etcd_root_tls, other)
+    await etcd_auth.provision(local_cluster.etcd, etcd_root_tls, other, agent_user=True)
     try:
         local_cluster.start_coordinator(AZ, "c0")
         await local_cluster.wait_leader(AZ)
         tls = local_cluster.agents_tls(["n1"])
-        tls["etcd_tls"] = etcd_pki.role(other, "agent")  # valid etcd user, wrong cluster
+        # The legacy path explicitly (agents on etcd, not through the
+        # coordinators), with a valid etcd user of the wrong cluster.
+        tls.update(etcd_tls=etcd_pki.role(other, "agent"), coordinators=())
         stop = asyncio.Event()
         caplog.set_level(logging.ERROR, logger="agent.session")
         task = asyncio.create_task(run_agents(

@@ -30,7 +30,7 @@ def start_agent(c: LocalCluster) -> tuple[subprocess.Popen, str]:
     process and the metrics address from its ready line."""
     log = c.workdir / f"agent-{NODE}.log"
     p = procs.spawn(
-        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", NODE,
+        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--node", NODE,
          "--timings", c._timings_json(), *c.agent_args(NODE), "--metrics-listen", "127.0.0.1:0",
          "--nvml-recording", str(FIX / "nvml.json"), "--sysfs-recording", str(FIX / "sysfs.json"),
          "--advertise-address", "127.0.0.1", "--state-dir", str(c.workdir / "agent-state"), "--log-level", "INFO"],

@@ -42,8 +42,10 @@ KNOWN_GAP = ("etcd 3.4.23 does not check this call against the caller's role (do
 @pytest.fixture(scope="module")
 def etcd(tmp_path_factory: pytest.TempPathFactory):
     # Its own etcd: these tests compact it and raise alarms on it.
-    with PrivateEtcd(tmp_path_factory.mktemp("etcd-agent-rights"), C1) as e:
-        provision(e.endpoint, e.pki, C2)
+    # The legacy agent user, opted in (phalanx etcd-auth --agent-user): what
+    # an operator keeping agents on --etcd gets on this etcd.
+    with PrivateEtcd(tmp_path_factory.mktemp("etcd-agent-rights"), C1, agent_user=True) as e:
+        provision(e.endpoint, e.pki, C2, agent_user=True)
         yield e
 
 

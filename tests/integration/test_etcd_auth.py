@@ -56,8 +56,10 @@ class Etcd:
         self.endpoint = self.server.endpoint
         assert self.server.root_tls is not None
         self.root = self.server.root_tls
+        # With the legacy agent user (phalanx etcd-auth --agent-user): its
+        # refusals are tested here and in test_etcd_agent_rights.py.
         for c in (C1, C2):
-            asyncio.run(etcd_auth.provision(self.endpoint, self.root, c))
+            asyncio.run(etcd_auth.provision(self.endpoint, self.root, c, agent_user=True))
 
     def user(self, cluster: str, role: str):
         return etcd_pki.files(etcd_pki.issue_client(self.pki, etcd_pki.user_for(cluster, role), now=_now()))
@@ -216,18 +218,26 @@ async def test_bad_client_files_are_named_before_connecting(etcd: Etcd, tmp_path
 
 
 async def test_provision_is_idempotent_converges_and_unprovision_removes(etcd: Etcd) -> None:
-    want = {"users": {u: [u] for u in etcd_auth.roles_for("c3")},
-            "roles": {r: sorted(p, key=lambda p: p.key) for r, p in etcd_auth.roles_for("c3").items()}}
-    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3")
-    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3")
+    want = {"users": {u: [u] for u in etcd_auth.roles_for("c3", agent_user=True)},
+            "roles": {r: sorted(p, key=lambda p: p.key)
+                      for r, p in etcd_auth.roles_for("c3", agent_user=True).items()}}
+    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3", agent_user=True)
+    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3", agent_user=True)
     assert await etcd_auth.describe(etcd.endpoint, etcd.root, "c3") == want
     # Widen the agent role by hand (as an operator might): provision narrows it back.
     etcdctl(etcd, "role", "grant-permission", etcd_pki.user_for("c3", "agent"), "readwrite",
             "/phalanx/c3/gangs/", "--prefix")
     etcdctl(etcd, "user", "grant-role", etcd_pki.user_for("c3", "agent"), etcd_pki.user_for("c3", "coordinator"))
     assert await etcd_auth.describe(etcd.endpoint, etcd.root, "c3") != want
-    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3")
+    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3", agent_user=True)
     assert await etcd_auth.describe(etcd.endpoint, etcd.root, "c3") == want
+    # Provisioned again without the opt-in (the default): the agent user and
+    # role are gone, the coordinator's kept.
+    await etcd_auth.provision(etcd.endpoint, etcd.root, "c3")
+    agent = etcd_pki.user_for("c3", "agent")
+    assert await etcd_auth.describe(etcd.endpoint, etcd.root, "c3") == {
+        "users": {u: r for u, r in want["users"].items() if u != agent},
+        "roles": {r: p for r, p in want["roles"].items() if r != agent}}
     coordinator = etcd.user("c3", "coordinator")
     async with etcd.store(coordinator, "c3") as s:
         await s.txn([], [Put("/phalanx/c3/x", "v")])
@@ -247,6 +257,10 @@ def test_cli_etcd_auth_provisions_and_removes(etcd: Etcd, capsys: pytest.Capture
     assert cli.main(["etcd-auth", "--etcd", etcd.endpoint, "--etcd-tls-dir", root_dir, "--cluster", "c4"]) == 0
     out = capsys.readouterr().out
     assert "role phalanx-c4-coordinator: readwrite prefix /phalanx/c4/\n" in out
+    assert "phalanx-c4-agent" not in out  # by default agents get no etcd user
+    assert cli.main(["etcd-auth", "--etcd", etcd.endpoint, "--etcd-tls-dir", root_dir, "--cluster", "c4",
+                     "--agent-user"]) == 0
+    out = capsys.readouterr().out
     assert "role phalanx-c4-agent: read prefix /phalanx/c4/leader/; read prefix /phalanx/c4/reservations/\n" in out
     assert "user phalanx-c4-agent: roles phalanx-c4-agent" in out
     assert asyncio.run(etcd_auth.describe(etcd.endpoint, etcd.root, "c4"))["users"]

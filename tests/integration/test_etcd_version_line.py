@@ -60,7 +60,11 @@ async def test_a_coordinator_and_simulated_agents_say_it_once(local_cluster, cap
     stop = asyncio.Event()
     task = asyncio.create_task(run_agents(
         cluster=local_cluster.cluster, az=AZ, etcd=local_cluster.etcd, topologies=[dgx_node("n1", AZ), dgx_node("n2", AZ)],
-        timings=local_cluster.timings, ready_line=False, stop_event=stop, **local_cluster.agents_tls(["n1", "n2"])))
+        timings=local_cluster.timings, ready_line=False, stop_event=stop,
+        # The legacy path (agents on etcd, its agent user): agents reading
+        # through the coordinators reach no etcd and say nothing of it.
+        tls_dir=local_cluster.agents_tls(["n1", "n2"])["tls_dir"], etcd_tls=local_cluster.etcd_pki.role(
+            local_cluster.cluster, "agent")))
     try:
         said: list[logging.LogRecord] = []
         while not said and not task.done() and time.monotonic() < deadline + 60:
@@ -84,7 +88,9 @@ async def test_a_real_agent_process_says_it_once(local_cluster, tmp_path):
          "--spine", "s0", "--leaf", "l0", "--state-dir", str(tmp_path / "state"), "--timings", c._timings_json(),
          "--simulate-members", "--log-level", "INFO",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),
-         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"), *c.agent_args("n0")],
+         "--sysfs-recording", str(REPO / "tests/fixtures/topology/hgx-h100/sysfs.json"),
+         # The legacy path explicitly: an agent on --etcd with the agent user.
+         "--tls-dir", str(c.pki.agent("n0").ca.parent), "--etcd-tls-dir", str(c.etcd_tls_dir("agent"))],
         die_with_parent=procs.TERM, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, cwd=REPO,
         env=dict(os.environ),
     )

@@ -55,7 +55,7 @@ def agent_proc(c: LocalCluster, node: str, state_dir: Path, history: Path, failp
     if failpoints is not None:
         env["PHALANX_FAILPOINTS_FILE"] = str(failpoints)
     p = phalanx_procs.spawn(
-        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
+        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--node", node,
          "--spine", "s0", "--leaf", leaf, "--state-dir", str(state_dir), "--history", str(history),
          "--timings", c._timings_json(), "--log-level", "INFO",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),

@@ -52,7 +52,7 @@ def json_lines(path: Path) -> list[dict]:
 def start_agent(c: LocalCluster, node: str, state_dir: Path) -> subprocess.Popen:
     log = c.workdir / f"agent-{node}.log"
     p = procs.spawn(
-        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
+        [sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--node", node,
          "--spine", "s0", "--leaf", "l0", "--state-dir", str(state_dir), "--timings", c._timings_json(),
          "--log-level", "INFO", "--log-format", "json",
          "--nvml-recording", str(REPO / "tests/fixtures/topology/hgx-h100/nvml.json"),

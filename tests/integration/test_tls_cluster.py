@@ -62,11 +62,13 @@ def pki(local_cluster: LocalCluster, tmp_path: Path) -> dict[str, Path]:
     return {"submitter": submitter, "outsider": outsider}
 
 
-def start_agent(c: LocalCluster, node: str = NODE) -> subprocess.Popen:
+def start_agent(c: LocalCluster, node: str = NODE, where: list[str] | None = None) -> subprocess.Popen:
+    """``where``: where it reads and its credentials (default: the
+    harness's, through the coordinators of AZ)."""
     log = c.workdir / f"agent-{node}.log"
     cmd = [
-        sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
-        "--simulate-members", "--timings", c._timings_json(), *c.agent_args(node),
+        sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--node", node,
+        "--simulate-members", "--timings", c._timings_json(), *(c.agent_args(node) if where is None else where),
         "--nvml-recording", str(FIX / "nvml.json"), "--sysfs-recording", str(FIX / "sysfs.json"),
         "--state-dir", str(c.workdir / f"agent-state-{node}"), "--log-level", "INFO",
     ]
@@ -280,7 +282,10 @@ async def test_an_agent_refuses_a_leader_that_is_not_a_coordinator(local_cluster
     try:
         created, _ = await c.store.create_if_absent(c.store.keys.leader(AZ), {"id": "c0", "address": impostor.address})
         assert created
-        agent = start_agent(c)
+        # No coordinator runs to read the planted record through: the agent
+        # reads it from etcd (the legacy path, with the legacy agent user).
+        agent = start_agent(c, where=["--etcd", c.etcd, "--tls-dir", str(c.pki.agent(NODE).ca.parent),
+                                      "--etcd-tls-dir", str(c.etcd_tls_dir("agent"))])
         log = c.workdir / f"agent-{NODE}.log"
         try:
             deadline = time.monotonic() + 30

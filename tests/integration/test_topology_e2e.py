@@ -24,7 +24,7 @@ FIX = REPO / "tests" / "fixtures" / "topology"
 
 def start_agent(c: LocalCluster, node: str, fixture: str, *, leaf: str, spine: str = "s1") -> subprocess.Popen:
     cmd = [
-        sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--etcd", c.etcd, "--node", node,
+        sys.executable, "-m", "agent", "--cluster", c.cluster, "--az", AZ, "--node", node,
         "--spine", spine, "--leaf", leaf, "--simulate-members", "--timings", c._timings_json(),
         "--nvml-recording", str(FIX / fixture / "nvml.json"), "--sysfs-recording", str(FIX / fixture / "sysfs.json"),
         "--log-level", "WARNING", *c.agent_args(node),

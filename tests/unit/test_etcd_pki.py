@@ -107,9 +107,13 @@ def test_user_for_refuses(cluster: str, role: str, words: str) -> None:
 
 
 def test_roles_are_exactly_the_cluster_prefix_and_the_token_keys() -> None:
-    roles = etcd_auth.roles_for("prod")
+    coordinator = {
+        "phalanx-prod-coordinator": (etcd_auth.Perm(etcd_auth.READWRITE, b"/phalanx/prod/", b"/phalanx/prod0"),)}
+    # By default agents get no etcd user (they read through the coordinators).
+    assert etcd_auth.roles_for("prod") == coordinator
+    roles = etcd_auth.roles_for("prod", agent_user=True)
     assert roles == {
-        "phalanx-prod-coordinator": (etcd_auth.Perm(etcd_auth.READWRITE, b"/phalanx/prod/", b"/phalanx/prod0"),),
+        **coordinator,
         "phalanx-prod-agent": (
             etcd_auth.Perm(etcd_auth.READ, b"/phalanx/prod/leader/", b"/phalanx/prod/leader0"),
             etcd_auth.Perm(etcd_auth.READ, b"/phalanx/prod/reservations/", b"/phalanx/prod/reservations0"),
