@@ -1175,8 +1175,11 @@ class Client:
     between threads. ``watch`` returns a plain iterator."""
 
     def __init__(self, addresses: str | Sequence[str] | None = None, timeout: float = 10.0,
-                 tls_dir: str | os.PathLike[str] | None = None, insecure: bool = False, *, token: str | None = None):
-        self._async = AsyncClient(addresses, timeout, tls_dir, insecure, token=token)  # validates before a thread exists
+                 tls_dir: str | os.PathLike[str] | None = None, insecure: bool = False, *, token: str | None = None,
+                 fail_fast: bool = False):
+        # fail_fast: as AsyncClient's (a round that reaches no address at all ends the call).
+        self._async = AsyncClient(addresses, timeout, tls_dir, insecure, token=token,
+                                  fail_fast=fail_fast)  # validates before a thread exists
         self.connection = self._async.connection
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="phalanx-client", daemon=True)
