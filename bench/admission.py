@@ -288,9 +288,10 @@ class Mode:
                 "--etcd-tls-dir", str(self.pki.etcd_user_dir("coordinator"))]
 
     def agent_args(self, nodes: list[str]) -> list[str]:
+        """No etcd credentials: agents read through their AZ's coordinators."""
         if self.pki is None:
             return ["--insecure"]
-        return ["--tls-dir", str(self.pki.agents(nodes)), "--etcd-tls-dir", str(self.pki.etcd_user_dir("agent"))]
+        return ["--tls-dir", str(self.pki.agents(nodes))]
 
 
 async def scrape_every(addresses: list[str], client: tuple[TlsFiles, str] | None, interval: float,
@@ -358,7 +359,8 @@ async def run_mode(a: argparse.Namespace, name: str, tmp: Path, cross_az: bool) 
                 metrics_at.append(line.split("metrics=")[1].split()[0])
         for az in azs:
             nodes = [t.node for t in simulated_fabric(az, a.nodes_per_az, SPINES, LEAVES_PER_SPINE)]
-            procs.append(spawn([sys.executable, "-m", "agent.sim", "--cluster", CLUSTER, "--az", az, "--etcd", etcd.endpoint,
+            procs.append(spawn([sys.executable, "-m", "agent.sim", "--cluster", CLUSTER, "--az", az,
+                                "--coordinators", addresses[az],
                                 "--nodes", str(a.nodes_per_az), "--spines", str(SPINES),
                                 "--leaves-per-spine", str(LEAVES_PER_SPINE), *mode.agent_args(nodes), *metrics_args],
                                die_with_parent=TERM,

@@ -29,7 +29,8 @@ to clients and peers with client-certificate auth, and the cluster's etcd
 roles are provisioned (``phalanx.etcd_auth``, as root) before any Phalanx
 process starts; coordinators serve TLS (``--tls-dir``) and reach etcd as the
 cluster's coordinator user (``--etcd-tls-dir``), agents present their node's
-agent certificate and reach etcd as the agent user; the workload and the
+agent certificate and hold no etcd credentials (they read through their AZ's
+coordinators, ``--coordinators``); the workload and the
 probes call with an admin certificate and verify the coordinators' name
 (``phalanx.tls.coordinator_channel``), so namespace addresses and the TCP
 proxies (which pass TLS through as bytes) need nothing in the certificates.
@@ -60,7 +61,7 @@ from agent.topology.simulated import simulated_fabric
 from chaos.etcd_cluster import EtcdCluster
 from chaos.faults import FaultEvent
 from chaos.netns import Host, NetnsCluster, namespace_pids
-from chaos.pki import AGENT, COORDINATOR, RunPki
+from chaos.pki import COORDINATOR, RunPki
 from chaos.proxy import ProxyControl, RunningProxy, start_proxy
 from phalanx.timings import Timings
 from phalanx import procs
@@ -401,9 +402,12 @@ class PhalanxCluster:
         assert self.pki is not None
         # agent.sim's default fabric (1 spine, 2 leaves): one agent certificate per node it simulates.
         nodes = [t.node for t in simulated_fabric(az, self.nodes_per_az, 1, 2)]
+        # No etcd: the agents read the leader and their token checks through
+        # this AZ's coordinators, at the addresses they advertise (their
+        # proxies when the scenario has them, as the agents' Sessions).
         cmd = [sys.executable, "-m", "agent.sim", "--cluster", self.name, "--az", az,
-               "--etcd", self.etcd_endpoints(az), "--nodes", str(self.nodes_per_az), "--launch",
-               "--tls-dir", str(self.pki.agents(nodes, az)), "--etcd-tls-dir", str(self.pki.etcd_user_dir(AGENT)),
+               "--coordinators", ",".join(self.advertised(c) for c in self.coordinator_ids(az)),
+               "--nodes", str(self.nodes_per_az), "--launch", "--tls-dir", str(self.pki.agents(nodes, az)),
                "--state-dir", str(state), "--history", str(self.run_dir / f"agents-{az}.jsonl"),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO"]
         return ManagedProcess(f"agents-{az}", "agents", az, h, cmd, "PHALANX_AGENTS_READY", dict(self.agent_env))

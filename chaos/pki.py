@@ -6,7 +6,8 @@ Phalanx cluster and a separate etcd CA, both in the run's own state dir.
     <root>/grpc/   ca.crt ca.key coordinator-<id>.* agent-<node>.*   (--tls-dir of every process)
     <root>/clients/<name>/   ca.crt client.crt client.key           (workload, probe: admin)
     <etcd>/        ca.* server.*  (every member: clients and peers)  + one dir per etcd user:
-    <etcd>/root/  <etcd>/phalanx-<cluster>-coordinator/  <etcd>/phalanx-<cluster>-agent/
+    <etcd>/root/  <etcd>/phalanx-<cluster>-coordinator/
+    (no agent etcd user: agents read through their AZ's coordinators)
 
 (``<etcd>`` is ``<root>/etcd`` or the etcd CA dir given to :meth:`RunPki.create`.)
 
@@ -49,8 +50,8 @@ class RunPki:
     @classmethod
     def create(cls, root: Path, cluster: str, *, etcd_dir: Path | None = None, etcd_hosts: Sequence[str] = (),
                now: datetime.datetime | None = None) -> "RunPki":
-        """The gRPC CA of ``cluster`` and its etcd users (coordinator, agent,
-        root), in the etcd CA of ``etcd_dir`` (an ``etcd_pki.init``
+        """The gRPC CA of ``cluster`` and its etcd users (coordinator and
+        root; agents get none), in the etcd CA of ``etcd_dir`` (an ``etcd_pki.init``
         directory, e.g. the one chaos.etcd_cluster made for its members) or
         of a new one in ``<root>/etcd`` naming ``etcd_hosts``."""
         now = now or utc_now()
@@ -58,7 +59,7 @@ class RunPki:
         certs.init_ca(pki.grpc_dir, cluster, now=now)
         if etcd_dir is None:
             etcd_pki.init(pki.etcd_dir, hosts=tuple(etcd_hosts), now=now)
-        for user in (etcd_pki.ROOT_USER, *(etcd_pki.user_for(cluster, r) for r in (COORDINATOR, AGENT))):
+        for user in (etcd_pki.ROOT_USER, etcd_pki.user_for(cluster, COORDINATOR)):
             if not (pki.etcd_dir / user).is_dir():
                 etcd_pki.issue_client(pki.etcd_dir, user, now=now)
         return pki
@@ -84,7 +85,7 @@ class RunPki:
         return d
 
     def etcd_user_dir(self, role: str) -> Path:
-        """The --etcd-tls-dir of a coordinator ("coordinator") or an agent ("agent")."""
+        """The --etcd-tls-dir of a coordinator ("coordinator"; agents have none)."""
         return self.etcd_dir / etcd_pki.user_for(self.cluster, role)
 
     @property

@@ -10,8 +10,8 @@ because leadership moves during a run.
 | scenario | fault |
 |---|---|
 | partition-az | every host of one AZ (etcd member, coordinators, agents) cut from the other AZs' hosts |
-| leader-etcd-cut | the AZ leader's host cut from all etcd members, not from its agents |
-| agents-cut | an AZ's agent host cut from its coordinators (etcd still reachable), 2-9 s: both sides of fence_after |
+| leader-etcd-cut | the AZ leader's host cut from all etcd members, not from its agents (their token reads fall to the standby, which still reads etcd) |
+| agents-cut | an AZ's agent host cut from its coordinators, 2-9 s: both sides of fence_after; the agents hold no etcd access, so their token reads are cut too (nothing starts until it heals) |
 | one-way | the leader's proxy drops one direction: requests delivered, replies lost (s2c), or the reverse |
 | leader-pause | SIGSTOP of the AZ leader for 1.5-4 x its lease TTL, then SIGCONT |
 | coordinator-crash | ``leader.after_reserve=crash`` armed in the running AZ leader, then a trigger gang submitted: it dies right after that reservation txn, before sending assignments |
@@ -631,7 +631,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("partition-az", "full partition of one AZ from the others", partition_az, hold=(5.0, 10.0)),
     Scenario("leader-etcd-cut", "an AZ leader cut off from etcd, not from its agents", leader_etcd_cut,
              hold=(3.0, 8.0)),
-    Scenario("agents-cut", "an AZ's agents cut off from their coordinators (etcd reachable)", agents_cut,
+    Scenario("agents-cut", "an AZ's agents cut off from their coordinators (and so from their token reads)", agents_cut,
              hold=(2.0, 9.0)),
     Scenario("one-way", "one-way loss at the leader's proxy: requests delivered, replies lost (or reverse)",
              one_way, hold=(3.0, 8.0), proxies=True),

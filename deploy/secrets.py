@@ -7,8 +7,9 @@ wrote (deploy/README.md "Certificates")::
 ``PKI`` is the cluster's gRPC CA directory (``phalanx certs init`` /
 ``issue``): its ``ca.crt`` and every ``coordinator-*`` and ``agent-*``
 certificate with its key. ``ETCD_PKI`` is the etcd PKI (``phalanx certs
-etcd-init`` / ``etcd-user``): the client directories of the cluster's two
-etcd users and of root. No CA key ever goes into a Secret. A missing file is
+etcd-init`` / ``etcd-user``): the client directories of the cluster's
+coordinator etcd user and of root (agents get no etcd user: they read
+through the coordinators). No CA key ever goes into a Secret. A missing file is
 one ``error:`` line naming it and the command that makes it, exit 2, and
 nothing is written.
 
@@ -32,7 +33,6 @@ from phalanx import etcd_pki
 COORDINATOR_TLS = "phalanx-coordinator-tls"  # ca.crt + coordinator-<pod>.crt/.key, all AZs
 AGENT_TLS = "phalanx-agent-tls"  # ca.crt + agent-<node>.crt/.key, every GPU node
 ETCD_COORDINATOR = "phalanx-etcd-coordinator"  # ca.crt client.crt client.key
-ETCD_AGENT = "phalanx-etcd-agent"
 ETCD_ROOT = "phalanx-etcd-root"  # for the Job phalanx-etcd-auth only
 CLIENT_FILES = ("ca.crt", "client.crt", "client.key")
 
@@ -84,7 +84,6 @@ def collect(pki: Path, etcd: Path, cluster: str) -> dict[str, dict[str, bytes]]:
     out = {COORDINATOR_TLS: leaf_files(pki, "coordinator"), AGENT_TLS: leaf_files(pki, "agent")}
     for secret, user in (
         (ETCD_COORDINATOR, etcd_pki.user_for(cluster, "coordinator")),
-        (ETCD_AGENT, etcd_pki.user_for(cluster, "agent")),
         (ETCD_ROOT, etcd_pki.ROOT_USER),
     ):
         how = f"make it with phalanx certs etcd-user --dir {etcd} --user {user}"

@@ -16,9 +16,13 @@ coordinator, every simulated node and one admin client) and an etcd PKI
 under ``<state-dir>/etcd-pki/`` (``phalanx.etcd_pki``; with ``--etcd``, the
 PKI given by ``--etcd-pki``) whose etcd serves TLS and requires client
 certificates, and provisions the cluster's least-privilege etcd users
-(``phalanx.etcd_auth``). Coordinators and agents get ``--tls-dir`` and
-``--etcd-tls-dir``; ``--insecure`` runs everything in plaintext instead
-(with a warning). Every coordinator and agent process also serves /metrics
+(``phalanx.etcd_auth``: the coordinator's; agents get none). Coordinators
+get ``--tls-dir`` and ``--etcd-tls-dir``; agents, started once their AZ's
+coordinators serve, get ``--tls-dir`` and ``--coordinators`` (their AZ's
+coordinator addresses: they read their token check through them and hold no
+etcd endpoint or credential, docs/design.md §9.3). ``--insecure`` runs
+everything in plaintext instead (with a warning), agents still through the
+coordinators. Every coordinator and agent process also serves /metrics
 on a free loopback port (``--metrics-listen 127.0.0.1:0``); once all are
 ready, ``up`` prints one ``metrics NAME URL`` line per process.
 
@@ -329,8 +333,7 @@ class Credentials:
 
     server_dir: Path  # --tls-dir of every coordinator and agent process: ca.crt + their certs
     admin_dir: Path  # ca.crt client.crt client.key: up's own clients, and the client config's tls_dir
-    etcd_coordinator: Path  # ca.crt client.crt client.key of phalanx-<cluster>-coordinator
-    etcd_agent: Path  # ... of phalanx-<cluster>-agent
+    etcd_coordinator: Path  # ca.crt client.crt client.key of phalanx-<cluster>-coordinator (agents get no etcd user)
     etcd_root: Path  # ... of root: provisions the roles (and reads the revision before any coordinator runs)
 
 
@@ -371,7 +374,6 @@ def make_credentials(
         server_dir=server_dir,
         admin_dir=admin_dir,
         etcd_coordinator=etcd_pki.issue_client(etcd_pki_dir, etcd_pki.user_for(cluster, "coordinator"), now=now),
-        etcd_agent=etcd_pki.issue_client(etcd_pki_dir, etcd_pki.user_for(cluster, "agent"), now=now),
         etcd_root=etcd_pki_dir / etcd_pki.ROOT_USER,
     )
 
@@ -422,11 +424,26 @@ def write_client_config(path: Path, cluster: str, addresses: list[str], tls_dir:
 
 def security_args(creds: Credentials | None, kind: str) -> list[str]:
     """What a coordinator (``kind`` "coordinator") or agents process is
-    started with: its two credential dirs, or ``--insecure``."""
+    started with: its credential dirs (an agents process: no etcd user), or
+    ``--insecure``."""
     if creds is None:
         return ["--insecure"]
-    etcd = creds.etcd_coordinator if kind == "coordinator" else creds.etcd_agent
-    return ["--tls-dir", str(creds.server_dir), "--etcd-tls-dir", str(etcd)]
+    if kind == "coordinator":
+        return ["--tls-dir", str(creds.server_dir), "--etcd-tls-dir", str(creds.etcd_coordinator)]
+    return ["--tls-dir", str(creds.server_dir)]
+
+
+COORDINATORS_PENDING = "-"  # an agents process's --coordinators until its AZ's coordinators serve
+
+
+def set_agent_coordinators(children: list["Child"]) -> None:
+    """Each agents process reads through the coordinators of its AZ: its
+    ``--coordinators`` is set to their addresses as they serve them (a
+    coordinator may have been retried on another port)."""
+    for c in children:
+        if c.kind == "agents":
+            addresses = [o.address for o in children if o.kind == "coordinator" and o.az == c.az]
+            c.argv[c.argv.index("--coordinators") + 1] = ",".join(addresses)
 
 
 # --- child processes -------------------------------------------------------------
@@ -560,7 +577,10 @@ def build_children(
     blocks = split_port_range(*DEFAULT_PORTS, len(cfg.azs))
     for az, block in zip(cfg.azs, blocks):
         argv = [
-            sys.executable, "-m", "agent.sim", "--cluster", cluster, "--az", az, "--etcd", etcd,
+            # No etcd: the agents read through their AZ's coordinators, whose
+            # addresses set_agent_coordinators fills in once they serve.
+            sys.executable, "-m", "agent.sim", "--cluster", cluster, "--az", az,
+            "--coordinators", COORDINATORS_PENDING,
             "--nodes", str(cfg.nodes_per_az), "--rendezvous-ports", "%d-%d" % block,
             # Always given: the agent certificates were issued for the nodes
             # these flags make (sim_node_names).
@@ -854,13 +874,20 @@ class Up:
         env = child_env()
         if cfg.log_format:
             env["PHALANX_LOG_FORMAT"] = cfg.log_format
-        for child in self.children:
+        coordinators = [c for c in self.children if c.kind == "coordinator"]
+        for child in coordinators:
             child.start(env)
         self.say(
             f"started {', '.join(cfg.azs)} (cluster {self.cluster!r}), each with {cfg.coordinators_per_az} "
             f"coordinator(s) and {cfg.nodes_per_az} simulated node(s); waiting for leaders"
         )
-        await self._wait_children_ready(env, deadline)
+        # The agents, once their coordinators serve: they read through them.
+        await self._wait_children_ready(env, deadline, coordinators)
+        set_agent_coordinators(self.children)
+        for child in self.children:
+            if child.kind == "agents":
+                child.start(env)
+        await self._wait_children_ready(env, deadline, self.children)
         self._say_metrics()
         self.addresses = [c.address for c in self.children if c.kind == "coordinator"]
         await self._wait_leaders(self.addresses, deadline)
@@ -982,10 +1009,10 @@ class Up:
             await asyncio.sleep(0.1)
         raise StartupFailed(f"etcd not healthy after {min(self.cfg.start_timeout, 60.0):g}s; see {etcd.log_path}")
 
-    async def _wait_children_ready(self, env: dict[str, str], deadline: float) -> None:
+    async def _wait_children_ready(self, env: dict[str, str], deadline: float, children: list[Child]) -> None:
         while True:
             self._check_etcd_alive()
-            pending = [c for c in self.children if not c.check_ready()]
+            pending = [c for c in children if not c.check_ready()]
             if not pending:
                 return
             for c in pending:

@@ -443,7 +443,8 @@ else
     # loaded machine), as `phalanx certs` and `phalanx certs etcd-*` would:
     # the cluster's gRPC CA with the coordinator's, the agent's and an admin
     # client certificate ($WORK/client, for the CLI); the etcd CA with the
-    # coordinator and agent etcd users, whose roles it provisions.
+    # coordinator's etcd user, whose role it provisions (the agent has none:
+    # it reads through the coordinator, as by default).
     "${DIE_WITH_US[@]}" env GPUCHECK_RUN="$RUN_ID" "$PY" - "$WORK/etcd" "$WORK/logs/etcd.log" "$WORK/etcd.info" \
         "$WORK/etcd-pki" "$CLUSTER" "$WORK/pki" "$NODE" "$WORK/client" >"$WORK/logs/etcd-holder.log" 2>&1 <<'EOF' &
 import asyncio, datetime, os, shutil, sys, time
@@ -463,8 +464,7 @@ s = EtcdServer(data_dir=sys.argv[1], name="gpucheck", log_path=sys.argv[2], tls_
 try:
     s.wait_ready(30)
     asyncio.run(etcd_auth.provision([s.endpoint], s.root_tls, cluster))
-    for role in etcd_pki.ROLES:
-        etcd_pki.issue_client(pki, etcd_pki.user_for(cluster, role), now=now)
+    etcd_pki.issue_client(pki, etcd_pki.user_for(cluster, "coordinator"), now=now)
     info = f"{s.proc.pid} {s.endpoint}"
 except Exception as exc:
     info = f"NOT-READY {exc!r}"
@@ -504,8 +504,9 @@ EOF
             # 0700 home) and need the GPUs: the CLI's owner (admin/gpucheck) runs
             # them as root, explicitly allowed; any other owner as nobody.
             printf 'default: nobody\nowners:\n  admin/gpucheck: root\nallow_root: [admin/gpucheck]\n' >"$WORK/run-as.yaml"
-            agent_args=(--az "$AZ" --etcd "$EP" --node "$NODE" --state-dir "$WORK/agent-state" --timings "$timings"
-                --tls-dir "$WORK/pki" --etcd-tls-dir "$WORK/etcd-pki/phalanx-$CLUSTER-agent" --run-as "$WORK/run-as.yaml")
+            # No etcd for the agent: it reads through the coordinator (the default).
+            agent_args=(--az "$AZ" --coordinators "$ADDR" --node "$NODE" --state-dir "$WORK/agent-state"
+                --timings "$timings" --tls-dir "$WORK/pki" --run-as "$WORK/run-as.yaml")
             if [ "$DRY" = 1 ]; then
                 agent_args+=(--nvml-recording "$FIXTURE/nvml.json" --sysfs-recording "$FIXTURE/sysfs.json")
             fi

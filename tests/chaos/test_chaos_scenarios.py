@@ -202,24 +202,31 @@ def test_checker_reports_agents_that_do_not_fence(tmp_path: Path) -> None:
     assert_nothing_left(r)
 
 
-def etcdctl_as(pc: PhalanxCluster, role: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """etcdctl inside ``ctl`` with the cluster's ``role`` etcd user's certificate."""
+def etcdctl_as(pc: PhalanxCluster, role: str, *args: str, cert: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """etcdctl inside ``ctl`` with the cluster's ``role`` etcd user's
+    certificate (``cert``: that certificate and its ``.key`` instead)."""
     assert pc.pki is not None and pc.etcd is not None and pc.ctl is not None
     d = pc.pki.etcd_user_dir(role)
-    return pc.ctl.run(["etcdctl", f"--endpoints={pc.etcd.members['a'].server.client_url}", f"--cacert={d / 'ca.crt'}",
-                       f"--cert={d / 'client.crt'}", f"--key={d / 'client.key'}", "--command-timeout=5s", *args],
+    crt, key = (d / "client.crt", d / "client.key") if cert is None else (cert, cert.with_suffix(".key"))
+    return pc.ctl.run(["etcdctl", f"--endpoints={pc.etcd.members['a'].server.client_url}",
+                       f"--cacert={pc.pki.etcd_dir / 'ca.crt'}", f"--cert={crt}", f"--key={key}",
+                       "--command-timeout=5s", "--dial-timeout=3s", *args],
                       env={**os.environ, "ETCDCTL_API": "3"}, timeout=60)
 
 
 def assert_secured_as_deployed(pc: PhalanxCluster, out: Path) -> None:
-    """etcd checks its users' roles (the agent user reads the leader keys and
-    may write nothing; the coordinator user sees nothing outside its cluster)
-    and a coordinator refuses a plaintext call (the run's own workload, with
-    its admin certificate, is what gets gangs running)."""
-    forged = etcdctl_as(pc, "agent", "put", f"/phalanx/{pc.name}/nodes/a/forged", "x")
-    assert forged.returncode != 0 and "permission denied" in forged.stderr, forged
-    leaders = etcdctl_as(pc, "agent", "get", "--prefix", "--keys-only", f"/phalanx/{pc.name}/leader/")
-    assert leaders.returncode == 0 and f"/phalanx/{pc.name}/leader/a" in leaders.stdout, leaders
+    """Agents hold no etcd user, and an agent's certificate opens nothing in
+    etcd (another CA's: refused at the handshake; nothing written); etcd
+    checks its users' roles (the coordinator user sees nothing outside its
+    cluster) and a coordinator refuses a plaintext call (the run's own
+    workload, with its admin certificate, is what gets gangs running)."""
+    assert pc.pki is not None
+    assert not pc.pki.etcd_user_dir("agent").exists(), "agents get no etcd user"
+    agent_cert = sorted(pc.pki.grpc_dir.glob("agent-*.crt"))[0]
+    forged = etcdctl_as(pc, "agent", "put", f"/phalanx/{pc.name}/nodes/a/forged", "x", cert=agent_cert)
+    assert forged.returncode != 0, forged
+    left = etcdctl_as(pc, "coordinator", "get", "--keys-only", f"/phalanx/{pc.name}/nodes/a/forged")
+    assert left.returncode == 0 and "forged" not in left.stdout, left
     other = etcdctl_as(pc, "coordinator", "get", "/phalanx/another-cluster/leader/a")
     assert other.returncode != 0 and "permission denied" in other.stderr, other
     assert pc.client is not None

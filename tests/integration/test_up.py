@@ -61,6 +61,26 @@ def live_in_sessions(sessions: set[int]) -> list[int]:
     return found
 
 
+def agents_cmdline(pid: int) -> list[str] | None:
+    """The argv of ``pid`` when it is an agents process (agent.sim), else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    return argv if "agent.sim" in argv else None
+
+
+def assert_agents_reach_no_etcd(argv: list[str], etcd_endpoint: str, foreign: list[str]) -> None:
+    """An agents process's command line names no etcd endpoint and no etcd
+    credential, and no coordinator of another AZ (``foreign``)."""
+    text = " ".join(argv)
+    assert "--etcd" not in text and "etcd-pki" not in text and etcd_endpoint not in text, argv
+    assert "--coordinators" in argv, argv
+    given = argv[argv.index("--coordinators") + 1].split(",")
+    assert given and not set(given) & set(foreign), (given, foreign)
+
+
 def processes_mentioning(token: str) -> list[int]:
     """Live processes whose command line contains ``token``."""
     found = []
@@ -188,12 +208,17 @@ def test_up_no_workload_starts_everything_and_leaves_nothing_behind() -> None:
         # TLS without a client certificate: refused by the handshake.
         etcdctl_fails("--endpoints", f"https://{endpoint}", "--cacert", str(root.ca), "--dial-timeout", "3s",
                       "--command-timeout", "5s", "get", "--prefix", prefix)
-        # The agents' user reads the leader keys but writes nothing.
-        agent = etcd_pki.files(pki / etcd_pki.user_for(cluster, "agent"))
-        assert f"{prefix}leader/az-a" in etcdctl(endpoint, "get", "--prefix", "--keys-only", f"{prefix}leader/", tls=agent)
-        denied = etcdctl_fails("--endpoints", f"https://{endpoint}", "--cacert", str(agent.ca), "--cert",
-                               str(agent.cert), "--key", str(agent.key), "put", f"{prefix}leader/az-a", "forged")
-        assert "permission denied" in denied, denied
+        # Agents hold no etcd credentials (they read through their AZ's
+        # coordinators): no agent etcd user issued, none given.
+        assert not (pki / etcd_pki.user_for(cluster, "agent")).exists(), sorted(p.name for p in pki.iterdir())
+        given = []
+        for pid in children:
+            cmdline = agents_cmdline(pid)
+            if cmdline is not None:
+                assert_agents_reach_no_etcd(cmdline, endpoint, [])
+                given.append(set(cmdline[cmdline.index("--coordinators") + 1].split(",")))
+        # Each AZ's agents are given its own 2 coordinators: all 4, none twice.
+        assert len(given) == 2 and given[0].isdisjoint(given[1]) and given[0] | given[1] == set(up.addresses), given
         # The coordinators' user is confined to its cluster's prefix.
         coordinator = etcd_pki.files(pki / etcd_pki.user_for(cluster, "coordinator"))
         denied = etcdctl_fails("--endpoints", f"https://{endpoint}", "--cacert", str(coordinator.ca), "--cert",
@@ -529,10 +554,34 @@ def test_client_config_is_what_the_client_parses(cluster: str, addresses: list[s
 def test_security_args() -> None:
     from phalanx.up import Credentials
 
-    creds = Credentials(Path("/s/servers"), Path("/s/admin"), Path("/e/coord"), Path("/e/agent"), Path("/e/root"))
+    creds = Credentials(Path("/s/servers"), Path("/s/admin"), Path("/e/coord"), Path("/e/root"))
     assert security_args(None, "coordinator") == security_args(None, "agents") == ["--insecure"]
     assert security_args(creds, "coordinator") == ["--tls-dir", "/s/servers", "--etcd-tls-dir", "/e/coord"]
-    assert security_args(creds, "agents") == ["--tls-dir", "/s/servers", "--etcd-tls-dir", "/e/agent"]
+    assert security_args(creds, "agents") == ["--tls-dir", "/s/servers"]  # no etcd user for agents
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_agents_read_through_their_azs_coordinators(insecure: bool, tmp_path: Path) -> None:
+    """Each agents process is given its own AZ's coordinators and no etcd
+    (also with --insecure: one path), whichever port a coordinator got."""
+    from phalanx.cli import build_parser
+    from phalanx.up import Credentials, UpConfig, build_children, set_agent_coordinators
+
+    a = build_parser().parse_args(["up", "--azs", "2", "--coordinators-per-az", "2", *(["--insecure"] * insecure)])
+    creds = None if insecure else Credentials(Path("/s/servers"), Path("/s/admin"), Path("/e/coord"), Path("/e/root"))
+    children = build_children(UpConfig.from_args(a), "127.0.0.1:2379", [7001, 7002, 7003, 7004], tmp_path,
+                              tmp_path, "c1", creds)
+    for i, c in enumerate(children):
+        if c.kind == "coordinator":
+            c.address = f"127.0.0.1:{9000 + i}"  # as served: not the port asked for (a retried coordinator)
+    set_agent_coordinators(children)
+    agents = {c.az: c.argv for c in children if c.kind == "agents"}
+    assert sorted(agents) == ["az-a", "az-b"]
+    for az, argv in agents.items():
+        want = [c.address for c in children if c.kind == "coordinator" and c.az == az]
+        assert argv[argv.index("--coordinators") + 1] == ",".join(want)
+        assert_agents_reach_no_etcd(argv, "127.0.0.1:2379", [c.address for c in children if c.az != az])
+        assert ("--insecure" in argv) is insecure and ("--tls-dir" in argv) is not insecure
 
 
 def test_make_credentials_issues_what_each_process_loads_and_keeps_the_ca(tmp_path: Path) -> None:
@@ -561,9 +610,9 @@ def test_make_credentials_issues_what_each_process_loads_and_keeps_the_ca(tmp_pa
     admin = tls.load(TlsFiles(first.admin_dir / "ca.crt", first.admin_dir / "client.crt", first.admin_dir / "client.key"),
                      cluster="c1", use="client", now=now)
     assert admin.identity.role == "admin"
-    for d, user in ((first.etcd_coordinator, etcd_pki.user_for("c1", "coordinator")),
-                    (first.etcd_agent, etcd_pki.user_for("c1", "agent"))):
-        assert etcd_pki.check_client(etcd_pki.files(d), now=now)[3] == user
+    assert etcd_pki.check_client(etcd_pki.files(first.etcd_coordinator), now=now)[3] == etcd_pki.user_for(
+        "c1", "coordinator")
+    assert not (etcd_dir / etcd_pki.user_for("c1", "agent")).exists(), "agents get no etcd user"
     ca = (first.server_dir / "ca.crt").read_bytes()
     second = make_credentials(tmp_path, "c1", {"az-a-c0": "az-a"}, {"az-a-n0": "az-a"}, etcd_dir, now=now)
     assert (second.server_dir / "ca.crt").read_bytes() == ca, "a kept state dir keeps its CA"

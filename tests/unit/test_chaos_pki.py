@@ -47,7 +47,11 @@ def test_client_dir_is_an_sdk_client_dir_of_the_run(pki: RunPki) -> None:
     assert (ident.role, ident.name) == ("admin", "chaos-workload")
 
 
-@pytest.mark.parametrize("role", [COORDINATOR, AGENT])
+def test_agents_get_no_etcd_user(pki: RunPki) -> None:
+    assert not pki.etcd_user_dir(AGENT).exists(), "agents read through the coordinators"
+
+
+@pytest.mark.parametrize("role", [COORDINATOR])
 def test_etcd_users_are_the_clusters_roles(pki: RunPki, role: str) -> None:
     files = etcd_pki.files(pki.etcd_user_dir(role))
     cert = x509.load_pem_x509_certificate(files.cert.read_bytes())

@@ -370,12 +370,20 @@ def test_agent_args_parse(name: str, objects: dict, secrets: dict[str, dict[str,
     assert files is not None and sorted(p.name for p in Path(creds.tls_dir).iterdir()) == sorted(
         p.name for p in files.paths()
     ), "the agent container holds its own node's certificate and nothing else"
-    assert agent_main.etcd_tls_files(creds) is not None
+    # No etcd endpoint and no etcd credential: it reads through its AZ's
+    # coordinator Service (the overlay's suffixed name, the Service's port).
+    assert not a.etcd and not a.etcd_tls_dir and agent_main.etcd_tls_files(creds) is None
+    assert not any("etcd" in str(m["mountPath"]) for m in container.get("volumeMounts", [])), container
     env = container_env(container, cms)
     assert a.az == env["PHALANX_AZ"]
+    assert a.coordinators == env["PHALANX_COORDINATORS"]
+    if name != "base":
+        kust = load_docs(K8S / "overlays" / name / "kustomization.yaml")[0]
+        service = objects[("Service", "phalanx-coordinator")]
+        port = only(service["spec"]["ports"], "grpc")["port"]
+        assert a.coordinators == f"phalanx-coordinator{kust['nameSuffix']}:{port}"
     assert a.node == FIELD_VALUES["spec.nodeName"]
     assert a.cluster == cms["phalanx-etcd"]["cluster"]
-    assert a.etcd == cms["phalanx-etcd"]["endpoints"]
     timings_from_mapping(json.loads(a.timings))
     assert not a.simulate_members and not a.nvml_recording and not a.sysfs_recording
     # /metrics on the node's address (host network: the pod IP), the
@@ -488,7 +496,7 @@ def make_pki(root: Path) -> tuple[Path, Path]:
     for node in (FIELD_VALUES["spec.nodeName"], "gpu-018"):
         phalanx_certs.issue(pki, "agent", node, node=node, now=now)
     etcd_pki.init(etcd, now=now)
-    for user in (etcd_pki.ROOT_USER, etcd_pki.user_for(cluster, "coordinator"), etcd_pki.user_for(cluster, "agent")):
+    for user in (etcd_pki.ROOT_USER, etcd_pki.user_for(cluster, "coordinator")):
         etcd_pki.issue_client(etcd, user, now=now)
     return pki, etcd
 
@@ -574,7 +582,7 @@ def test_secrets_hold_no_ca_key_and_every_coordinator_pod_has_its_certificate(
     secrets: dict[str, dict[str, bytes]]
 ) -> None:
     mod = load_secrets_script()
-    assert set(secrets) == {mod.COORDINATOR_TLS, mod.AGENT_TLS, mod.ETCD_COORDINATOR, mod.ETCD_AGENT, mod.ETCD_ROOT}
+    assert set(secrets) == {mod.COORDINATOR_TLS, mod.AGENT_TLS, mod.ETCD_COORDINATOR, mod.ETCD_ROOT}
     for name, data in secrets.items():
         assert not any(k.endswith("ca.key") for k in data), f"{name} holds a CA key"
         assert not any(b"PRIVATE KEY" in v for k, v in data.items() if k == "ca.crt")
@@ -582,7 +590,6 @@ def test_secrets_hold_no_ca_key_and_every_coordinator_pod_has_its_certificate(
         assert {f"coordinator-{pod}.crt", f"coordinator-{pod}.key"} <= set(secrets[mod.COORDINATOR_TLS]), pod
     # Each etcd Secret is the user it says.
     for secret, user in ((mod.ETCD_COORDINATOR, etcd_pki.user_for(cluster_of_config(), "coordinator")),
-                         (mod.ETCD_AGENT, etcd_pki.user_for(cluster_of_config(), "agent")),
                          (mod.ETCD_ROOT, etcd_pki.ROOT_USER)):
         from cryptography import x509
 
@@ -591,7 +598,7 @@ def test_secrets_hold_no_ca_key_and_every_coordinator_pod_has_its_certificate(
 
 def test_secrets_script_names_a_missing_file_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pki, etcd = make_pki(tmp_path)
-    user = etcd_pki.user_for(cluster_of_config(), "agent")
+    user = etcd_pki.user_for(cluster_of_config(), "coordinator")
     (etcd / user / "client.key").unlink()
     out = tmp_path / "secrets.yaml"
     rc = load_secrets_script().main(["--pki", str(pki), "--etcd-pki", str(etcd), "--cluster", cluster_of_config(),
@@ -618,7 +625,7 @@ def test_other_nodes_keys_reach_only_the_init_step_and_the_root_key_only_the_job
             spec = pod_spec(obj)
             for c in spec.get("initContainers", []) + spec["containers"]:
                 seen[f"{name}/{c['name']}"] = secrets_seen(spec, c)
-    assert seen["phalanx-agent/agent"] == {mod.ETCD_AGENT}
+    assert seen["phalanx-agent/agent"] == set(), "the agent container mounts no Secret (no etcd user)"
     assert seen["phalanx-agent/agent-tls"] == {mod.AGENT_TLS}
     assert seen["phalanx-coordinator/coordinator"] == {mod.COORDINATOR_TLS, mod.ETCD_COORDINATOR}
     assert [k for k, v in seen.items() if mod.ETCD_ROOT in v] == ["phalanx-etcd-auth/etcd-auth"]
