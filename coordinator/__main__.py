@@ -72,6 +72,9 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
     p.add_argument("--etcd-quota-bytes", type=int, default=ETCD_DEFAULT_QUOTA_BYTES,
                    help="etcd's --quota-backend-bytes (default etcd's, 2 GiB): etcd does not report it; metrics, "
                         "warnings and `phalanx status` measure its database against it (docs/etcd-keys.md)")
+    p.add_argument("--etcd-compact-retention", type=float, default=0.0, metavar="SECONDS",
+                   help="for an etcd you run without --auto-compaction-*: the AZ's leader compacts etcd's history to "
+                        "what it saw this long ago (cluster-wide; default 0: off; docs/etcd-keys.md \"Compaction\")")
     p.add_argument("--max-finished-gangs", type=int, default=CoordinatorConfig.max_finished_gangs,
                    help="finished gangs this AZ keeps in etcd at most, oldest out first (docs/etcd-keys.md "
                         "\"Retention by count and bytes\")")
@@ -109,7 +112,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         cluster=a.cluster, az=a.az, coordinator_id=a.id, etcd=tuple(e for e in a.etcd.split(",") if e),
         listen=a.listen, advertise=a.advertise, timings=timings,
         token_file=a.token_file, token_listen=a.token_listen, policy_file=a.policy, metrics_listen=a.metrics_listen,
-        etcd_quota_bytes=a.etcd_quota_bytes,
+        etcd_quota_bytes=a.etcd_quota_bytes, etcd_compact_retention_s=a.etcd_compact_retention,
         max_finished_gangs=a.max_finished_gangs, max_finished_bytes=a.max_finished_bytes,
         max_expired_ids=a.max_expired_ids,
         watch=StreamLimits(a.watch_streams_per_identity, a.watch_streams_total, a.watch_buffer, a.watch_history),

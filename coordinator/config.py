@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coordinator.core.compaction import retention_error
 from coordinator.core.fanout import StreamLimits
 from coordinator.core.rate_limit import RateLimits
 from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
@@ -40,6 +41,10 @@ class CoordinatorConfig:
     # their records (0: etcd_quota_bytes/16), oldest out first, whatever
     # gang_retention_s says (docs/etcd-keys.md "Retention by count and bytes").
     max_finished_gangs: int = 50_000
+    # History of an etcd this coordinator does not run, compacted by the
+    # AZ's leader to what it saw this long ago; 0: off, etcd's own
+    # --auto-compaction-* flags do it (docs/etcd-keys.md "Compaction").
+    etcd_compact_retention_s: float = 0.0
     max_finished_bytes: int = 0
     # Ids of collected gangs kept (``expired/<id>``, a few hundred bytes
     # each) so that GetGang can say "finished and expired"; cluster-wide.
@@ -81,6 +86,13 @@ class CoordinatorConfig:
             errors.append(f"max_finished_bytes must be at most a quarter of etcd_quota_bytes "
                           f"({self.max_finished_bytes} > {self.etcd_quota_bytes // 4}): one AZ's finished gangs must "
                           f"leave etcd room for the live ones, their history and the other AZs'")
+        if not isinstance(self.etcd_compact_retention_s, (int, float)) or self.etcd_compact_retention_s < 0:
+            errors.append(f"etcd_compact_retention_s must be 0 (off) or a number of seconds, "
+                          f"got {self.etcd_compact_retention_s!r}")
+        else:
+            e = retention_error(self.etcd_compact_retention_s, self.timings.etcd_space_poll_s)
+            if e:
+                errors.append(e)
         errors += self.watch.errors()
         errors += self.rates.errors()
         if bool(self.token_file) != bool(self.token_listen):

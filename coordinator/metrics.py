@@ -40,6 +40,7 @@ GANG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 PENDING_CLASSES = ("backoff", "held_back", "keeps_nodes", "too_large", "no_room", "two_phase")
 OUTCOMES = ("SUCCEEDED", "FAILED", "CANCELLED")
 ETCD_KINDS = ("get", "txn", "lease", "watch")
+COMPACTION_RESULTS = ("compacted", "already", "refused")
 TWOPHASE_OUTCOMES = ("commit", "abort", "in_doubt_abort")
 # The states each gauge always shows (0 when none): a single-AZ reservation
 # is COMMITTED or RELEASING; a cross-AZ hold PREPARED or COMMITTED.
@@ -171,6 +172,12 @@ class CoordinatorMetrics:
                                 "coordinator (--etcd-quota-bytes; etcd does not report it)", registry=r)
         self.etcd_space_alarm = Gauge("phalanx_etcd_space_alarm", "1 while etcd's NOSPACE alarm is active (etcd "
                                       "refuses every write)", registry=r)
+        self.etcd_compactions = Counter("phalanx_etcd_compactions_total", "Compactions of etcd's history by this "
+                                        "coordinator as its AZ's leader (--etcd-compact-retention; docs/etcd-keys.md "
+                                        "\"Compaction\"): compacted, already (etcd was past the target), refused "
+                                        "(this etcd user may not compact)", ["result"], registry=r)
+        for result in COMPACTION_RESULTS:
+            self.etcd_compactions.labels(result)
         # Rate limits per identity (coordinator/throttle.py, docs/limits.md
         # "Rate limits"): every coordinator applies them to what it receives.
         self.throttled = Counter("phalanx_requests_throttled_total", "Requests refused RESOURCE_EXHAUSTED by a rate "
@@ -227,6 +234,9 @@ class CoordinatorMetrics:
         self.etcd_db_in_use.set(in_use)
         self.etcd_quota.set(quota)
         self.etcd_space_alarm.set(1 if alarm else 0)
+
+    def etcd_compaction(self, result: str) -> None:
+        self.etcd_compactions.labels(result).inc()
 
     # -- watch streams
     def watch_streams(self, open_total: int, top: int) -> None:

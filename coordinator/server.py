@@ -172,7 +172,8 @@ class Coordinator:
         self.wall = time.time
         self.leader_changes = 0
         self.space_watch = EtcdSpaceWatch(self.store, config.etcd_quota_bytes, config.timings.etcd_space_poll_s,
-                                          self.metrics)
+                                          self.metrics, compact_retention_s=config.etcd_compact_retention_s,
+                                          leading=lambda: self.leader is not None)
         self._space_task: asyncio.Task[None] | None = None
         # The one etcd watch every WatchEvents/WatchGang stream is fed from.
         self.fanout = Broadcaster(self.store, config.watch, self.metrics)

@@ -355,6 +355,7 @@ class EtcdSpaceReport:
     db_size: int
     db_size_in_use: int
     alarms: tuple[str, ...]
+    revision: int = 0  # etcd's current revision (the Status reply's header)
 
 
 class Compacted(Exception):
@@ -861,7 +862,21 @@ class Store:
                                   epb.AlarmRequest(action=epb.AlarmRequest.GET), "alarm list")
         names = sorted({epb.AlarmType.Name(a.alarm) for a in alarms.alarms if a.alarm != epb.NONE})
         return EtcdSpaceReport(member=str(member.endpoint), db_size=status.dbSize,
-                               db_size_in_use=status.dbSizeInUse, alarms=tuple(names))
+                               db_size_in_use=status.dbSizeInUse, alarms=tuple(names), revision=status.header.revision)
+
+    async def compact(self, revision: int) -> bool:
+        """Compact etcd's history up to ``revision`` (cluster-wide, every
+        prefix: coordinator/compaction.py says when Phalanx may). False if
+        etcd had already compacted at or past it (someone else did: the
+        goal is met); StoreDenied if this etcd user may not compact."""
+        req = epb.CompactionRequest(revision=revision, physical=False)
+        try:
+            await self._call(lambda m: m.kv.Compact, req, f"compact to revision {revision}", kind="compact")
+        except StoreUnavailable as exc:
+            if "required revision has been compacted" in str(exc):
+                return False
+            raise
+        return True
 
     async def server_version(self) -> str:
         """The answering member's etcd version (Maintenance Status), e.g.
