@@ -7,6 +7,10 @@ report its own) as metrics, and logs once per change of level
 (``core.etcd_space.notice``): at ERROR, with the recovery steps, when etcd
 passes 80 % of its quota or raises its NOSPACE alarm. ``phalanx status``
 reads etcd afresh (``GangServicer.ClusterStatus``), not this loop's copy.
+
+With ``--etcd-compact-retention`` the same reading samples etcd's revision,
+and the AZ's leader compacts etcd's history to the sample that old
+(``core.compaction.plan``; docs/etcd-keys.md "Compaction": off by default).
 """
 
 from __future__ import annotations
