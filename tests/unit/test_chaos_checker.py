@@ -21,6 +21,7 @@ from chaos.history import (
     FinalState,
     History,
     RunParams,
+    client_record,
     leader_terms,
     load,
     member_intervals,
@@ -779,6 +780,15 @@ def test_terminal_stops_reads_the_bound_from_the_run_timings() -> None:
     h = _cancelled_at_3(3.0 + 6.05)
     longer = dataclasses.replace(h.params, timings={**TIMINGS, "stop_grace_s": 1.2})
     assert violations(dataclasses.replace(h, params=longer), 9) == []
+
+
+def test_a_cancel_line_keeps_its_aim_and_trigger() -> None:
+    line = {"kind": "outcome", "op": "cancel", "key": "g1", "name": "g1", "az": "a", "acked": True, "gang_id": "g1",
+            "first_start": T0, "end": T0 + 0.1, "code": "OK", "attempts": 1, "aim": "restart", "trigger": "fault"}
+    o = client_record(line)
+    assert isinstance(o, ClientOutcome) and (o.aim, o.trigger) == ("restart", "fault")
+    o = client_record({**line, "kind": "call", "target": "x", "attempt": 1, "start": T0, "aim": "admission"})
+    assert isinstance(o, ClientCall) and o.aim == "admission"
 
 
 @pytest.mark.parametrize("n", list(checker.INVARIANTS))
