@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import select
 import subprocess
 import sys
@@ -128,6 +129,25 @@ async def test_no_replica_answering_is_unavailable_and_the_next_replica_is_asked
     finally:
         await nobody.close()
         await first_dead.close()
+
+
+async def test_the_leader_address_of_the_last_answer_is_asked_when_the_given_ones_are_gone(local_cluster):
+    """Given only a standby, the reads learn the leader from its answer; with
+    the standby gone they still answer, through that leader."""
+    c0 = local_cluster.start_coordinator(AZ, "c0")
+    await local_cluster.wait_leader(AZ)
+    c1 = local_cluster.start_coordinator(AZ, "c1")
+    keys = local_cluster.store.keys
+    reads = _reads(local_cluster, "n1", [c1.address])
+    try:
+        assert (await reads.get(keys.leader(AZ))) is not None
+        assert reads.learned == c0.address
+        c1.signal(signal.SIGKILL)
+        c1.proc.wait(10)
+        kv = await reads.get(keys.leader(AZ))
+        assert kv is not None and kv.json()["address"] == c0.address
+    finally:
+        await reads.close()
 
 
 async def test_a_real_agent_process_with_no_etcd_flags_registers_and_runs(local_cluster, tmp_path):
