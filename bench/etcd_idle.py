@@ -58,10 +58,13 @@ def key_class(key: str, root: str) -> str:
     return key[len(root):].split("/", 1)[0] if key.startswith(root) else "(other)"
 
 
-async def watch_window(endpoint: str, cluster: str, seconds: float) -> tuple[Counter, Counter, dict, dict, float]:
-    """Puts and bytes per key class over ``seconds``, and etcd's counters at both ends."""
+async def watch_window(endpoint: str, cluster: str, seconds: float,
+                       ) -> tuple[Counter, Counter, dict, dict, float, set[str]]:
+    """Puts and bytes per key class over ``seconds``, etcd's counters at
+    both ends, and the gang records created in the window."""
     puts: Counter = Counter()
     size: Counter = Counter()
+    created: set[str] = set()
     async with Store(endpoint, cluster) as store:
         root = store.keys.root
         before = etcd_counters(endpoint)
@@ -74,6 +77,8 @@ async def watch_window(endpoint: str, cluster: str, seconds: float) -> tuple[Cou
                     c = key_class(ev.kv.key, root)
                     puts[c] += ev.kind == "put"
                     size[c] += len(ev.kv.key) + len(ev.kv.value)
+                    if c == "gangs" and ev.kind == "put" and ev.kv.version == 1:
+                        created.add(ev.kv.key)
 
         task = asyncio.ensure_future(follow())
         await asyncio.sleep(seconds)  # the measurement window itself, not a wait for a fact
@@ -84,7 +89,7 @@ async def watch_window(endpoint: str, cluster: str, seconds: float) -> tuple[Cou
             await task
         except asyncio.CancelledError:
             pass
-    return puts, size, before, after, elapsed
+    return puts, size, before, after, elapsed, created
 
 
 def per_hour(value: float, seconds: float) -> str:
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         endpoint = up.find_line(r"etcd at (\S+) ").group(1)
         cluster = up.find_line(r"^PHALANX_CLUSTER=(\S+)$").group(1)
         time.sleep(a.settle)  # registrations' writes are not idle traffic
-        puts, size, before, after, elapsed = asyncio.run(watch_window(endpoint, cluster, a.seconds))
+        puts, size, before, after, elapsed, created = asyncio.run(watch_window(endpoint, cluster, a.seconds))
     finally:
         up.stop()
     nodes = a.azs * a.nodes_per_az
@@ -126,6 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"etcd: revisions +{delta['revision']:.0f}, bytes put {per_hour(delta['put_bytes'], elapsed)}/h, "
           f"WAL bytes {per_hour(delta['wal_bytes'], elapsed)}/h, db size {before['db_bytes']:,.0f} -> "
           f"{after['db_bytes']:,.0f} B")
+    if created:
+        # Every byte the cluster put in the window, over the gangs it created
+        # in it: a busy cluster's cost per admitted gang (its node, leader and
+        # retention writes included).
+        print(f"gang records created in the window: {len(created)}; bytes put per gang: "
+              f"{sum(size.values()) / len(created):,.0f} (watched), {delta['put_bytes'] / len(created):,.0f} (etcd's count)")
 
 
 if __name__ == "__main__":
