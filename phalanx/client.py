@@ -52,7 +52,6 @@ import os
 import re
 import threading
 import time
-import uuid
 from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -825,8 +824,11 @@ class AsyncClient:
         """Validate ``spec`` locally (raises InvalidSpec, nothing is sent), then
         submit it. Returns once the gang is durable in etcd."""
         domain = to_spec(spec)
-        key = idempotency_key or str(uuid.uuid4())
-        request = gang_pb2.SubmitGangRequest(spec=spec_to_pb(domain), idempotency_key=key)
+        if not idempotency_key:
+            import uuid  # here: only a submission needs it (docs/cli.md "Start-up time")
+
+            idempotency_key = str(uuid.uuid4())
+        request = gang_pb2.SubmitGangRequest(spec=spec_to_pb(domain), idempotency_key=idempotency_key)
         response: gang_pb2.SubmitGangResponse = await self._call("SubmitGang", request)
         return SubmitResult(gang=response.gang, created=response.created)
 
