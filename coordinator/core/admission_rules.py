@@ -114,7 +114,8 @@ class AdmissionView:
     def scope(self, c: Candidate, unkept: bool = False) -> list[NodeView]:
         """The free nodes ``c`` may be placed on (this AZ's, or every AZ's),
         less the kept nodes unless ``unkept``."""
-        return [v for k, v in self.free.items() if (c.wide or k[0] == self.az) and (unkept or k not in self.kept)]
+        az, kept, wide = self.az, self.kept, c.wide  # locals: this runs per node, per gang, per cycle
+        return [v for k, v in self.free.items() if (wide or k[0] == az) and (unkept or k not in kept)]
 
     def try_place(self, c: Candidate) -> Placement | Unplaceable:
         """``c`` placed on its scope now (an unplaceable answer is memoised by shape)."""
