@@ -10,8 +10,14 @@ The calls etcd 3.4.23 does NOT refuse are the known gap of that version
 (CVE-2026-33413: compaction and leases; CVE-2026-33343: nested
 transactions). They are written as the refusals they should be and marked
 ``xfail(strict=True)``: they fail today, and the day the agent's etcd user is
-refused them (a fixed etcd, or agents without etcd credentials) they pass,
-which strict xfail turns red so the mark and docs/security.md are updated.
+refused them (a fixed etcd) they pass, which strict xfail turns red so the
+mark and docs/security.md are updated.
+
+This is the LEGACY agent user, which exists only where an operator opts in
+(``phalanx etcd-auth --agent-user``) to keep agents on ``--etcd``. By
+default agents hold no etcd credentials at all (they read through the
+coordinators): tests/integration/test_agent_no_etcd_credentials.py shows
+that everything such an agent is given opens nothing in etcd.
 """
 
 from __future__ import annotations
