@@ -39,14 +39,16 @@ from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
 
 COORDINATORS_HELP = ("read the leader and the token check through these coordinator replicas of the AZ "
-                     "(AgentService.ReadToken) instead of etcd: no etcd and no etcd credentials "
+                     "(AgentService.ReadToken) instead of etcd: no etcd and no etcd credentials, the default "
                      "(docs/design.md 9.3); not with --etcd-tls-dir")
 
 
 def add_where_flags(p: argparse.ArgumentParser) -> None:
     """--etcd or --coordinators, exactly one (python -m agent, agent.sim)."""
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--etcd", default="", help="etcd HOST:PORT[,...] (or --coordinators)")
+    where.add_argument("--etcd", default="", help="the legacy path: read etcd HOST:PORT[,...] directly, with an agent "
+                       "etcd user (phalanx etcd-auth --agent-user; only on an etcd with the fixes docs/security.md "
+                       "lists); the default deployment uses --coordinators")
     where.add_argument("--coordinators", default="", metavar="ADDR[,ADDR...]", help=COORDINATORS_HELP)
 
 
