@@ -51,6 +51,8 @@ def test_the_key_map_is_bounded_and_keeps_the_throttled() -> None:
     (RateLimits(register_per_s=-1), "--register-rate"),
     (RateLimits(submit_burst=0), "--submit-burst must be a whole number of at least 1"),
     (RateLimits(register_burst=True), "--register-burst"),
+    (RateLimits(token_read_per_s=0), "--token-read-rate must be a positive number"),
+    (RateLimits(token_read_burst=0), "--token-read-burst must be a whole number of at least 1"),
 ])
 def test_limits_are_validated(limits: RateLimits, words: str | None) -> None:
     errors = limits.errors()
