@@ -80,6 +80,10 @@ def leader_address(r: apb.StoredRecord) -> str:
 
 
 class CoordinatorReads:
+    # An agent's words when its read is refused, and what to check (as Store's).
+    refused_read = ("a coordinator refused this agent's read (check this agent's certificate: its node and AZ, "
+                    "phalanx certs issue --role agent --node --az; and that --coordinators are this AZ's)")
+
     def __init__(self, addresses: Sequence[str], cluster: str, az: str, *, tls: TlsFiles | None,
                  timeout: float) -> None:
         # Not copied: read at every call (see the module docstring).

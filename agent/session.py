@@ -289,8 +289,7 @@ class Agent:
                     # case the roles are provisioned meanwhile).
                     self.metrics.session_error(am.SESSION_OTHER)
                     if str(exc) != self._refused:
-                        log.error("agent %s: etcd denied this agent's read (check --etcd-tls-dir and the "
-                                  "cluster's etcd roles, `phalanx etcd-auth`): %s", self.node, exc)
+                        log.error("agent %s: %s: %s", self.node, self.store.refused_read, exc)
                     self._refused = str(exc)
                 except Exception as exc:  # noqa: BLE001 - reconnect on anything
                     self.metrics.session_error(am.SESSION_OTHER)
@@ -531,11 +530,11 @@ class Agent:
         except StoreUnavailable as exc:
             return TokenVerdict(TokenRefusal(am.TOKEN_UNCONFIRMED, f"{UNCONFIRMED}: {exc}"))
         except StoreDenied as exc:
-            # etcd refused this agent's user the read (wrong --etcd-tls-dir, or
-            # roles not provisioned): the token cannot be confirmed, so it is
-            # refused like an unreachable etcd, and the fence loop fences.
-            log.error("agent %s: etcd denied the token check (check --etcd-tls-dir and the cluster's etcd roles): %s",
-                      self.node, exc)
+            # The read was refused (by a coordinator: this node's certificate
+            # is not of this AZ; by etcd: a wrong --etcd-tls-dir or roles not
+            # provisioned): the token cannot be confirmed, so it is refused
+            # like an unreachable etcd, and the fence loop fences.
+            log.error("agent %s: the token check: %s: %s", self.node, self.store.refused_read, exc)
             return TokenVerdict(TokenRefusal(am.TOKEN_DENIED, f"{UNCONFIRMED}: {exc}"))
         finally:
             self.metrics.token_check_seconds.observe(time.monotonic() - started)

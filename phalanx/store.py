@@ -568,6 +568,10 @@ class Store:
     here: a write's outcome is unknown to the caller (``StoreUnavailable``),
     and a read may simply be issued again."""
 
+    # An agent's words when its read is refused, and what to check
+    # (agent/coordinator_reads.py has its own).
+    refused_read = "etcd denied this agent's read (check --etcd-tls-dir and the cluster's etcd roles, `phalanx etcd-auth`)"
+
     def __init__(
         self,
         endpoints: str | Sequence[str],
