@@ -340,7 +340,7 @@ class Credentials:
 def sim_node_names(az: str, nodes: int, spines: int, leaves_per_spine: int) -> list[str]:
     """The nodes ``python -m agent.sim`` simulates for these flags (its own
     topology function), so each gets an agent certificate for its node."""
-    from agent.topology.simulated import simulated_fabric
+    from phalanx.simulated_topology import simulated_fabric
 
     return [t.node for t in simulated_fabric(az, nodes, spines, leaves_per_spine)]
 

@@ -41,9 +41,7 @@ KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
     ("phalanx.top", "phalanx.cli"):
         "top formats with the CLI's format_age/format_table (they belong in a module both import)",
 }
-KNOWN_LAYER_BREAKS: dict[tuple[str, str], str] = {
-    ("phalanx.up", "agent.topology.simulated"): "phalanx up starts simulated agents in-process",
-}
+KNOWN_LAYER_BREAKS: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path, root: Path = REPO) -> str:

@@ -1,4 +1,4 @@
-"""Synthetic nodes and fabrics (agent/topology/simulated.py)."""
+"""Synthetic nodes and fabrics (phalanx/simulated_topology.py)."""
 
 from __future__ import annotations
 
