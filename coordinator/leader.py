@@ -36,6 +36,8 @@ from coordinator.core.records import (UNREADABLE, DeviceLedger, GangRecord, Idem
                                       NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import Reservation
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
+from coordinator.retention import GangCollector
+from coordinator.twophase_driver import TwoPhaseDriver
 from coordinator.election import LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
 from phalanx.store import Delete, Fence, Get, Put, Store, StoreUnavailable, absent, unchanged_since
@@ -127,11 +129,7 @@ class AzLeader:
         # Reservation txns in flight at once (CoordinatorConfig.reserve_parallelism).
         self._reserve_slots = asyncio.Semaphore(config.reserve_parallelism)
         self.failure: BaseException | None = None
-        from coordinator.twophase_driver import TwoPhaseDriver
-
         self.twophase = TwoPhaseDriver(self, peer_channel)
-        from coordinator.retention import GangCollector
-
         self.collector = GangCollector(self)
 
     # ------------------------------------------------------------------ run
