@@ -16,12 +16,16 @@ find it again.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +92,128 @@ class AgentGroup:
     history: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
+# --- strict teardown: what a cluster's processes must not say unless the test expects it ---
+
+WHO = ("coordinator", "agent")
+# A log entry starts with a text line (logfmt.TextFormatter: "DATE TIME NAME
+# LEVEL logger: ...") or a JSON object (--log-format json); anything else (a
+# traceback's lines) continues the entry above it.
+_ENTRY_START = re.compile(r"^(\{|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \S+ [A-Z]+ )")
+_BAD_ENTRY = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \S+ (ERROR|CRITICAL) "
+                        r'|^\{.*"level": "(ERROR|CRITICAL)"|Traceback \(most recent call last\)', re.M)
+AGENT_CODE = str(REPO / "agent") + os.sep
+
+
+@dataclass(frozen=True)
+class Said:
+    """One thing a cluster's process said that a test must expect: an
+    ERROR/CRITICAL entry or a traceback in a coordinator's log, an ERROR
+    record of an in-process agent, an agent task that ended with an
+    exception. ``where`` is the log file and line (coordinator), the source
+    line that logged (agent record) or the task; ``text`` the whole entry."""
+
+    who: str
+    where: str
+    text: str
+
+    def __str__(self) -> str:
+        lines = self.text.rstrip().splitlines() or [""]
+        shown = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        return f"{self.who} {self.where}: {shown[:400]}"
+
+
+def log_entries(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) of each entry of a log: a line and the
+    continuation lines below it (a traceback)."""
+    out: list[tuple[int, list[str]]] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not out or _ENTRY_START.match(line):
+            out.append((n, [line]))
+        else:
+            out[-1][1].append(line)
+    return [(n, "\n".join(lines)) for n, lines in out]
+
+
+def bad_log_entries(path: Path, who: str = "coordinator") -> list[Said]:
+    """The ERROR/CRITICAL entries and tracebacks of the log at ``path``."""
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return [Said(who, f"{path}:{n}", entry) for n, entry in log_entries(text) if _BAD_ENTRY.search(entry)]
+
+
+class _AgentRecords(logging.Handler):
+    """Collects ERROR+ records of the ``agent`` loggers into a list."""
+
+    def __init__(self, sink: list[Said]):
+        super().__init__(logging.ERROR)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = f"{record.levelname} {record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info))
+        self.sink.append(Said("agent", f"{record.pathname}:{record.lineno}", text))
+
+
+def _task_failure(task: asyncio.Task) -> Said | None:
+    if task.cancelled() or task.exception() is None:
+        return None
+    exc = task.exception()
+    assert exc is not None
+    return Said("agent", f"task {task.get_name()}",
+                f"task {task.get_name()} ended with {exc!r}\n" + "".join(traceback.format_exception(exc)))
+
+
+class _LoopWatch:
+    """For a cluster's lifetime, in the test's event loop: every task whose
+    coroutine is agent code (what ``run_agents`` and the agents spawn) that
+    ends with an exception, and whatever the loop's exception handler gets
+    (asyncio's "Task exception was never retrieved", an exception in a
+    callback), land in ``sink``. Chains to the loop's previous task factory
+    and handler, and restores them on ``close`` when still its own."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sink: list[Said]):
+        self.loop, self.sink, self.active = loop, sink, True
+        self.prev_factory = loop.get_task_factory()
+        self.prev_handler = loop.get_exception_handler()
+        loop.set_task_factory(self.factory)
+        loop.set_exception_handler(self.handler)
+
+    def factory(self, loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Future:
+        if self.prev_factory is not None:
+            task = self.prev_factory(loop, coro, **kw)
+        else:
+            task = asyncio.Task(coro, loop=loop, **kw)
+        code = getattr(coro, "cr_code", None)
+        if code is not None and code.co_filename.startswith(AGENT_CODE):
+            task.add_done_callback(self.done)
+        return task
+
+    def done(self, task: asyncio.Task) -> None:
+        failure = _task_failure(task)
+        if failure is not None and self.active:
+            self.sink.append(failure)
+
+    def handler(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        # Only reports of an exception: a pending task destroyed at the end
+        # (gRPC's own stream helpers are) failed nothing.
+        exc = context.get("exception")
+        if self.active and exc is not None:
+            text = f"{context.get('message', '')}\n" + "".join(traceback.format_exception(exc))
+            where = context.get("task") or context.get("future") or context.get("handle") or "event loop"
+            self.sink.append(Said("agent", f"loop: {where!r}"[:200], text))
+        if self.prev_handler is not None:
+            self.prev_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    def close(self) -> None:
+        self.active = False
+        if self.loop.get_task_factory() == self.factory:
+            self.loop.set_task_factory(self.prev_factory)
+        if self.loop.get_exception_handler() == self.handler:
+            self.loop.set_exception_handler(self.prev_handler)
+
+
 class LocalCluster:
     """``pki``: the cluster's gRPC CA (default: ``ClusterPki(workdir, cluster)``,
     the one the ``cluster_pki`` fixture opens too). ``etcd_pki``: the etcd CA
@@ -114,6 +240,16 @@ class LocalCluster:
         # The test's own reads and writes go through the coordinator's etcd
         # user: what the test checks in etcd is what a coordinator can see.
         self.store = Store(etcd, cluster, timeout=2.0, tls=self.etcd_pki.role(cluster, "coordinator"))
+        # Strict teardown (docs/testing.md "Strict teardown"): what the
+        # agents said, and what the test declared it expects.
+        self.agent_said: list[Said] = []
+        self._expected: list[tuple[str, re.Pattern[str]]] = []
+        self._agent_records = _AgentRecords(self.agent_said)
+        logging.getLogger("agent").addHandler(self._agent_records)
+        try:
+            self._loop_watch: _LoopWatch | None = _LoopWatch(asyncio.get_running_loop(), self.agent_said)
+        except RuntimeError:  # built outside a loop: agents' tasks are not watched
+            self._loop_watch = None
 
     # --- credentials --------------------------------------------------------------------
 
@@ -299,8 +435,10 @@ class LocalCluster:
         return {(r.az, r.gang): r for r in (Reservation.from_dict(kv.json(), kv.mod_revision) for kv in kvs)}
 
     async def check_etcd_invariants(self) -> list[str]:
-        """No GPU reserved twice; every reserved gang's record and reservation
-        agree in full (never partial); no reservation for a gang that is
+        """No GPU and no NIC reserved twice (NICs are exclusive as GPUs are:
+        capacity.free_view subtracts held NICs, an agent's ledger refuses an
+        overlap); every reserved gang's record and reservation agree in full,
+        GPUs and NICs (never partial); no reservation for a gang that is
         neither holding devices nor releasing them.
 
         Two-phase (cross-AZ) records are judged with their decision key: a
@@ -320,6 +458,7 @@ class LocalCluster:
             decided[(gang, int(inc))] = kv.json()["outcome"]
         problems = []
         seen: dict[tuple[str, str, int], str] = {}
+        seen_nics: dict[tuple[str, str, str], str] = {}
 
         def garbage(r: Reservation) -> bool:
             if not r.two_phase:
@@ -337,6 +476,11 @@ class LocalCluster:
                     if k_ in seen:
                         problems.append(f"GPU {k_} reserved by {seen[k_]} and {gang}")
                     seen[k_] = gang
+                for nic in dev.nics:
+                    n_ = (az, node, nic)
+                    if n_ in seen_nics:
+                        problems.append(f"NIC {n_} reserved by {seen_nics[n_]} and {gang}")
+                    seen_nics[n_] = gang
             g = gangs.get(gang)
             if g is None:
                 problems.append(f"reservation {az}/{gang} for an unknown gang")
@@ -348,9 +492,11 @@ class LocalCluster:
             if g.state.holds_devices:
                 # Every AZ of the placement (one for single-AZ gangs) holds
                 # exactly its part, COMMITTED.
-                want_by_az: dict[str, dict[str, set[int]]] = {}
+                want_by_az: dict[str, dict[str, tuple[set[int], set[str]]]] = {}
                 for m in g.placement:
-                    want_by_az.setdefault(m.az, {}).setdefault(m.node, set()).update(m.gpus)
+                    gpus, nics = want_by_az.setdefault(m.az, {}).setdefault(m.node, (set(), set()))
+                    gpus.update(m.gpus)
+                    nics.update(m.nics)
                 for az, want in sorted(want_by_az.items()):
                     r = res.get((az, g.id))
                     if r is None:
@@ -359,21 +505,50 @@ class LocalCluster:
                     committed = r.state is HoldState.COMMITTED or (r.two_phase and decided.get((g.id, r.incarnation)) == "COMMIT")
                     if not committed or r.incarnation != g.incarnation:
                         problems.append(f"{g.id} is {g.state.name} but {az} holds {r.state.value}#{r.incarnation}")
-                    have = {n: set(d.gpus) for n, d in r.nodes.items()}
+                    have = {n: (set(d.gpus), set(d.nics)) for n, d in r.nodes.items()}
                     if want != have:
                         problems.append(f"{g.id}: placement {want} != reservation {have} in {az}")
                 if len(g.placement) != g.spec.members:
                     problems.append(f"{g.id}: {len(g.placement)} of {g.spec.members} members placed")
         return problems
 
+    # --- strict teardown ----------------------------------------------------------------
+
+    def expect_log(self, pattern: str, who: str = "coordinator") -> None:
+        """Declare that ``who``'s ERROR line, traceback or failed task
+        matching ``pattern`` (re.search over the whole entry, traceback
+        included) is part of this test's scenario; anything else fails the
+        test at ``close``. Use the narrowest pattern that names the cause."""
+        if who not in WHO:
+            raise ValueError(f"expect_log: who must be one of {', '.join(WHO)}, got {who!r}")
+        self._expected.append((who, re.compile(pattern)))
+
+    def unexpected(self) -> list[Said]:
+        """What the coordinators' logs (every ``<cid>.log`` this cluster
+        wrote), the logs of real agent processes a test started itself (by
+        convention ``<workdir>/agent-<node>.log``) and the in-process agents
+        said that no ``expect_log`` covers: ERROR/CRITICAL lines, tracebacks,
+        agent tasks ended by an exception."""
+        logs = ([(c.log_path, "coordinator") for c in self.coordinators.values()]
+                + [(p, "agent") for p in sorted(self.workdir.glob("agent-*.log"))])
+        said = [s for path, who in logs for s in bad_log_entries(path, who)] + self.agent_said
+        return [s for s in said if not any(w == s.who and p.search(s.text) for w, p in self._expected)]
+
     async def close(self) -> None:
+        """Stops everything, then fails (AssertionError naming the test, the
+        file and line of each) if anything was said that the test did not
+        expect (``unexpected``)."""
         for g in self.agent_groups:
             g.stop.set()
         for g in self.agent_groups:
             try:
                 await asyncio.wait_for(g.task, 15)
-            except Exception:  # noqa: BLE001
+            except TimeoutError:
                 g.task.cancel()
+                self.agent_said.append(Said("agent", f"agents of {g.az}", f"agents of {g.az} did not stop within 15 s"))
+            except Exception as exc:  # noqa: BLE001 - recorded: the test fails below
+                self.agent_said.append(Said("agent", f"agents of {g.az}", f"agent group {g.az} ended with {exc!r}\n"
+                                            + "".join(traceback.format_exception(exc))))
         for c in self.coordinators.values():
             if c.proc.poll() is None:
                 c.signal(signal.SIGCONT)
@@ -389,6 +564,17 @@ class LocalCluster:
         for ch in self._channels.values():
             await ch.close()
         await self.store.close()
+        # Dropped tasks that failed report "never retrieved" when collected.
+        gc.collect()
+        if self._loop_watch is not None:
+            self._loop_watch.close()
+        logging.getLogger("agent").removeHandler(self._agent_records)
+        left = self.unexpected()
+        if left:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").rsplit(" ", 1)[0]
+            raise AssertionError(f"{test}: {len(left)} unexpected ERROR line(s), traceback(s) or failed agent "
+                                 "task(s) (declare what the test means with LocalCluster.expect_log):\n"
+                                 + "\n".join(f"  {s}" for s in left))
 
 
 def stable_port() -> int:
