@@ -97,6 +97,8 @@ async def test_space_alarm_seen_everywhere_and_recovery_restores_admission(tiny_
     provision(endpoint, etcd_pki, cluster)
     c = LocalCluster(endpoint, cluster, tmp_path, etcd_pki=etcd_pki)
     await c.start()
+    # The scenario: the coordinator says the alarm is on, at ERROR.
+    c.expect_log(r"ERROR coordinator\.etcd_space: etcd's space alarm \(NOSPACE\) is active")
     try:
         coord = c.start_coordinator(AZ, "a0", extra_args=["--metrics-listen", "127.0.0.1:0",
                                                           "--etcd-quota-bytes", str(QUOTA)])

@@ -7,7 +7,6 @@ record or a log line, with a generous deadline."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 
@@ -43,7 +42,7 @@ async def test_rewritten_leader_record_makes_the_leader_step_down(local_cluster:
     await c.wait_nodes_ready(AZ, 1)
     key = c.store.keys.leader(AZ)
     if rewrite == "other-address-no-lease":
-        await c.store.txn([], [Put(key, json.dumps({"id": first.coordinator_id, "address": "127.0.0.1:9"}))])
+        await c.store.txn([], [Put(key, {"id": first.coordinator_id, "address": "127.0.0.1:9"})])
     elif rewrite == "garbage-on-its-lease":
         await c.store.txn([], [Put(key, b"\xffnot json", lease=first.lease)])
     else:
@@ -70,7 +69,7 @@ async def test_unleased_record_of_a_dead_leader_is_reclaimed(local_cluster: Loca
     await _wait_log(standby, f"stands by in {AZ}")
     dead.signal(signal.SIGKILL)
     key = c.store.keys.leader(AZ)
-    res = await c.store.txn([], [Put(key, json.dumps({"id": first.coordinator_id, "address": dead.address}))])
+    res = await c.store.txn([], [Put(key, {"id": first.coordinator_id, "address": dead.address})])
     assert res.succeeded
     kv = await c.store.get(key)
     assert kv is not None and kv.lease == 0 and kv.create_revision == first.epoch

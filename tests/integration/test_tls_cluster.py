@@ -276,6 +276,8 @@ async def test_an_agent_refuses_a_leader_that_is_not_a_coordinator(local_cluster
     CA but is not a coordinator's: the agent never opens its Session there
     and its log names the peer and the check."""
     c = local_cluster
+    c.expect_log(r"ERROR agent\.session: agent tls-n1: refusing the leader: .*: wrong name: the server is not a "
+                 r"coordinator", who="agent")
     files = c.pki.agent("impostor") if role == "agent" else c.pki.client_files("submitter", "eve", ("default",))
     impostor = Impostor(files)
     await impostor.server.start()

@@ -100,7 +100,10 @@ async def test_bearer_tokens(local_cluster: LocalCluster, tmp_path: Path) -> Non
         assert (await alice.get(gang.id)).owner == "submitter/alice"
     tokens.write_text(f"{hash_token(t2)} submitter alice queues=a\n")
     await _unauthenticated(taddr, ca, t1)
-    # A broken edit is refused whole: the last good file still holds.
+    # A broken edit is refused whole: the last good file still holds (and
+    # the coordinator says so, at ERROR).
+    c.expect_log(r"ERROR coordinator\.tokens: bearer tokens: keeping the 1 current tokens: the file on disk is "
+                 r"refused: .*tokens:2: role: must be one of")
     tokens.write_text(f"{hash_token(t2)} submitter alice queues=a\n{hash_token(t1)} wizard x\n")
     async with AsyncClient(taddr, timeout=10, tls_dir=ca, token=t2) as alice:
         assert (await alice.get(gang.id)).id == gang.id
