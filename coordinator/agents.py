@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import grpc
 
+from coordinator import refusals
 from coordinator.core import peer_auth, token_read
 from coordinator.throttle import Throttled
 from coordinator.leader import AgentConn, AzLeader
@@ -55,7 +56,7 @@ async def caller_identity(c: "Coordinator", context: grpc.aio.ServicerContext, s
     except IdentityError as exc:
         r = peer_auth.identity_refusal(service, exc.check, exc.detail)
         log.warning("%s refused: %s", service, r.message)
-        await context.abort(r.code, r.message)
+        await refusals.abort(context, r)
         raise  # unreachable: abort raises
 
 
@@ -109,7 +110,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
 
     async def _refuse(self, context: grpc.aio.ServicerContext, r: peer_auth.Refusal) -> None:
         log.warning("AgentService.Session refused: %s", r.message)
-        await context.abort(r.code, r.message)
+        await refusals.abort(context, r)
 
     async def ReadToken(self, request: apb.TokenReadRequest, context: grpc.aio.ServicerContext) -> apb.TokenReadReply:
         """The agent's token-check read, on any replica of the AZ
@@ -137,7 +138,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
                 refusal = token_read.reservation_refusal(identity, request.gang, _json_or_none(kvs[1]))
         if refusal is not None:
             log.warning("%s refused: %s", token_read.SERVICE, refusal.message)
-            await context.abort(refusal.code, refusal.message)
+            await refusals.abort(context, refusal)
         reply = apb.TokenReadReply(leader=_record(kvs[0]), revision=res.revision)
         if request.gang:
             reply.reservation.CopyFrom(_record(kvs[1]))

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from coordinator.agents import AgentServicer, caller_identity
 from coordinator.config import CoordinatorConfig
+from coordinator import refusals
 from coordinator.core import peer_auth
 from coordinator.core.authz import Policy
 from coordinator.election import Election, LeaseLost, LeaseSession
@@ -79,7 +80,7 @@ class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
             refusal = peer_auth.leader_refusal(identity, caller.az, caller.epoch, leader)
         if refusal is not None:
             log.warning("CoordinatorPeer refused: %s", refusal.message)
-            await context.abort(refusal.code, refusal.message)
+            await refusals.abort(context, refusal)
 
     async def _driver(self, context: grpc.aio.ServicerContext) -> Any:
         leader = self.c.leader

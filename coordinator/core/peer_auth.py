@@ -10,16 +10,24 @@ coordinator (no --tls-dir): nothing is checked then, as before TLS existed.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-
-import grpc
 
 from phalanx.certs import CHECK_WRONG_CLUSTER, Identity
 
 
+class Code(enum.Enum):
+    """How a refusal is answered: the gRPC status of the same name (the
+    drivers map it, coordinator/refusals.py; a core imports no gRPC)."""
+
+    INVALID_ARGUMENT = enum.auto()
+    UNAUTHENTICATED = enum.auto()
+    PERMISSION_DENIED = enum.auto()
+
+
 @dataclass(frozen=True)
 class Refusal:
-    code: grpc.StatusCode
+    code: Code
     message: str
 
 
@@ -31,7 +39,7 @@ def identity_refusal(service: str, check: str, detail: str) -> Refusal:
     """A call whose certificate names no usable identity. Another cluster's
     certificate is a known caller with no right here (PERMISSION_DENIED);
     anything else means the caller is not established (UNAUTHENTICATED)."""
-    code = grpc.StatusCode.PERMISSION_DENIED if check == CHECK_WRONG_CLUSTER else grpc.StatusCode.UNAUTHENTICATED
+    code = Code.PERMISSION_DENIED if check == CHECK_WRONG_CLUSTER else Code.UNAUTHENTICATED
     return Refusal(code, f"{service}: the client certificate is refused: {check}: {detail}")
 
 
@@ -44,14 +52,14 @@ def session_refusal(identity: Identity | None, node: str | None, az: str) -> Ref
     if identity is None:
         return None
     if identity.role != "agent":
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"AgentService.Session needs an agent certificate; the caller presented a {_who(identity)}")
     if identity.az is not None and identity.az != az:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"register: agent certificate {identity.name!r} is bound to AZ {identity.az!r}; "
                        f"this coordinator serves {az!r}")
     if node is not None and identity.node != node:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"register: agent certificate {identity.name!r} is for node {identity.node!r}, "
                        f"the registration names node {node!r}")
     return None
@@ -64,7 +72,7 @@ def replacement_refusal(node: str, current: Identity | None, new: Identity | Non
     first session ends. Plaintext sessions (None) replace as they always did."""
     if current is None or new is None or current == new:
         return None
-    return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+    return Refusal(Code.PERMISSION_DENIED,
                    f"register: node {node!r} has a live session of agent certificate {current.name!r}; "
                    f"agent certificate {new.name!r} may not replace it")
 
@@ -84,10 +92,10 @@ def peer_refusal(identity: Identity | None, cluster: str) -> Refusal | None:
     if identity is None:
         return None
     if identity.cluster != cluster:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"CoordinatorPeer: the caller's {_who(identity)} is of cluster {identity.cluster!r}, not {cluster!r}")
     if identity.role != "coordinator":
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"CoordinatorPeer accepts only coordinator certificates; the caller presented a {_who(identity)}")
     return None
 
@@ -101,18 +109,18 @@ def leader_refusal(identity: Identity | None, az: str, epoch: int, leader: tuple
     if identity is None:
         return None
     if identity.az is not None and identity.az != az:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"CoordinatorPeer: coordinator certificate {identity.name!r} is bound to AZ {identity.az!r}, "
                        f"the call speaks for {az or '?'}")
     if leader is None:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"CoordinatorPeer: coordinator {identity.name!r} speaks for {az or '?'}, which has no leader")
     leader_id, leader_epoch = leader
     if identity.name != leader_id:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"CoordinatorPeer: coordinator {identity.name!r} is not the leader of {az} (its leader is {leader_id!r})")
     if epoch != leader_epoch:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"CoordinatorPeer: coordinator {identity.name!r} claims epoch {epoch} of {az}; "
                        f"its leadership is epoch {leader_epoch}")
     return None

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import grpc
-
-from coordinator.core.peer_auth import Refusal, session_refusal
+from coordinator.core.peer_auth import Code, Refusal, session_refusal
 from phalanx.certs import Identity
 
 SERVICE = "AgentService.ReadToken"
@@ -31,11 +29,11 @@ def caller_refusal(identity: Identity | None, az: str, requested_az: str, gang: 
         if r is not None:
             return Refusal(r.code, r.message.replace("AgentService.Session", SERVICE).replace("register: ", "token read: "))
     if len(gang) > MAX_GANG_CHARS or "/" in gang or not gang.isprintable():
-        return Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+        return Refusal(Code.INVALID_ARGUMENT,
                        f"token read: gang {gang[:64]!r}: not a gang id (at most {MAX_GANG_CHARS} printable "
                        "characters, no '/')")
     if requested_az != az:
-        return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+        return Refusal(Code.PERMISSION_DENIED,
                        f"token read: az {requested_az!r}: this coordinator serves {az!r} and reads only its records")
     return None
 
@@ -51,6 +49,6 @@ def reservation_refusal(identity: Identity | None, gang: str, record: Any) -> Re
     nodes = record.get("nodes") if isinstance(record, dict) else None
     if isinstance(nodes, dict) and identity.node in nodes:
         return None
-    return Refusal(grpc.StatusCode.PERMISSION_DENIED,
+    return Refusal(Code.PERMISSION_DENIED,
                    f"token read: reservation of {gang!r} places no member on node {identity.node!r} "
                    f"(agent certificate {identity.name!r})")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import grpc
 import pytest
 
+from coordinator import refusals
 from coordinator.core import peer_auth
 from phalanx.certs import CHECK_EXPIRED, CHECK_UNKNOWN_CA, CHECK_WRONG_CLUSTER, Identity
 
-DENIED = grpc.StatusCode.PERMISSION_DENIED
-UNAUTH = grpc.StatusCode.UNAUTHENTICATED
+DENIED = peer_auth.Code.PERMISSION_DENIED
+UNAUTH = peer_auth.Code.UNAUTHENTICATED
 
 AGENT_N1 = Identity("local", "agent", "a1", node="n1")
 AGENT_N1_OTHER = Identity("local", "agent", "a1b", node="n1")
@@ -126,3 +127,9 @@ def test_leader(identity, az, epoch, leader, words) -> None:
 def test_identity_refusal(check, code) -> None:
     r = peer_auth.identity_refusal("CoordinatorPeer", check, "why")
     assert r.code == code and "CoordinatorPeer" in r.message and check in r.message
+
+
+@pytest.mark.parametrize("code", list(peer_auth.Code))
+def test_every_refusal_code_is_the_grpc_status_of_its_name(code) -> None:
+    """coordinator/refusals.py answers a refusal with the gRPC status of the same name."""
+    assert refusals.status(code) is getattr(grpc.StatusCode, code.name)

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
+from coordinator.core.peer_auth import Code
 from coordinator.core.token_read import caller_refusal, reservation_refusal
 from phalanx.certs import Identity
 
@@ -14,7 +14,7 @@ AGENT_N1_AZ_B = Identity("local", "agent", "a1", node="n1", az="az-b")
 AGENT_N1_AZ_A = Identity("local", "agent", "a1", node="n1", az="az-a")
 BOB = Identity("local", "submitter", "bob", queues=("default",))
 C0 = Identity("local", "coordinator", "c0")
-DENIED, INVALID = grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT
+DENIED, INVALID = Code.PERMISSION_DENIED, Code.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("identity, requested_az, gang, code, words", [
