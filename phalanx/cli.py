@@ -47,6 +47,7 @@ from phalanx.client_names import (
     state_name,
 )
 from phalanx.model import GangState, Level
+from phalanx.text_tables import format_age, format_table
 
 if TYPE_CHECKING:  # annotations only: imported by the commands that run
     from phalanx.client import AsyncClient, Connection
@@ -67,38 +68,13 @@ class UsageError(Exception):
     """Bad local input (a flag value, an unreadable file): exit code 2."""
 
 
-# --- formatting -----------------------------------------------------------------
-
-
-def format_age(seconds: float) -> str:
-    """``42s``, ``5m``, ``3h``, ``2d``; ``-`` for an unknown time."""
-    if seconds != seconds or seconds < 0:
-        return "-"
-    if seconds < 120:
-        return f"{int(seconds)}s"
-    if seconds < 7200:
-        return f"{int(seconds // 60)}m"
-    if seconds < 2 * 86400:
-        return f"{int(seconds // 3600)}h"
-    return f"{int(seconds // 86400)}d"
+# --- formatting (format_age, format_table: phalanx/text_tables.py) --------------
 
 
 def age_since(timestamp: float, now: float | None = None) -> str:
     if not timestamp:
         return "-"
     return format_age((time.time() if now is None else now) - timestamp)
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Left-aligned columns separated by two spaces; the last column is not
-    padded so long reasons do not leave trailing blanks."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = []
-    for row in cells:
-        parts = [c.ljust(widths[i]) if i < len(row) - 1 else c for i, c in enumerate(row)]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
 
 
 def level_label(value: int) -> str:

@@ -179,7 +179,7 @@ def _az_cells(a: AzRow) -> list[str]:
 
 
 def _pending_cells(p: PendingRow) -> list[str]:
-    from phalanx.cli import format_age
+    from phalanx.text_tables import format_age
 
     timeout = format_age(p.timeout_s) + (" (overdue)" if p.overdue else "")
     return [p.id, p.name, p.queue or "-", p.owner_az or "-", str(p.gpus), format_age(p.waited_s), timeout, p.reason or "-"]
@@ -199,7 +199,7 @@ def _pending_title(view: TopView) -> str:
 def render_text(view: TopView) -> str:
     """The plain view (stdout not a terminal): the same facts as the rich
     one, in the CLI's table format."""
-    from phalanx.cli import format_table
+    from phalanx.text_tables import format_table
 
     lines = [_header(view)]
     if view.error:

@@ -38,8 +38,6 @@ KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
         "the AgentService servicer is typed by the Coordinator that builds it",
     ("coordinator.service", "coordinator.server"):
         "the GangService servicer is typed by the Coordinator that builds it",
-    ("phalanx.top", "phalanx.cli"):
-        "top formats with the CLI's format_age/format_table (they belong in a module both import)",
 }
 KNOWN_LAYER_BREAKS: dict[tuple[str, str], str] = {}
 
