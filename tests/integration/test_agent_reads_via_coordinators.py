@@ -22,7 +22,7 @@ import pytest
 
 from agent.coordinator_reads import CoordinatorReads
 from agent.sim import run_agents
-from phalanx import procs
+from phalanx import certs, procs
 from phalanx.errors import StoreDenied, StoreUnavailable
 from phalanx.etcd_server import free_port
 from phalanx.v1 import types_pb2 as pb
@@ -30,7 +30,8 @@ from phalanx.store import Get, Put
 from phalanx.tls import coordinator_channel
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
-from tests.integration.harness import dgx_node, tiny
+from tests.integration.harness import dgx_node, tiny, until
+from tests.pki import now
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -179,3 +180,26 @@ async def test_a_real_agent_process_with_no_etcd_flags_registers_and_runs(local_
     finally:
         p.terminate()
         p.wait(30)
+
+
+async def test_an_agent_the_coordinators_refuse_says_what_to_check(local_cluster, caplog):
+    """A node whose certificate is bound to another AZ, started in this one:
+    the coordinator refuses its first read (the leader record), and the
+    agent's ERROR names the coordinators' refusal and what to check (its
+    certificate's node and AZ, --coordinators), not etcd's roles, which it
+    does not use. Nothing of the node is written."""
+    local_cluster.start_coordinator(AZ, "c0")
+    await local_cluster.wait_leader(AZ)
+    files = local_cluster.pki.agent("n9")  # the harness's name for n9's files ...
+    certs.issue(local_cluster.pki.ca_dir, "agent", "n9", node="n9", az="az-b", now=now(),  # ... bound to az-b
+                out=(files.cert, files.key))
+    said = "a coordinator refused this agent's read"
+    local_cluster.expect_log(said, who="agent")
+    local_cluster.start_agents(AZ, [dgx_node("n9", AZ)])
+
+    async def refused() -> bool:
+        return any(said in r.getMessage() and "--coordinators" in r.getMessage() and "etcd" not in r.getMessage()
+                   for r in caplog.records if r.levelname == "ERROR")
+
+    await until("the agent's refusal logged", refused)
+    assert await local_cluster.store.get(local_cluster.store.keys.node(AZ, "n9")) is None
