@@ -15,7 +15,7 @@ from phalanx.reservation import HoldState, Reservation
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
 from phalanx.v1 import types_pb2 as pb
-from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny
+from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny, until
 
 pytestmark = pytest.mark.integration
 AZS = ("az-a", "az-b", "az-c")
@@ -304,7 +304,7 @@ async def test_pending_gangs_of_a_leaderless_az_are_adopted_by_another_az(local_
     await three_azs(c, coordinators=1)
     busy = await hog(c, "az-b")
     gang = await c.submit(cross("orphan", members=3, duration=1.0), address=c.coordinators["a0"].address)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # a negative check: az-b is busy, so nothing admits it meanwhile
     assert (await c.etcd_gangs())[gang.id].state.name == "PENDING"
     c.coordinators["a0"].signal(9)
     deadline = time.monotonic() + c.timings.owner_adopt_after_s + c.timings.lease_ttl_s + 20
@@ -357,7 +357,7 @@ async def test_one_ledger_single_az_and_cross_az_gangs_never_share_devices(local
     x = await c.submit(cross("x-first", duration=2.0), address=a)
     await c.wait_state(x.id, {pb.GANG_STATE_RUNNING}, timeout=30)
     s = await c.submit(tiny("s-second", members=1, gpus=8, duration=0.5), address=a)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # a negative check: x holds the node, so s is not admitted meanwhile
     assert (await c.stub().GetGang(gpb.GetGangRequest(id=s.id))).state == pb.GANG_STATE_PENDING
     await asyncio.wait_for(check_while([x.id, s.id]), 60)
     for g in (x, s):
@@ -366,7 +366,7 @@ async def test_one_ledger_single_az_and_cross_az_gangs_never_share_devices(local
     s2 = await c.submit(tiny("s-first", members=1, gpus=8, duration=2.0), address=a)
     await c.wait_state(s2.id, {pb.GANG_STATE_RUNNING}, timeout=30)
     x2 = await c.submit(cross("x-second", duration=0.5), address=a)
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # a negative check: s2 holds az-a's node, so x2 does not run meanwhile
     assert (await c.stub().GetGang(gpb.GetGangRequest(id=x2.id))).state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING)
     await asyncio.wait_for(check_while([s2.id, x2.id]), 60)
     for g in (s2, x2):
@@ -396,7 +396,7 @@ async def test_lost_node_restarts_the_whole_cross_az_gang_which_runs_again_when_
             break
         await asyncio.sleep(0.2)
     assert cur is not None and cur.incarnation >= 2 and cur.restarts == 1, cur
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(2.0)  # a negative check: without az-b's node it is not admitted meanwhile
     cur = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
     assert cur.state in (pb.GANG_STATE_PENDING, pb.GANG_STATE_RESERVING), cur.state
     assert await settled_invariants(c) == []
@@ -415,7 +415,7 @@ async def test_cancel_a_waiting_cross_az_gang_leaves_nothing_behind(local_cluste
     await three_azs(c, coordinators=1)
     busy = await hog(c, "az-b")
     gang = await c.submit(cross("waiting", members=3))
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # a negative check: az-b is busy, so it is not admitted meanwhile
     got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
     assert got.state == pb.GANG_STATE_PENDING
     ex = await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="changed my mind"))
@@ -439,7 +439,14 @@ async def test_a_gang_cancelled_before_its_attempt_is_recorded_holds_nothing_bac
     c = local_cluster
     await three_azs(c, coordinators=1, env={"a0": {"PHALANX_FAILPOINTS": "owner.before_attempt_write=delay(3)"}})
     doomed = await c.submit(cross("doomed", members=3), address=c.coordinators["a0"].address)
-    await asyncio.sleep(1.0)  # placed by the cycle, its attempt write held
+    a0 = c.coordinators["a0"]
+
+    async def attempt_write_held() -> bool:
+        return "failpoint owner.before_attempt_write" in a0.log()
+
+    # Placed by the cycle: its owner is inside the failpoint, before the
+    # attempt write (an observed fact, not a guess of how long a cycle takes).
+    await until("the cycle placed it and its attempt write is held", attempt_write_held)
     got = await c.stub().GetGang(gpb.GetGangRequest(id=doomed.id))
     assert got.state == pb.GANG_STATE_PENDING, "the attempt record must not be written yet"
     ex = await c.stub().CancelGang(gpb.CancelGangRequest(id=doomed.id, reason="changed my mind"))

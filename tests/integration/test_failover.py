@@ -64,14 +64,14 @@ async def test_sigkill_leader_during_admission(local_cluster: LocalCluster) -> N
             await asyncio.sleep(0.05)
 
     load = asyncio.create_task(workload())
-    await asyncio.sleep(1.5)
+    await asyncio.sleep(1.5)  # pacing: let the workload be in flight when the leader dies (nothing asserted on it)
     killed_at = time.monotonic()
     c.coordinators[first.coordinator_id].signal(signal.SIGKILL)
     new = await c.wait_leader(AZ, not_epoch=first.epoch, timeout=60)
     failover_s = time.monotonic() - killed_at
     print(f"\nfailover after SIGKILL: {failover_s:.2f}s (lease TTL {c.timings.lease_ttl_s}s)")
     assert new.coordinator_id != first.coordinator_id and new.epoch > first.epoch
-    await asyncio.sleep(2.0)
+    await asyncio.sleep(2.0)  # pacing: the workload goes on under the successor for a while
     stop.set()
     await load
     assert len(acked) >= 5
@@ -124,7 +124,7 @@ async def test_paused_leader_is_fenced_and_its_agents_follow_the_successor(local
     # acting on its epoch, this is where its word would reach the agents.
     woke = await submit_with_retry(c, tiny("after-wake", members=2, gpus=1, duration=0.3), "after-wake-1")
     assert (await c.wait_state(woke.id, TERMINAL)).state == pb.GANG_STATE_SUCCEEDED
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # a negative check: the awake old leader writes nothing meanwhile
     # No etcd effect from the old epoch after the takeover...
     for r in (await c.etcd_reservations()).values():
         assert r.epoch != old.epoch or r.state is HoldState.RELEASING

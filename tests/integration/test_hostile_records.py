@@ -242,7 +242,7 @@ async def test_a_refused_registration_writes_no_node_record(local_cluster: Local
         # Permanent: INVALID_ARGUMENT, never a retryable UNAVAILABLE.
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, err.code(), err.details())
         assert words in err.details(), (what, err.details())
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0.5)  # a negative check: no refused registration is written later either
     nodes, _ = await c.store.get_prefix(c.store.keys.nodes(), keys_only=True)
     assert nodes == [], [kv.key for kv in nodes]
     # A normal registration is still accepted and written.

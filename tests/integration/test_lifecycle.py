@@ -81,7 +81,7 @@ async def test_gang_larger_than_what_is_free_waits_and_explain_says_why(local_cl
     busy = await c.submit(tiny("busy", members=1, gpus=8, duration=60.0))
     await c.wait_state(busy.id, {pb.GANG_STATE_RUNNING}, timeout=30)
     gang = await c.submit(tiny("wide", members=4, gpus=8, duration=1.0))
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(1.0)  # a negative check: it does not fit, so it is not admitted meanwhile
     got = await c.stub().GetGang(gpb.GetGangRequest(id=gang.id))
     assert got.state == pb.GANG_STATE_PENDING
     ex = await c.stub().ExplainGang(gpb.ExplainGangRequest(id="wide"))  # by name works too

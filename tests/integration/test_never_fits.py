@@ -109,7 +109,7 @@ async def wait_ready_count(c: LocalCluster, az: str, n: int, timeout: float = 30
 async def test_a_cross_az_gang_larger_than_every_az_together_fails_at_once(cluster: LocalCluster) -> None:
     c = cluster
     await three_azs(c, nodes_per_az=1, coordinators=1)  # 24 GPUs in all
-    await asyncio.sleep(TIMINGS.node_register_grace_s)
+    await asyncio.sleep(TIMINGS.node_register_grace_s)  # setup: past the start-up grace (as one_az)
     huge = await c.submit(cross("huge", members=4), address=c.coordinators["a0"].address)
     small = await c.submit(cross("fits", members=3, duration=0.5), address=c.coordinators["a0"].address)
     failed = await c.wait_state(huge.id, TERMINAL, timeout=30)

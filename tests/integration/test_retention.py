@@ -102,7 +102,7 @@ async def test_finished_gangs_are_collected_and_nothing_else(cluster: LocalClust
     assert done.id in err.value.details() and "gang_retention_s=12s" in err.value.details()
 
     # A sweep later, the held, live and pending gangs are all still there.
-    await asyncio.sleep(3 * short_retention().gc_interval_s)
+    await asyncio.sleep(3 * short_retention().gc_interval_s)  # a negative check: sweeps meanwhile keep these
     have = await c.etcd_gangs()
     assert have[held.id].state.name == "SUCCEEDED" and have[summarised.id].state.name == "SUCCEEDED"
     assert have[running.id].state.name == "RUNNING" and have[waiting.id].state.name == "PENDING"

@@ -41,7 +41,7 @@ async def test_campaign_gives_monotonic_epochs_and_fenced_writes(store: Store) -
     assert (await observe(store, "az-a")).coordinator_id == "c1"
     # c2 waits while c1 leads.
     waiting = asyncio.create_task(e2.campaign(s2))
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a negative check: c2 does not win while c1 leads
     assert not waiting.done()
     # c1's fenced write works while it leads.
     f1 = Fence("az-a", lead1.epoch)
