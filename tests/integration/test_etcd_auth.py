@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -394,13 +395,23 @@ async def test_client_files_replaced_on_disk_are_used_without_reconnecting(etcd:
             await s.txn([], [Put("/phalanx/c1/renewed", "v")])
         # A half-done replacement (a certificate beside another key) is not used.
         shutil.copyfile(coordinator.cert, live / "client.crt")
-        await asyncio.sleep(RENEWAL_CHECK_S + 0.2)  # past the store's renewal check interval
+        # A negative check: past the store's renewal check interval, still refused.
+        await asyncio.sleep(RENEWAL_CHECK_S + 0.2)
         with pytest.raises(StoreDenied) as still:
             await s.txn([], [Put("/phalanx/c1/renewed", "v")])
         assert still.value.user == "phalanx-c1-agent"
         install(coordinator)
-        await asyncio.sleep(RENEWAL_CHECK_S + 0.2)
-        await s.txn([], [Put("/phalanx/c1/renewed", "v")])
+        # The store takes the complete files at one of its next checks: wait
+        # for that (the write goes through), never for a guessed duration.
+        deadline = time.monotonic() + RENEWAL_CHECK_S + 30
+        while True:
+            try:
+                await s.txn([], [Put("/phalanx/c1/renewed", "v")])
+                break
+            except StoreDenied:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.1)
         assert s.user == "phalanx-c1-coordinator"
         assert (await root.get("/phalanx/c1/renewed")).json() == "v"
         await root.txn([], [Delete("/phalanx/c1/renewed")])
