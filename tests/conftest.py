@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,22 @@ from tests.pki import ClusterPki, EtcdPki, etcd_pki_for, etcdctl_args, provision
 # A cluster name no test uses: provisioned once at session start so that
 # etcd auth is on before the first test (provision turns it on).
 SESSION_CLUSTER = "session"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def client_tls_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The CLI's and the SDK's TLS verdict cache (phalanx/tls_check_cache.py,
+    under $XDG_CACHE_HOME) is the session's own, for this process and the
+    CLI processes tests start: tests write nothing into the user's home,
+    and nothing there decides a test."""
+    home = tmp_path_factory.mktemp("xdg-cache")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(home)
+    yield home
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(scope="session")
