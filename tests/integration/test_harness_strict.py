@@ -15,9 +15,11 @@ import pytest
 
 from agent.sim import run_agents
 from phalanx.reservation import HoldState, NodeDevices, Reservation
+from phalanx.store import Put, unchanged
 from phalanx.tls import TlsFiles
 from phalanx.v1 import gang_pb2 as gpb
-from tests.integration.harness import LocalCluster, dgx_node, until
+from phalanx.v1 import types_pb2 as pb
+from tests.integration.harness import TERMINAL, LocalCluster, dgx_node, tiny, until
 
 AZ = "az1"
 
@@ -109,3 +111,33 @@ async def test_etcd_invariants_see_a_nic_reserved_twice(local_cluster: LocalClus
     problems = await c.check_etcd_invariants()
     assert any("NIC" in p and "mlx5_0" in p and "g-a" in p and "g-b" in p for p in problems), problems
     assert not any("GPU" in p for p in problems), problems
+
+
+async def test_etcd_invariants_compare_placement_and_reservation_nics(local_cluster: LocalCluster) -> None:
+    """A running gang with RDMA NICs: its reservation holds exactly the NICs
+    of its placement (the invariants hold), and a reservation that lost one
+    of them no longer matches its placement."""
+    c = local_cluster
+    c.start_coordinator(AZ, "c0")
+    await c.wait_leader(AZ)
+    c.start_agents(AZ, [dgx_node("n1", AZ)])
+    await c.wait_nodes_ready(AZ, 1)
+    spec = tiny("nics", members=2, gpus=2, duration=60.0)
+    spec.resources.rdma_nics = 2
+    gang = await c.submit(spec)
+    await c.wait_state(gang.id, {pb.GANG_STATE_RUNNING})
+    placed = {nic for m in (await c.etcd_gangs())[gang.id].placement for nic in m.nics}
+    assert len(placed) == 4, placed
+    assert await c.check_etcd_invariants() == []
+    # The same reservation without one of its NICs (written as the leader's
+    # own user could): the invariants name the mismatch.
+    key = c.store.keys.reservation(AZ, gang.id)
+    kv = await c.store.get(key)
+    assert kv is not None
+    doc = kv.json()
+    doc["nodes"]["n1"]["nics"] = doc["nodes"]["n1"]["nics"][1:]
+    assert (await c.store.txn([unchanged(kv)], [Put(key, doc)])).succeeded
+    problems = await c.check_etcd_invariants()
+    assert any(f"{gang.id}: placement" in p and "mlx5" in p for p in problems), problems
+    await c.stub().CancelGang(gpb.CancelGangRequest(id=gang.id, reason="done"), timeout=10)
+    await c.wait_state(gang.id, TERMINAL)
