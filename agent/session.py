@@ -662,6 +662,7 @@ class Agent:
             rec = MemberRecord(key, MemberPhase.STARTING, epoch, gpus, at=time.time())
             self.members[key] = rec
             try:
+                await failpoints.hit("agent.during_launch")  # a slow launch: a revoke or a fence may come meanwhile
                 handle = await self.launcher.start(launch)
             except Exception as exc:  # noqa: BLE001
                 self.metrics.refused(am.REFUSED_RUN_AS if isinstance(exc, RunAsRefused) else am.REFUSED_LAUNCH)
@@ -675,6 +676,15 @@ class Agent:
             if rec.phase == MemberPhase.STARTING:
                 rec.phase, rec.pid, rec.at = MemberPhase.RUNNING, handle.pid, handle.started_at
                 self._record("member_started", key=str(key), epoch=epoch, gpus=list(gpus), pid=handle.pid)
+                if rec.stop_requested:
+                    # Revoked or fenced while its launch was in flight: that
+                    # stop found no process to signal and none will follow,
+                    # so stop it now, never reported RUNNING; its exit
+                    # reports how it ended.
+                    self._record("member_stopped_after_launch", key=str(key), epoch=epoch, reason=rec.reason)
+                    log.info("agent %s stops %s as its launch returns: %s", self.node, key, rec.reason)
+                    await self.launcher.stop(key, self.t.stop_grace_s)
+                    return
                 log.info("agent %s launched %s: pid %s, GPUs %s", self.node, key, handle.pid, list(gpus))
                 self._report(rec)
 

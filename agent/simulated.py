@@ -42,6 +42,12 @@ class SimulatedLauncher:
         _, task = entry
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        if self._members.pop(key, None) is not None:
+            # Stopped before its task took its first step (right after
+            # start): _run never ran, so its exit is reported here.
+            r = self.on_exit(key, -15)
+            if inspect.isawaitable(r):
+                await r
 
     async def stop_all(self, grace_s: float) -> None:
         await asyncio.gather(*(self.stop(k, grace_s) for k in list(self._members)))

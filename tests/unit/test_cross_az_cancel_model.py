@@ -53,9 +53,13 @@ agent that heard its leader all along. ``hold_over`` gives up on a member
 ``replace_after_s`` after its revoke on the ground that its agent has fenced
 by then; an agent that read the revoke while that member's launch was in
 flight neither fenced nor stopped it, so a launch slower than
-``replace_after_s`` starts on released devices, and runs until its RUNNING
-report draws the stray revoke. (The single-AZ path keeps the reservation
-RELEASING until the member reports.)
+``replace_after_s`` starts on released devices. The agent now stops such a
+member itself as its launch returns, never reporting it RUNNING
+(agent/session.py ``_assign``; tests/integration/test_revoke_during_launch.py);
+this world still models a revocation as finding nothing to stop in flight,
+and the window between the release and the launch's return remains (the
+agent's own ledger refuses a new member on those devices meanwhile, §9.4).
+(The single-AZ path keeps the reservation RELEASING until the member reports.)
 """
 
 from __future__ import annotations
