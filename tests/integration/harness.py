@@ -342,11 +342,17 @@ class LocalCluster:
         await self.store.connect()
         return self
 
-    def start_agents(self, az: str, topologies: list[NodeTopology]) -> AgentGroup:
+    def start_agents(self, az: str, topologies: list[NodeTopology], *, via_etcd: bool = False) -> AgentGroup:
+        """In-process agents of ``az``, reading through its coordinators;
+        ``via_etcd``: the legacy path instead (the cluster's agent etcd
+        user, which the test etcds still provision), for a test of what an
+        agent makes of etcd's records when no coordinator serves its AZ."""
         stop = asyncio.Event()
         history: list[tuple[str, dict[str, Any]]] = []
         group = AgentGroup(az, None, stop, history)  # type: ignore[arg-type]
         tls = self.agents_tls([t.node for t in topologies], az)
+        if via_etcd:
+            tls.update(etcd_tls=self.etcd_pki.role(self.cluster, "agent"), coordinators=())
 
         async def go() -> None:
             await run_agents(cluster=self.cluster, az=az, etcd=self.etcd, topologies=topologies,

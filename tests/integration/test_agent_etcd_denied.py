@@ -14,7 +14,7 @@ import pytest
 
 from agent.sim import run_agents
 from phalanx import etcd_auth
-from tests.integration.harness import dgx_node
+from tests.integration.harness import dgx_node, until
 
 pytestmark = pytest.mark.integration
 AZ = "az-a"
@@ -32,19 +32,23 @@ async def test_agent_with_another_clusters_etcd_user_says_denied_and_registers_n
         # coordinators), with a valid etcd user of the wrong cluster.
         tls.update(etcd_tls=etcd_pki.role(other, "agent"), coordinators=())
         stop = asyncio.Event()
+        local_cluster.expect_log(r"etcd denied this agent's read", who="agent")  # what this test provokes
         caplog.set_level(logging.ERROR, logger="agent.session")
         task = asyncio.create_task(run_agents(
             cluster=local_cluster.cluster, az=AZ, etcd=local_cluster.etcd, topologies=[dgx_node("n1", AZ)],
             timings=local_cluster.timings, ready_line=False, stop_event=stop, **tls))
         try:
-            for _ in range(200):
-                denied = [r for r in caplog.records if "etcd denied this agent's read" in r.getMessage()]
-                if denied or task.done():
-                    break
-                await asyncio.sleep(0.05)
+            def denials() -> list:
+                return [r for r in caplog.records if "etcd denied this agent's read" in r.getMessage()]
+
+            async def denied_or_ended() -> bool:
+                return bool(denials()) or task.done()
+
+            await until("the agent says etcd denied its read", denied_or_ended)
             assert not task.done(), task.exception() if task.done() else ""
-            assert denied, "the agent never said etcd denied its read"
+            denied = denials()
             assert "--etcd-tls-dir" in denied[0].getMessage()
+            # A negative check: three heartbeats of retries say nothing more.
             await asyncio.sleep(local_cluster.timings.heartbeat_interval_s * 3)
             again = [r for r in caplog.records if "etcd denied this agent's read" in r.getMessage()]
             assert len(again) == 1, "the same denial is logged once, not every retry"

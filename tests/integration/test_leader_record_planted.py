@@ -12,7 +12,7 @@ import pytest
 
 from phalanx.store import Put
 from phalanx.v1 import gang_pb2 as gpb
-from tests.integration.harness import LocalCluster, dgx_node
+from tests.integration.harness import LocalCluster, dgx_node, until
 
 pytestmark = pytest.mark.integration
 AZ = "az-a"
@@ -43,14 +43,17 @@ async def test_planted_leader_records_count_as_no_leader(local_cluster: LocalClu
     assert "leader/az-z: id must be a string, got int" in log, log[-3000:]
 
     # An agent of az-z reads the record, refuses it and dials nobody: no
-    # node of az-z is ever registered.
+    # node of az-z is ever registered. No coordinator serves az-z, so the
+    # agent reads etcd itself (the legacy path), as a coordinator would.
     caplog.set_level(logging.ERROR, logger="agent.session")
-    c.start_agents("az-z", [dgx_node("z0", "az-z")])
-    for _ in range(100):
-        if any("cannot read the leader record" in r.getMessage() for r in caplog.records):
-            break
-        await asyncio.sleep(0.1)
-    await asyncio.sleep(5 * c.timings.heartbeat_interval_s)  # a few more lookups, each of which reads it again
+    c.expect_log(r"cannot read the leader record", who="agent")  # what this test plants
+    c.start_agents("az-z", [dgx_node("z0", "az-z")], via_etcd=True)
+
+    async def said_once() -> bool:
+        return any("cannot read the leader record" in r.getMessage() for r in caplog.records)
+
+    await until("the agent says it cannot read the leader record", said_once)
+    await asyncio.sleep(5 * c.timings.heartbeat_interval_s)  # negative: a few more lookups say nothing more
     said = [r.getMessage() for r in caplog.records if "cannot read the leader record" in r.getMessage()]
     assert said and "leader/az-z: id must be a string, got int" in said[0], said
     assert len(said) == 1, "said once, not at every retry"

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from phalanx import procs
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -44,8 +46,8 @@ def test_first_setup_says_what_it_does_before_the_long_step(tmp_path: Path) -> N
     root = tmp_path / "phalanx"
     tree_copy(root)
     phalanx_bin = root / ".venv" / "bin" / "phalanx"
-    proc = subprocess.Popen(["bash", "scripts/setup.sh"], cwd=root, env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = procs.spawn(["bash", "scripts/setup.sh"], die_with_parent=procs.KILL, cwd=root, env=clean_env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     installed_when_announced: bool | None = None
     assert proc.stderr is not None
