@@ -1309,6 +1309,3 @@ def _one_line(exc: PhalanxError) -> str:
     origin = exc.origin
     return f"{text} [{origin}]" if origin else text
 
-
-if __name__ == "__main__":
-    sys.exit(main())
