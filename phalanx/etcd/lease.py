@@ -1,8 +1,8 @@
 """Keeping an etcd lease alive (``LeaseKeepAlive``): one bidi stream, one
 request per keepalive, on the member the store's other calls use. Granting
 and revoking leases are plain calls of the store (phalanx/etcd/client.py);
-the sessions built on them live with their users (coordinator/election.py,
-agent/session.py)."""
+the lease session built on them lives with the election
+(coordinator/election.py)."""
 
 from __future__ import annotations
 
