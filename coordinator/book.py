@@ -10,7 +10,13 @@ gangs may not be collected yet" is asked of one place (docs/design.md
 §19.8). What the drivers still keep is their I/O: sessions, futures of
 RPCs waiting for a vote, caches of peer addresses, timers.
 
-Plain data plus the questions asked across drivers. No I/O; every field is
+Plain data plus the questions asked across drivers, and the transitions
+that change it. The drivers read its maps but change them only through
+the transitions below (one place each that keeps the maps consistent
+with one another; tests/unit/test_book_writes.py fails on a driver that
+writes a map itself), and ``problems()`` says what must always hold
+between the maps (tests/unit/test_book.py). Which driver event is which
+transition: docs/book.md. No I/O; every field is
 rebuilt from etcd by the next leader (``AzLeader.rebuild``,
 ``TwoPhaseDriver.recover``), so nothing here needs to survive a crash.
 """
@@ -18,13 +24,15 @@ rebuilt from etcd by the next leader (``AzLeader.rebuild``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from coordinator.core import progress
 from coordinator.core.placement import Placement
 from coordinator.core.records import DeviceLedger, GangRecord, MemberSummary, NodeRecord
 from coordinator.core.retention import FinishedGang
-from coordinator.core.twophase import Outcome, OwnerState, ParticipantState, TwoPhaseConfig
+from coordinator.core.twophase import (
+    Event, HoldReleased, Outcome, OwnerState, ParticipantState, ReleaseHold, TwoPhaseConfig,
+)
 from coordinator.remote_view import RemoteInventory
 from phalanx.reservation import Reservation
 from phalanx.store import Keys
@@ -150,3 +158,270 @@ class Book:
             for key in [key for key in d if key[0] == gang]:
                 del d[key]
         self.finished_fed = {key for key in self.finished_fed if key[0] != gang}
+
+    # ====================================================== transitions
+    # Each is one event of a leadership's life, named for what happened; it
+    # changes every map that event concerns, and nothing else.
+
+    # ------------------------------------- single-AZ gangs (AzLeader)
+    def restored(self, reservations: Iterable[Reservation], stand_ins: Iterable[Reservation] = ()) -> None:
+        """Rebuild: this AZ's single-AZ reservations read from etcd, and
+        stand-ins holding the devices of the ones that cannot be read."""
+        for r in reservations:
+            self.reservations[r.gang] = r
+        self.ledger = DeviceLedger.from_reservations(self.reservations)
+        for hold in stand_ins:
+            self.ledger.hold(hold)
+
+    def live_here(self, g: GangRecord) -> bool:
+        """Whether ``g`` belongs in ``gangs``: owned here, and not terminal
+        or still holding its single-AZ reservation (RELEASING)."""
+        return g.owner_az == self.az and (not g.state.terminal or g.id in self.reservations)
+
+    def owned(self, g: GangRecord) -> None:
+        """``g`` is the newest record of a gang this leader owns (submitted,
+        written, read back, taken on): keep it."""
+        self.gangs[g.id] = g
+
+    def found(self, g: GangRecord) -> None:
+        """``g`` is the newest record of its gang, found in etcd where a
+        write of ours lost its compare: drop the gang if another AZ adopted
+        it meanwhile, else keep the record if it still belongs here."""
+        if g.owner_az != self.az:
+            self.gangs.pop(g.id, None)
+        elif self.live_here(g):
+            self.gangs[g.id] = g
+
+    def not_owned(self, gang: str) -> None:
+        """This leader stops driving ``gang`` (adopted elsewhere, or a
+        cross-AZ gang ended: its participants release their own holds)."""
+        self.gangs.pop(gang, None)
+
+    def adopted_elsewhere(self, gang: str) -> None:
+        """Another AZ adopted ``gang`` (owner-AZ loss): neither its record
+        nor its two-phase owner is this leader's any more."""
+        self.gangs.pop(gang, None)
+        self.owners.pop(gang, None)
+
+    def held_in_memory(self, r: Reservation) -> None:
+        """The cycle placed ``r``'s gang: its devices are taken from now on,
+        before the reservation's write (undone by ``unheld`` on failure)."""
+        self.reservations[r.gang] = r
+        self.ledger.hold(r)
+
+    def unheld(self, gang: str, r: Reservation) -> None:
+        """The write of reservation ``r`` failed or did not apply: free its
+        devices unless a later reservation of the gang replaced it."""
+        if self.reservations.get(gang) is r:
+            self.unreserved(gang)
+
+    def unreserved(self, gang: str) -> None:
+        """``gang``'s single-AZ reservation is gone: its devices are free."""
+        self.reservations.pop(gang, None)
+        self.ledger.release(gang)
+
+    def torn_down(self, g: GangRecord, releasing: Reservation | None, delete_reservation: bool,
+                  restarting: bool) -> None:
+        """``g``'s incarnation was torn down (written terminal or RESTARTING):
+        its reservation kept RELEASING (its devices stay held: members may
+        still run) or deleted; the gang and its member reports dropped unless
+        it is RELEASING or restarting."""
+        if releasing is not None:
+            self.reservations[g.id] = releasing
+        elif delete_reservation:
+            self.unreserved(g.id)
+        if releasing is None and not restarting:
+            self.gangs.pop(g.id, None)
+            self.members.pop((g.id, g.incarnation), None)
+
+    def requeued(self, g: GangRecord) -> None:
+        """``g``'s old incarnation is gone and the gang PENDING again: its
+        reservation and the old incarnation's member reports go."""
+        self.unreserved(g.id)
+        self.members.pop((g.id, g.incarnation), None)
+
+    def released(self, g: GangRecord) -> None:
+        """A RELEASING reservation's delete committed (every member gone):
+        the devices, the gang and its member reports go."""
+        self.unreserved(g.id)
+        self.gangs.pop(g.id, None)
+        self.members.pop((g.id, g.incarnation), None)
+
+    def members_reported(self, gang: str, incarnation: int, reports: Reports) -> None:
+        """Reports of members of an owned gang (from agents, from another
+        AZ's summary, or taken as stopped when their node was lost)."""
+        self.members.setdefault((gang, incarnation), {}).update(reports)
+
+    def waiting(self, gang: str, reason: str) -> bool:
+        """``gang`` stays pending for ``reason`` (explain); whether the
+        reason changed."""
+        if self.pending_reason.get(gang) == reason:
+            return False
+        self.pending_reason[gang] = reason
+        return True
+
+    def placed(self, gang: str) -> None:
+        """``gang`` is no longer waiting for placement."""
+        self.pending_reason.pop(gang, None)
+
+    def forgotten(self, gang: str) -> None:
+        """``gangs/<gang>`` was collected: drop its revision, its record if
+        it is over and holds nothing, its member reports and pending reason."""
+        self.revisions.pop(gang, None)
+        g = self.gangs.get(gang)
+        if g is not None and g.state.terminal and gang not in self.reservations:
+            del self.gangs[gang]
+        for key in [k for k in self.members if k[0] == gang]:
+            del self.members[key]
+        self.pending_reason.pop(gang, None)
+
+    # ------------------------------------------------------------- nodes
+    def node_restored(self, rec: NodeRecord, now: float) -> None:
+        """Rebuild: a node record read from etcd; not placeable until its
+        agent reaches this leader, lost only after a full replace_after_s
+        from ``now``."""
+        self.nodes[rec.name] = rec
+        self.liveness[rec.name] = NodeLiveness(last_contact=now, ready=False)
+
+    def node_written(self, node: str, rec: NodeRecord) -> None:
+        self.nodes[node] = rec
+
+    def node_registered(self, node: str, now: float) -> None:
+        """``node``'s agent registered with this leadership at ``now``."""
+        self.liveness[node] = NodeLiveness(last_contact=now, ready=True, heard=True)
+
+    def node_deleted(self, node: str) -> None:
+        self.nodes.pop(node, None)
+        self.liveness.pop(node, None)
+
+    # --------------------------------------- the cross-AZ protocol (TwoPhaseDriver)
+    def participant_decides(self, ev: Event, now: float) -> list:
+        """Feed ``ev`` to this AZ's participant. The core frees a hold's
+        devices when it decides to release it; the durable record goes only
+        when ReleaseHold's delete commits (HoldReleased). Until then the
+        devices stay taken (``releasing``) for single-AZ placement too, so
+        etcd never holds two reservations on one GPU (chaos finding 7)."""
+        if isinstance(ev, HoldReleased):
+            self.releasing.pop((ev.gang, ev.incarnation), None)
+        before = {g: (h.incarnation, h.nodes) for g, h in self.participant.holds.items()}
+        effects = self.participant.handle(ev, now)
+        for e in effects:
+            if isinstance(e, ReleaseHold) and e.gang in before and before[e.gang][0] == e.incarnation:
+                self.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
+        return effects
+
+    def owner_started(self, o: OwnerState) -> None:
+        self.owners[o.gang] = o
+
+    def owner_ended(self, gang: str) -> None:
+        """``gang``'s owner stops (its attempt can never be recorded): it
+        and its placed attempts go."""
+        self.owners.pop(gang, None)
+        self.drop_attempts(gang)
+
+    def owner_forgotten(self, gang: str) -> None:
+        """An owner whose gang is no longer owned here and has nothing in
+        flight: it, its pending reason and its attempts go."""
+        del self.owners[gang]
+        self.pending_reason.pop(gang, None)
+        self.drop_attempts(gang)
+
+    def attempt_placed(self, gang: str, incarnation: int, placement: Placement) -> None:
+        self.placements[(gang, incarnation)] = placement
+
+    def gang_cached(self, g: GangRecord) -> None:
+        """A record of a gang with a hold here (any owner), newest known."""
+        self.gang_cache[g.id] = g
+
+    def hold_written(self, gang: str, incarnation: int, revision: int) -> None:
+        """Our PREPARED record of the hold committed at ``revision``."""
+        self.hold_revision[(gang, incarnation)] = revision
+
+    def hold_committing(self, gang: str, incarnation: int) -> int | None:
+        """The revision of our own PREPARED write of the hold, if we have
+        one; taken: the COMMIT write replaces it."""
+        return self.hold_revision.pop((gang, incarnation), None)
+
+    def summary_published(self, gang: str, incarnation: int, summary: MemberSummary) -> None:
+        self.published[(gang, incarnation)] = summary
+
+    def summary_recovered(self, gang: str, incarnation: int, summary: MemberSummary) -> None:
+        """Recovery: this AZ's member summary of a cross-AZ hold, as written."""
+        self.local_reports[(gang, incarnation)] = summary.reports()
+        self.published[(gang, incarnation)] = summary
+
+    def local_members_reported(self, gang: str, incarnation: int, reports: Reports) -> None:
+        """Reports of this AZ's members of a cross-AZ gang (an entry is
+        made even for none: its summary is published)."""
+        self.local_reports.setdefault((gang, incarnation), {}).update(reports)
+
+    def local_member_reported(self, gang: str, incarnation: int, rank: int, report: progress.MemberReport) -> bool:
+        """One member's report (``local_members_reported``); whether it
+        changed what was kept."""
+        reps = self.local_reports.setdefault((gang, incarnation), {})
+        if reps.get(rank) == report:
+            return False
+        reps[rank] = report
+        return True
+
+    def hold_revoked(self, gang: str, incarnation: int, now: float) -> None:
+        self.revoked_at[(gang, incarnation)] = now
+
+    def finish_fed(self, gang: str, incarnation: int) -> None:
+        """The participant was told the hold's gang is over."""
+        self.finished_fed.add((gang, incarnation))
+
+    def decisions_recovered(self, decisions: Iterable[Any]) -> None:
+        self.dec_by_key = {(d.gang, d.incarnation): d.outcome for d in decisions}
+
+    def watched_reset(self, watched: dict[str, Any]) -> None:
+        """The RESERVING gangs' records, read whole (recovery); none after
+        a compaction until the watch delivers them again."""
+        self.watched_gangs = dict(watched)
+
+    def gang_watched(self, gang: str, kv: Any | None) -> None:
+        """The watch delivered ``gang``'s record: ``kv`` while RESERVING,
+        else None (deleted, or past RESERVING)."""
+        if kv is None:
+            self.watched_gangs.pop(gang, None)
+        else:
+            self.watched_gangs[gang] = kv
+
+    # ---------------------------------------------- retention (GangCollector)
+    def finished_seen(self, f: FinishedGang, now: float) -> None:
+        """An owned gang is terminal: collectable later; ``now`` (monotonic)
+        is kept if it is the first time this leader saw it finished."""
+        self.finished[f.id] = f
+        self.seen_mono.setdefault(f.id, now)
+
+    def not_finished(self, gang: str) -> None:
+        self.finished.pop(gang, None)
+        self.seen_mono.pop(gang, None)
+
+    # ========================================================= invariants
+    def problems(self) -> list[str]:
+        """What must always hold between the maps, broken: empty when the
+        book is consistent. Checked by tests after each transition and by
+        the model worlds."""
+        out: list[str] = []
+
+        def keyed(name: str, m: dict, key_of: Any) -> None:
+            out.extend(f"{name}[{k!r}] holds the entry of {key_of(v)!r}" for k, v in m.items() if key_of(v) != k)
+
+        keyed("gangs", self.gangs, lambda g: g.id)
+        keyed("reservations", self.reservations, lambda r: r.gang)
+        keyed("owners", self.owners, lambda o: o.gang)
+        keyed("finished", self.finished, lambda f: f.id)
+        out.extend(f"gangs[{k!r}] is owned by {g.owner_az}, not {self.az}" for k, g in self.gangs.items()
+                   if g.owner_az != self.az)
+        for gang, r in self.reservations.items():
+            missing = sorted(n for n in r.nodes if gang not in self.ledger.held.get(n, {}))
+            if missing:
+                out.append(f"reservation of {gang} not held in the ledger on {', '.join(missing)}")
+        out.extend(self.ledger.conflicts())
+        if set(self.finished) != set(self.seen_mono):
+            out.append(f"finished and seen_mono differ: {sorted(set(self.finished) ^ set(self.seen_mono))}")
+        if self.participant is not None:
+            live = {(h.gang, h.incarnation) for h in self.participant.holds.values()}
+            out.extend(f"{key} is both held and being released" for key in self.releasing if key in live)
+        return out

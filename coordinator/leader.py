@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from coordinator.book import Book, NodeLiveness
+from coordinator.book import Book
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle, peer_auth, progress
@@ -32,7 +32,7 @@ from coordinator.core.admission import FailAdmission, KeepPending, plan_admissio
 from coordinator.core.placement import FabricIndex, NodeView, PlacementRequest, never_fits, place
 from coordinator.core.rendezvous import pick_master_port, ports_taken_on
 from phalanx.ports import DEFAULT_PORTS
-from coordinator.core.records import (UNREADABLE, DeviceLedger, GangRecord, IdempotencyRecord, MemberAssignment, NameRecord,
+from coordinator.core.records import (UNREADABLE, GangRecord, IdempotencyRecord, MemberAssignment, NameRecord,
                                       NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import Reservation
 from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
@@ -291,26 +291,21 @@ class AzLeader:
         self.unreadable_records = dict(bad_res + bad_gangs + bad_nodes)
         for key, why in self.unreadable_records.items():
             log.warning("rebuild of %s (epoch %d): skipped unreadable record %s: %s", self.az, self.epoch, key[:200], why)
-        for r in reservations:
-            if r.two_phase:
-                continue  # the two-phase participant's (TwoPhaseDriver.recover)
-            self.book.reservations[r.gang] = r
-        self.book.ledger = DeviceLedger.from_reservations(self.book.reservations)
-        for hold in holds_for_unreadable((key for key, _ in bad_res), k.reservations(self.az), gangs, self.az):
-            self.book.ledger.hold(hold)
+        # (two-phase reservations are the participant's: TwoPhaseDriver.recover)
+        self.book.restored((r for r in reservations if not r.two_phase),
+                           holds_for_unreadable((key for key, _ in bad_res), k.reservations(self.az), gangs, self.az))
         for g in gangs:
-            if g.owner_az == self.az and (not g.state.terminal or g.id in self.book.reservations):
+            if self.book.live_here(g):
                 # (RESTARTING gangs are not terminal: they are kept too.)
-                self.book.gangs[g.id] = g
+                self.book.owned(g)
                 before = ev.last_epoch(g.events)
                 if before and before != self.epoch and not g.state.terminal:
                     self._unwritten_events[g.id] = [ev.fenced(self.wall(), self.epoch, self.az, before, g.incarnation)]
             self.collector.note(g)  # finished gangs we own: collected after gang_retention_s
         for n in nodes:
-            self.book.nodes[n.name] = n
             # Not placeable until its agent reaches us; lost only after a
             # full replace_after_s from now (it may be fencing right now).
-            self.book.liveness[n.name] = NodeLiveness(last_contact=now, ready=False)
+            self.book.node_restored(n, now)
 
     # --------------------------------------------------------------- writes
     async def write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = (),
@@ -337,17 +332,14 @@ class AzLeader:
                     self.collector.note(cur)
                     if cur.owner_az == self.az:
                         self._count(old, cur)  # e.g. our own earlier write whose reply was lost
-                    if cur.owner_az != self.az:
-                        self.book.gangs.pop(cur.id, None)  # adopted by another AZ meanwhile
-                    elif not cur.state.terminal or cur.id in self.book.reservations:
-                        self.book.gangs[cur.id] = cur
+                    self.book.found(cur)  # (dropped if another AZ adopted it meanwhile)
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
         await failpoints.hit("leader.gang_write_replied")
         self._unwritten_events.pop(new.id, None)
         if self.book.newest(written):
             self._count(old, written)
-            self.book.gangs[new.id] = written
+            self.book.owned(written)
             self.collector.note(written)
         return written
 
@@ -366,13 +358,7 @@ class AzLeader:
         """The gang was collected (deleted from etcd after its retention):
         drop whatever this leader still remembers of it."""
         self._counted.pop(gang_id, None)
-        self.book.revisions.pop(gang_id, None)
-        g = self.book.gangs.get(gang_id)
-        if g is not None and g.state.terminal and gang_id not in self.book.reservations:
-            del self.book.gangs[gang_id]
-        for key in [k for k in self.book.members if k[0] == gang_id]:
-            del self.book.members[key]
-        self.book.pending_reason.pop(gang_id, None)
+        self.book.forgotten(gang_id)
         self._unwritten_events.pop(gang_id, None)
         self.twophase.forget(gang_id)
 
@@ -418,7 +404,7 @@ class AzLeader:
             case fx.ReleaseDevices():
                 await self._release(effect.gang)
             case fx.ForgetGang():
-                self.book.gangs.pop(effect.gang.id, None)  # participants release their own holds
+                self.book.not_owned(effect.gang.id)  # participants release their own holds
             case fx.SendAssignments():
                 self.dispatch(effect.gang, effect.only_node, effect.skip_ranks)
             case fx.SendRevoke():
@@ -439,7 +425,7 @@ class AzLeader:
                 # Cross-AZ gang committed here: kept, and published for its owner.
                 await self.twophase.on_member(effect.node, effect.member)
             case fx.TrackMembers():
-                self.book.members.setdefault((effect.gang, effect.incarnation), {}).update(effect.reports)
+                self.book.members_reported(effect.gang, effect.incarnation, effect.reports)
             case tp.Effect():
                 # A cross-AZ protocol effect with I/O: its handler is the
                 # two-phase driver's; what came of it goes back to its core
@@ -491,7 +477,7 @@ class AzLeader:
                 existing = await self._by_idempotency(idempotency_key, spec)
                 if existing:
                     if fx.adopt_retried(existing, self.az, self.book.gangs):
-                        self.book.gangs[existing.id] = existing
+                        self.book.owned(existing)
                         self.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
                         self.wake.set()
                     return existing, False
@@ -503,7 +489,7 @@ class AzLeader:
                     holder = "its name record cannot be read"  # still taken: the key exists
             raise fx.submission_refused(spec.name, holder)
         rec = rec.evolve(mod_revision=res.revision)
-        self.book.gangs[gang_id] = rec
+        self.book.owned(rec)
         # The RPC's task: its later lines (and the service's) carry the gang.
         bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=stimulus)
         log.info("gang %s submitted to queue %s (%d members)", gang_id, spec.queue, spec.members)
@@ -532,7 +518,7 @@ class AzLeader:
         rec = GangRecord.from_dict(kv.json(), kv.mod_revision)
         if rec.owner_az == self.az and not rec.state.terminal and gang_id not in self.book.gangs:
             log.info("submission %s applied although its reply was lost; admitting it", gang_id)
-            self.book.gangs[gang_id] = rec
+            self.book.owned(rec)
             self.metrics.submitted(rec.spec.queue)
             self.wake.set()
 
@@ -618,13 +604,7 @@ class AzLeader:
             written = await self.write_gang(t.record, g, ops, events=list(t.events))
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
-        if t.releasing is not None:
-            self.book.reservations[g.id] = t.releasing
-        elif t.delete_reservation:
-            self._drop_reservation(g.id)
-        if t.releasing is None and t.record.state != GangState.RESTARTING:
-            self.book.gangs.pop(g.id, None)
-            self.book.members.pop((g.id, g.incarnation), None)
+        self.book.torn_down(g, t.releasing, t.delete_reservation, restarting=t.record.state == GangState.RESTARTING)
         return fx.GangWritten(written)
 
     async def _requeue(self, e: fx.Requeue) -> fx.Event:
@@ -637,16 +617,11 @@ class AzLeader:
             written = await self.write_gang(q.record, g, ops)
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
-        self._drop_reservation(g.id)
-        self.book.members.pop((g.id, g.incarnation), None)
+        self.book.requeued(g)
         log.info("gang %s restarts as incarnation %d in %.1fs", g.id, written.incarnation, q.backoff_s,
                  extra={"gang": g.id, "incarnation": written.incarnation})
         self.wake.set()
         return fx.GangWritten(written)
-
-    def _drop_reservation(self, gang_id: str) -> None:
-        self.book.reservations.pop(gang_id, None)
-        self.book.ledger.release(gang_id)
 
     # ---------------------------------------------------------------- cycle
     def placeable_nodes(self) -> list[NodeView]:
@@ -683,8 +658,7 @@ class AzLeader:
             if isinstance(e, fx.ReserveDevices):
                 # Hold the devices in memory now, so later decisions (this
                 # cycle or the next) never see them free; undone on failure.
-                self.book.reservations[e.gang.id] = e.reservation
-                self.book.ledger.hold(e.reservation)
+                self.book.held_in_memory(e.reservation)
                 self._inflight.add(e.gang.id)
                 with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):  # the reserve task's lines
                     self.spawn(self._admit(e), f"reserve-{e.gang.id}")
@@ -775,8 +749,7 @@ class AzLeader:
 
     def _keep_waiting(self, e: fx.KeepWaiting) -> None:
         self.pending_classes[e.gang.id] = e.pending_class
-        if self.book.pending_reason.get(e.gang.id) != e.reason:
-            self.book.pending_reason[e.gang.id] = e.reason
+        if self.book.waiting(e.gang.id, e.reason):
             log.debug("gang %s pending: %s", e.gang.id, e.reason, extra={"gang": e.gang.id})
 
     async def _admit(self, e: fx.ReserveDevices) -> None:
@@ -804,19 +777,17 @@ class AzLeader:
                     # outcome from etcd (we are its only writer), never guess.
                     learned = await self._learn_reserve_outcome(g, r)
                     if learned is None:
-                        if self.book.reservations.get(g.id) is r:
-                            self._drop_reservation(g.id)
+                        self.book.unheld(g.id, r)
                         return fx.NotApplied(g.id)  # still PENDING: the next cycle places it again
                     written = learned
                 await failpoints.hit("leader.after_reserve")
         except BaseException:
-            if self.book.reservations.get(g.id) is r:
-                self._drop_reservation(g.id)
+            self.book.unheld(g.id, r)
             raise
         finally:
             self._inflight.discard(g.id)
             self._picking.pop(g.id, None)
-        self.book.pending_reason.pop(g.id, None)
+        self.book.placed(g.id)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
         return fx.GangWritten(written)
@@ -840,7 +811,7 @@ class AzLeader:
         if gkvs:
             cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
             self._count(g, cur)
-            self.book.gangs[g.id] = cur
+            self.book.owned(cur)
         try:
             written = Reservation.from_dict(rkvs[0].json()) if rkvs else None
         except UNREADABLE:
@@ -1009,7 +980,8 @@ class AzLeader:
         g = self.book.gangs.get(m.gang)
         if g is None or g.incarnation != m.incarnation:
             return
-        self.book.members.setdefault((m.gang, m.incarnation), {})[m.rank] = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
+        report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
+        self.book.members_reported(m.gang, m.incarnation, {m.rank: report})
         await self.evaluate(m.gang)
 
     def on_disconnect(self, conn: AgentConn) -> None:
@@ -1076,9 +1048,7 @@ class AzLeader:
         await self.store.fenced_txn(self.fence, [], [Delete(key)])
         log.info("gang %s#%d released its devices: every member is gone", g.id, g.incarnation,
                  extra={"gang": g.id, "incarnation": g.incarnation})
-        self._drop_reservation(g.id)
-        self.book.gangs.pop(g.id, None)
-        self.book.members.pop((g.id, g.incarnation), None)
+        self.book.released(g)
         self.wake.set()
 
     # ------------------------------------------------------------ liveness
@@ -1157,7 +1127,8 @@ class AzLeader:
             await failpoints.hit("leader.before_node_write")
             self.check_valid()
             res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), rec.to_dict())])
-            rec = self.book.nodes[node] = dataclasses.replace(rec, mod_revision=res.revision)
+            rec = dataclasses.replace(rec, mod_revision=res.revision)
+            self.book.node_written(node, rec)
             return rec
 
     async def _mark_not_ready(self, e: fx.MarkNodeNotReady) -> None:
@@ -1182,7 +1153,7 @@ class AzLeader:
         assert isinstance(conn, AgentConn)
         self.conns[node] = conn
         conn.last_seen = self.mono()
-        self.book.liveness[node] = NodeLiveness(last_contact=conn.last_seen, ready=True, heard=True)
+        self.book.node_registered(node, conn.last_seen)
         if e.announce_ready:
             log.info("node %s ready (agent %s)", node, e.record.agent_id)
 
@@ -1191,7 +1162,7 @@ class AzLeader:
         fail gangs that had members there and free devices."""
         await self.twophase.on_node_lost(e.node, e.reason)
         for g, stopped in lifecycle.lost_member_reports(list(self.book.gangs.values()), e.node, self.az, e.reason):
-            self.book.members.setdefault((g.id, g.incarnation), {}).update(stopped)
+            self.book.members_reported(g.id, g.incarnation, stopped)
             await self.evaluate(g.id)
 
     # ------------------------------------------------------ node lifecycle
@@ -1253,8 +1224,7 @@ class AzLeader:
                                      f"{', '.join(held)}; drain it first, or delete with force")
         async with self._node_writes:
             await self.store.fenced_txn(self.fence, [], [Delete(self.keys.node(self.az, node))])
-            self.book.nodes.pop(node, None)
-        self.book.liveness.pop(node, None)
+            self.book.node_deleted(node)
         self._close_session(node)
         self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
         if held:

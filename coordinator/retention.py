@@ -64,19 +64,16 @@ class GangCollector:
     def note(self, g: GangRecord) -> None:
         """Every gang record this leader reads or writes passes here."""
         if g.owner_az == self.az and g.state.terminal:
-            self.book.finished[g.id] = FinishedGang.of(g)
             # When *this* process first knew it finished (monotonic): the
             # record's wall time comes from another replica's clock, so a
             # skewed or stepped clock must not shorten a client's retry window.
-            self.book.seen_mono.setdefault(g.id, self.l.mono())
+            self.book.finished_seen(FinishedGang.of(g), self.l.mono())
         else:
-            self.book.finished.pop(g.id, None)
-            self.book.seen_mono.pop(g.id, None)
+            self.book.not_finished(g.id)
 
     def forget(self, gang_id: str) -> None:
         """The gang is gone from etcd: drop it from this leader's memory."""
-        self.book.finished.pop(gang_id, None)
-        self.book.seen_mono.pop(gang_id, None)
+        self.book.not_finished(gang_id)
         self.l.forget_gang(gang_id)
 
     # ------------------------------------------------------------- sweeps

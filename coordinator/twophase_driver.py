@@ -224,18 +224,9 @@ class TwoPhaseDriver:
                     self.perform(o.handle(r.event, self.now()))
 
     def _participant_decides(self, ev: Event) -> list[Effect]:
-        if isinstance(ev, HoldReleased):
-            self.book.releasing.pop((ev.gang, ev.incarnation), None)
-        before = {g: (h.incarnation, h.nodes) for g, h in self.book.participant.holds.items()}
-        effects = self.book.participant.handle(ev, self.now())
-        # The core frees a hold's devices when it decides to release it; the
-        # durable record goes only when ReleaseHold's delete commits. Until
-        # then the devices stay taken for single-AZ placement too, so etcd
-        # never holds two reservations on one GPU (chaos finding 7).
-        for e in effects:
-            if isinstance(e, ReleaseHold) and e.gang in before and before[e.gang][0] == e.incarnation:
-                self.book.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
-        return effects
+        # (a hold whose release is decided stays taken until its delete
+        # commits: Book.participant_decides)
+        return self.book.participant_decides(ev, self.now())
 
     def perform(self, effects: Sequence[Effect]) -> None:
         """Perform what a core decided. The effects without I/O take effect
@@ -274,7 +265,7 @@ class TwoPhaseDriver:
                 case MarkGangPending():
                     # The owner waits for placement: the next admission
                     # cycle places it (one order with single-AZ gangs).
-                    self.book.pending_reason[e.gang] = e.reason
+                    self.book.waiting(e.gang, e.reason)
                     self.l.wake.set()
                 case _:
                     self._spawn(self._performed(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
@@ -369,7 +360,7 @@ class TwoPhaseDriver:
         guard = absent(key) if e.replaces is None else unchanged_since(key, e.replaces)
         res = await self._fenced([guard], [Put(key, rec.to_dict())], [Get(key)], gang=e.gang)
         if res is not None and res.succeeded:
-            self.book.hold_revision[(e.gang, e.incarnation)] = res.revision
+            self.book.hold_written(e.gang, e.incarnation, res.revision)
             await failpoints.hit("participant.after_prepared")
             return [Routed.participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
         if res is None:  # outcome unknown: read it back
@@ -387,7 +378,7 @@ class TwoPhaseDriver:
 
     async def _mark_committed(self, e: MarkCommitted) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
-        rev = self.book.hold_revision.pop((e.gang, e.incarnation), None)
+        rev = self.book.hold_committing(e.gang, e.incarnation)
         if rev is not None:
             # Our own PREPARED write, unchanged since: commit it without a read.
             rec = Reservation(self.az, e.gang, e.incarnation, HoldState.COMMITTED, e.nodes, self.l.epoch)
@@ -530,8 +521,7 @@ class TwoPhaseDriver:
             # leadership and its plan would keep devices out of every view.
             log.info("two-phase %s: %s ended before its attempt #%d was recorded; its owner stops", self.az, e.gang,
                      e.incarnation)
-            self.book.owners.pop(e.gang, None)
-            self.book.drop_attempts(e.gang)
+            self.book.owner_ended(e.gang)
             self.l.wake.set()
             return []
         if p is None:
@@ -581,7 +571,7 @@ class TwoPhaseDriver:
                     return
                 written = cur  # our folded write applied though its reply was lost
         self._report_requests(e.gang, e.incarnation, "owner")
-        self.book.pending_reason.pop(e.gang, None)
+        self.book.placed(e.gang)
         self._spawn(self.l.perform(fx.MarkStarting(written, stimulus_id=e.stimulus_id)), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
@@ -732,7 +722,7 @@ class TwoPhaseDriver:
                 raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
                                   f"the slice for {self.az} does not match the recorded plan of {g.id}#{g.incarnation}")
         nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
-        self.book.gang_cache[g.id] = g
+        self.book.gang_cached(g)
         ev = PrepareReceived(stimulus_id=f"rpc-prepare:{caller.az}:{req.gang}:{req.incarnation}", gang=req.gang,
                              incarnation=req.incarnation, owner_az=caller.az, priority=g.spec.priority,
                              submitted_at=g.submitted_at, nodes=nodes)
@@ -825,7 +815,7 @@ class TwoPhaseDriver:
         o = self.book.owners.get(g.id)
         if o is None or o.phase is not OwnerPhase.UNPLACED:
             return
-        self.book.placements[(g.id, o.incarnation)] = placement
+        self.book.attempt_placed(g.id, o.incarnation, placement)
         self.feed(Routed.owner(PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
                                              plan=placement.by_az())))
 
@@ -910,7 +900,7 @@ class TwoPhaseDriver:
             if kv is None:
                 return None
             g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-            self.book.gang_cache[gang] = g
+            self.book.gang_cached(g)
         return g
 
     async def _dispatch(self, e: DispatchGang) -> None:
@@ -949,7 +939,7 @@ class TwoPhaseDriver:
         if kv is None:
             return None
         g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-        self.book.gang_cache[gang] = g
+        self.book.gang_cached(g)
         return g
 
     # --------------------------------------------------------- members
@@ -960,12 +950,9 @@ class TwoPhaseDriver:
     async def on_member(self, node: str, m: Any) -> None:
         """A member of a two-phase gang reported to this AZ's leader: keep it
         and publish this AZ's summary for the owner (members/<gang>/<az>)."""
-        key_ = (m.gang, m.incarnation)
-        reps = self.book.local_reports.setdefault(key_, {})
         rep = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, node)
-        if reps.get(m.rank) == rep:
+        if not self.book.local_member_reported(m.gang, m.incarnation, m.rank, rep):
             return
-        reps[m.rank] = rep
         self._spawn(self._publish_members(m.gang, m.incarnation), f"members-{m.gang}")
         g = self.book.gang_cache.get(m.gang) or self.book.gangs.get(m.gang)
         if g is not None:
@@ -981,9 +968,9 @@ class TwoPhaseDriver:
             g = await self._gang(gang)
             if g is None or g.incarnation != hold.incarnation:
                 continue
-            reps = self.book.local_reports.setdefault((gang, hold.incarnation), {})
+            reps = self.book.local_reports.get((gang, hold.incarnation), {})
             stopped = cross_az_members.lost_members(g, node, self.az, reps, reason)
-            reps.update(stopped)
+            self.book.local_members_reported(gang, hold.incarnation, stopped)
             if stopped:
                 log.info("two-phase %s: members of %s#%d on %s are gone: %s", self.az, gang, hold.incarnation, node, reason)
                 self._maybe_finish(g)
@@ -1021,7 +1008,7 @@ class TwoPhaseDriver:
         if not res.succeeded:
             log.info("member summary of %s in %s not written: the hold is released", gang, self.az)
             return
-        self.book.published[key_] = body
+        self.book.summary_published(gang, inc, body)
         if self._summary(gang, inc) != body:
             self._spawn(self._publish_members(gang, inc), f"members-{gang}")  # changed meanwhile
 
@@ -1030,7 +1017,7 @@ class TwoPhaseDriver:
         g = self.book.gangs.get(gang)
         if g is None or summary.incarnation != g.incarnation:
             return
-        self.book.members.setdefault((gang, g.incarnation), {}).update(summary.members)
+        self.book.members_reported(gang, g.incarnation, summary.members)
         self._spawn(self.l.evaluate(gang), f"evaluate-{gang}")
 
     # --------------------------------------------------------- finishing
@@ -1054,17 +1041,17 @@ class TwoPhaseDriver:
         if step is None:
             return
         if step.revoke:
-            self.book.revoked_at[key_] = now
+            self.book.hold_revoked(g.id, inc, now)
             for node in hold.nodes:
                 self.l.send(node, Revoke(g.id, inc, g.reason or "gang over"))
         if step.stopped:
             # Past the fence deadline: whatever did not report is gone (its
             # agent has stopped it); say so, so that the owner stops waiting.
-            self.book.local_reports.setdefault(key_, {}).update(step.stopped)
+            self.book.local_members_reported(g.id, inc, step.stopped)
         if step.publish:
             self._spawn(self._publish_members(g.id, inc), f"members-{g.id}")
         elif step.finish:
-            self.book.finished_fed.add(key_)
+            self.book.finish_fed(g.id, inc)
             self.feed(Routed.participant(GangFinished(stimulus_id=f"gang-over:{g.id}:{inc}", gang=g.id, incarnation=inc)))
 
     # -------------------------------------------------------------- watch
@@ -1084,7 +1071,7 @@ class TwoPhaseDriver:
         node_kvs, _ = await self.store.get_prefix_paged(k.nodes(), revision=rev)
         leader_kvs, _ = await self.store.get_prefix_paged(k.leaders(), revision=rev)
         self.revision = rev
-        self.book.watched_gangs = {kv.key[len(k.gangs()):]: kv for kv in gang_kvs if _reserving(kv)}
+        self.book.watched_reset({kv.key[len(k.gangs()):]: kv for kv in gang_kvs if _reserving(kv)})
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
         if self.book.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records; keeps every epoch)
@@ -1110,7 +1097,7 @@ class TwoPhaseDriver:
             if g is None or g.incarnation > r.incarnation or (g.incarnation == r.incarnation and g.state.terminal):
                 finished.append((r.gang, r.incarnation))
             elif g is not None:
-                self.book.gang_cache[g.id] = g
+                self.book.gang_cached(g)
         self.feed(Routed.participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
                                                           decisions=decisions, finished=finished)))
         # Member summaries of this AZ (the agents will re-report anyway).
@@ -1119,8 +1106,7 @@ class TwoPhaseDriver:
                 summary = MemberSummary.from_dict(kv.json())
                 gang = kv.key.rsplit("/", 2)[-2]
                 if summary.az == self.az:
-                    self.book.local_reports[(gang, summary.incarnation)] = summary.reports()
-                    self.book.published[(gang, summary.incarnation)] = summary
+                    self.book.summary_recovered(gang, summary.incarnation, summary)
                 else:
                     self.on_member_summary(gang, summary)
             except UNREADABLE as exc:
@@ -1128,12 +1114,12 @@ class TwoPhaseDriver:
         # RESTARTING / terminal gangs whose holds we still keep.
         for g in list(self.book.gang_cache.values()):
             self._maybe_finish(g)
-        self.book.dec_by_key = {(d.gang, d.incarnation): d.outcome for d in decisions}
+        self.book.decisions_recovered(decisions)
 
     def start_owner(self, g: GangRecord) -> None:
         """Cycle: a two-phase gang we own that no OwnerState drives yet."""
         o = OwnerState(g.id, self.az, g.spec.priority, g.submitted_at, self.cfg)
-        self.book.owners[g.id] = o
+        self.book.owner_started(o)
         if g.state == GangState.PENDING:
             self.feed(Routed.owner(GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
             return
@@ -1184,9 +1170,7 @@ class TwoPhaseDriver:
         for gang, o in list(self.book.owners.items()):
             if gang not in self.book.gangs and o.phase.settled:
                 # Ended (or adopted elsewhere) and nothing in flight: forget it.
-                del self.book.owners[gang]
-                self.book.pending_reason.pop(gang, None)
-                self.book.drop_attempts(gang)
+                self.book.owner_forgotten(gang)
         for g in list(self.book.gang_cache.values()):
             self._maybe_finish(g)
         for (gang, inc) in list(self.book.local_reports):
@@ -1216,7 +1200,7 @@ class TwoPhaseDriver:
                 log.warning("two-phase watch compacted; other AZs' inventory read again, resuming from now")
                 # Events in between are lost: peer calls are checked against
                 # etcd again until the watch has refilled these.
-                self.book.watched_gangs.clear()
+                self.book.watched_reset({})
                 self.book.remote.on_compacted()
                 while True:
                     try:
@@ -1246,13 +1230,11 @@ class TwoPhaseDriver:
             if ev.kind == "delete":
                 # Collected by its owner past gang_retention_s (with its
                 # decision keys, whose deletes this watch ignores).
-                self.book.watched_gangs.pop(gang, None)
+                self.book.gang_watched(gang, None)
                 self.forget(gang)
                 return
-            if _reserving(ev.kv):
-                self.book.watched_gangs[gang] = ev.kv  # (for a Prepare's check; parsed only then)
-            else:
-                self.book.watched_gangs.pop(gang, None)
+            # (kept while RESERVING, for a Prepare's check; parsed only then)
+            self.book.gang_watched(gang, ev.kv if _reserving(ev.kv) else None)
             mine = self.book.gangs.get(gang)
             if mine is None and gang not in self.book.participant.holds and gang not in self.book.gang_cache:
                 return  # (parse only the gangs this leader cares about)
@@ -1260,10 +1242,9 @@ class TwoPhaseDriver:
             if mine is not None and g.owner_az != self.az and mine.owner_az == self.az:
                 # Adopted by another AZ (owner-AZ loss): stop owning it here.
                 log.warning("gang %s is now owned by %s", gang, g.owner_az)
-                self.book.gangs.pop(gang, None)
-                self.book.owners.pop(gang, None)
+                self.book.adopted_elsewhere(gang)
             if gang in self.book.participant.holds or gang in self.book.gang_cache:
-                self.book.gang_cache[gang] = g
+                self.book.gang_cached(g)
                 self._maybe_finish(g)
         elif key.startswith(k.member_summaries()) and ev.kind == "put":
             gang = key[len(k.member_summaries()):].split("/", 1)[0]
@@ -1341,5 +1322,5 @@ class TwoPhaseDriver:
             except Conflict:
                 cur = self.book.gangs.get(g.id)
                 if cur is not None and cur.owner_az != self.az:
-                    self.book.gangs.pop(g.id, None)
+                    self.book.not_owned(g.id)
 

@@ -204,3 +204,162 @@ def test_the_check_sees_a_new_map_in_a_driver():
             self.n = 0
 
     assert containers_made_in_init(Driver) == {"gangs", "seen"}
+
+
+# ------------------------------------------------- invariants and transitions
+def record(gid: str = "g", state=None, *, owner_az: str = AZ, inc: int = 1):
+    from coordinator.core.records import GangRecord
+    from phalanx.model import GangState
+    from phalanx.spec import GangSpec, Resources
+
+    spec = GangSpec(name=gid, members=1, resources=Resources(gpus=1))
+    return GangRecord(id=gid, spec=spec, state=state or GangState.RUNNING, owner_az=owner_az, submitted_at=1.0,
+                      updated_at=2.0, incarnation=inc)
+
+
+def finished(gid: str):
+    from coordinator.core.retention import FinishedGang
+    from phalanx.model import GangState
+
+    return FinishedGang(id=gid, state=GangState.SUCCEEDED, owner_az=AZ, ended_at=1.0, mod_revision=7)
+
+
+def _releasing_a_held_key(b: Book) -> None:
+    prepared(b, "wide", "n1", (2,))
+    b.releasing[("wide", 1)] = {"n1": ((2,), ())}
+
+
+@pytest.mark.parametrize("break_it, problem", [
+    pytest.param(lambda b: b.gangs.update(h=record("g")), "gangs['h'] holds the entry of 'g'", id="gang-under-another-key"),
+    pytest.param(lambda b: b.gangs.update(g=record("g", owner_az="az-b")), "gangs['g'] is owned by az-b",
+                 id="gang-owned-elsewhere"),
+    pytest.param(lambda b: b.reservations.update(g=reservation("g", "n0", (0,))),
+                 "reservation of g not held in the ledger on n0", id="reservation-not-in-the-ledger"),
+    pytest.param(lambda b: (b.ledger.hold(reservation("g", "n0", (0,))), b.ledger.hold(reservation("h", "n0", (0,)))),
+                 "n0 gpu 0 held by g and h", id="one-gpu-two-gangs"),
+    pytest.param(lambda b: b.finished.update(g=finished("g")), "finished and seen_mono differ: ['g']",
+                 id="finished-not-seen"),
+    pytest.param(lambda b: b.owners.update(h=OwnerState("g", AZ, 0, 1.0, two_phase_config(T))),
+                 "owners['h'] holds the entry of 'g'", id="owner-under-another-key"),
+    pytest.param(_releasing_a_held_key, "('wide', 1) is both held and being released", id="held-and-releasing"),
+])
+def test_problems_names_each_broken_invariant(break_it, problem):
+    b = book()
+    assert b.problems() == []
+    break_it(b)
+    assert any(p.startswith(problem) for p in b.problems()), b.problems()
+
+
+def _every_transition(b: Book) -> None:
+    """A leadership's life through the transitions, on one book."""
+    from phalanx.model import GangState
+
+    g, r = record("g"), reservation("g", "n0", (0, 1))
+    b.owned(g)
+    b.held_in_memory(r)
+    b.waiting("g", "no room")
+    b.placed("g")
+    b.members_reported("g", 1, {})
+    b.torn_down(g, dataclasses_replace(r, state=HoldState.RELEASING), False, restarting=False)
+    b.released(g)
+    b.owned(record("h"))
+    b.held_in_memory(reservation("h", "n1", (0,)))
+    b.unheld("h", reservation("h", "n1", (0,)))  # (another reservation: kept)
+    b.requeued(record("h"))
+    b.found(record("h", owner_az="az-b"))
+    b.owned(record("k", GangState.RESTARTING))
+    b.torn_down(record("k"), None, True, restarting=True)
+    b.not_owned("k")
+    b.finished_seen(finished("done"), 5.0)
+    b.not_finished("done")
+    b.finished_seen(finished("done2"), 5.0)
+    b.forgotten("g")
+    prepared(b, "wide", "n2", (3,))
+    b.hold_written("wide", 1, 9)
+    b.gang_cached(record("wide", owner_az="az-b"))
+    b.local_members_reported("wide", 1, {})
+    b.summary_published("wide", 1, None)
+    b.hold_revoked("wide", 1, 1.0)
+    b.finish_fed("wide", 1)
+    b.owner_started(OwnerState("o", AZ, 0, 1.0, two_phase_config(T)))
+    b.attempt_placed("o", 1, None)
+    b.owner_ended("o")
+    b.adopted_elsewhere("wide")
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+def test_transitions_keep_the_book_consistent():
+    """Fails when a transition leaves the maps inconsistent (Book.problems),
+    e.g. a reservation dropped without its ledger entry or the reverse."""
+    b = book()
+    _every_transition(b)
+    assert b.problems() == []
+    assert sorted(b.gangs) == [] and b.reservations == {} and b.ledger.held == {}
+    assert sorted(b.finished) == ["done2"] and sorted(b.owners) == [] and b.placements == {}
+
+
+@pytest.mark.parametrize("transition, after", [
+    pytest.param(lambda b: b.held_in_memory(reservation("g", "n0", (0,))), ({"g"}, {"n0": {"g"}}), id="held_in_memory"),
+    pytest.param(lambda b: (b.held_in_memory(reservation("g", "n0", (0,))), b.unreserved("g")), (set(), {}),
+                 id="unreserved"),
+    pytest.param(lambda b: (b.held_in_memory(r := reservation("g", "n0", (0,))), b.unheld("g", r)), (set(), {}),
+                 id="unheld-the-same-reservation"),
+    pytest.param(lambda b: (b.held_in_memory(reservation("g", "n0", (0,))), b.unheld("g", reservation("g", "n0", (0,)))),
+                 ({"g"}, {"n0": {"g"}}), id="unheld-keeps-a-later-reservation"),
+    pytest.param(lambda b: b.restored([reservation("g", "n0", (0,))], [reservation("x", "n1", (1,))]),
+                 ({"g"}, {"n0": {"g"}, "n1": {"x"}}), id="restored-with-a-stand-in"),
+])
+def test_reservations_and_ledger_move_together(transition, after):
+    b = book()
+    transition(b)
+    assert (set(b.reservations), {n: set(g) for n, g in b.ledger.held.items()}) == after
+    assert b.problems() == []
+
+
+def test_found_drops_a_gang_adopted_elsewhere_and_keeps_only_live_ones():
+    from phalanx.model import GangState
+
+    b = book()
+    b.owned(record("g"))
+    b.found(record("g", owner_az="az-b"))
+    assert "g" not in b.gangs
+    b.found(record("g", GangState.FAILED))
+    assert "g" not in b.gangs, "terminal, no reservation"
+    b.held_in_memory(reservation("g", "n0", (0,)))
+    b.found(record("g", GangState.FAILED))
+    assert "g" in b.gangs, "terminal but RELEASING its reservation"
+
+
+def test_participant_decides_keeps_a_decided_release_taken_until_its_delete_commits():
+    from coordinator.core.twophase import AbortReceived, HoldReleased, HoldWritten, ReleaseHold
+
+    b = book()
+    prepared(b, "wide", "n1", (2,))
+    b.participant_decides(HoldWritten(stimulus_id="t", gang="wide", incarnation=1), 0.0)  # (voted yes)
+    effects = b.participant_decides(AbortReceived(stimulus_id="t", gang="wide", incarnation=1, from_az="az-b"), 0.0)
+    assert any(isinstance(e, ReleaseHold) for e in effects) and "wide" not in b.participant.holds
+    assert list(b.releasing) == [("wide", 1)] and b.gangs_holding("n1") == ["wide"] and b.problems() == []
+    b.participant_decides(HoldReleased(stimulus_id="t", gang="wide", incarnation=1), 0.0)
+    assert b.releasing == {} and b.gangs_holding("n1") == []
+
+
+def test_owner_forgotten_takes_its_pending_reason_and_attempts():
+    b = book()
+    owner(b, "g", placed=False)
+    b.waiting("g", "no room")
+    b.attempt_placed("g", 1, None)
+    b.attempt_placed("h", 1, None)
+    b.owner_forgotten("g")
+    assert "g" not in b.owners and "g" not in b.pending_reason and sorted(b.placements) == [("h", 1)]
+
+
+def test_waiting_says_whether_the_reason_changed():
+    b = book()
+    assert b.waiting("g", "a") and not b.waiting("g", "a") and b.waiting("g", "b")
+    b.placed("g")
+    assert b.pending_reason == {}
