@@ -1,6 +1,6 @@
 """Where a member's output and exit record live on its node, and how they read.
 
-The launcher (agent/process.py) writes them; ``phalanx logs`` (phalanx/cli.py)
+The launcher (agent/process.py) writes them; ``phalanx logs`` (phalanx/cli/local.py)
 reads them, on the node or from a copy of agents' state directories. Both use
 this module, so the CLI needs nothing of the launcher:
 

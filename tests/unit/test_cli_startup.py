@@ -1,5 +1,5 @@
 """The CLI starts without loading what only a running command needs
-(phalanx/cli.py's docstring, docs/cli.md "Start-up time"): ``--help``,
+(phalanx/cli/__init__.py's docstring, docs/cli.md "Start-up time"): ``--help``,
 ``--version``, a usage error and a local command like ``logs`` import neither
 gRPC, protobuf, cryptography, asyncio nor YAML. Checked by what a fresh
 interpreter has imported, not by a clock."""
