@@ -12,6 +12,7 @@ empty, and the users and roles are removed.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,13 @@ from phalanx.etcd_server import EtcdServer
 from phalanx.programs import require
 from phalanx.tls import TlsFiles
 from tests.pki import ClusterPki, EtcdPki, etcd_pki_for, etcdctl_args, provision, register, unprovision, unregister
+
+# A suite started in the background by a non-interactive shell inherits
+# SIGINT ignored (POSIX: `cmd &` without job control), and so would every CLI
+# it starts, which then ignores the Ctrl-C the tests send it (`phalanx logs
+# -f`, `phalanx top`): the children get the default disposition back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # A cluster name no test uses: provisioned once at session start so that
 # etcd auth is on before the first test (provision turns it on).
