@@ -12,38 +12,32 @@ refused as compacted) and counts it in its metrics."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 import subprocess
-import uuid
 
 import pytest
 
 from coordinator.etcd_space import EtcdSpaceWatch
 from coordinator.metrics import CoordinatorMetrics
-from phalanx.etcd_server import EtcdServer
 from phalanx.metrics import scrape
 from phalanx.store import Put, Store
 from tests.conftest import etcdctl
 from tests.integration.harness import LocalCluster, until
 from tests.integration.test_metrics_coordinator import samples
-from tests.pki import EtcdPki, provision, register, unregister
+from tests.pki import PrivateEtcd
 
 pytestmark = pytest.mark.integration
 AZ = "az-a"
+CLUSTER = "nocompact"
 RETENTION = 10.0
 
 
 @pytest.fixture
-def uncompacted_etcd(tmp_path, etcd_pki: EtcdPki):
-    """An etcd of the test's own, TLS and auth on, that never compacts itself."""
-    server = EtcdServer(data_dir=tmp_path / "etcd", name="nocompact", log_path=tmp_path / "etcd.log",
-                        tls_dir=etcd_pki.dir, compaction_retention="0")
-    server.start().wait_ready()
-    register(server.endpoint, etcd_pki)
-    try:
-        yield server
-    finally:
-        unregister(server.endpoint)
-        server.stop()
+def uncompacted_etcd(tmp_path) -> Iterator[PrivateEtcd]:
+    """An etcd of the test's own, TLS and auth on, ``CLUSTER`` provisioned,
+    that never compacts itself."""
+    with PrivateEtcd(tmp_path, CLUSTER, "nocompact", compaction_retention="0") as etcd:
+        yield etcd
 
 
 def readable_at(endpoint: str, revision: int) -> bool:
@@ -63,13 +57,11 @@ async def write(store: Store, n: int) -> int:
     return res.revision
 
 
-async def test_only_a_leader_compacts_and_to_the_revision_it_read_retention_ago(uncompacted_etcd, etcd_pki) -> None:
+async def test_only_a_leader_compacts_and_to_the_revision_it_read_retention_ago(uncompacted_etcd) -> None:
     endpoint = uncompacted_etcd.endpoint
-    cluster = "t" + uuid.uuid4().hex[:10]
-    provision(endpoint, etcd_pki, cluster)
     now = [1000.0]
     leading = [False]
-    async with Store(endpoint, cluster, tls=etcd_pki.role(cluster, "coordinator"), timeout=10.0) as store:
+    async with Store(endpoint, CLUSTER, tls=uncompacted_etcd.pki.role(CLUSTER, "coordinator"), timeout=10.0) as store:
         watch = EtcdSpaceWatch(store, 1 << 30, 1.0, CoordinatorMetrics(), compact_retention_s=RETENTION,
                                leading=lambda: leading[0], clock=lambda: now[0])
         first = await write(store, 5)
@@ -88,12 +80,9 @@ async def test_only_a_leader_compacts_and_to_the_revision_it_read_retention_ago(
         assert readable_at(endpoint, later)  # the history it still needs is there
 
 
-async def test_a_coordinator_with_the_flag_compacts_an_etcd_left_uncompacted(uncompacted_etcd, etcd_pki,
-                                                                              tmp_path) -> None:
+async def test_a_coordinator_with_the_flag_compacts_an_etcd_left_uncompacted(uncompacted_etcd, tmp_path) -> None:
     endpoint = uncompacted_etcd.endpoint
-    cluster = "t" + uuid.uuid4().hex[:10]
-    provision(endpoint, etcd_pki, cluster)
-    c = LocalCluster(endpoint, cluster, tmp_path, etcd_pki=etcd_pki)
+    c = LocalCluster(endpoint, CLUSTER, tmp_path, etcd_pki=uncompacted_etcd.pki)
     await c.start()
     try:
         # Fast timings read etcd's space every 0.5 s: 10 readings of history are 5 s.
@@ -117,12 +106,12 @@ async def test_a_coordinator_with_the_flag_compacts_an_etcd_left_uncompacted(unc
         await c.close()
 
 
-def test_etcd_refuses_a_read_below_its_compaction(uncompacted_etcd, etcd_pki) -> None:
+def test_etcd_refuses_a_read_below_its_compaction(uncompacted_etcd) -> None:
     """What the tests above read: the check itself, on an etcdctl compaction."""
     endpoint = uncompacted_etcd.endpoint
 
     async def put_some() -> int:
-        async with Store(endpoint, "junk", tls=etcd_pki.root) as s:
+        async with Store(endpoint, "junk", tls=uncompacted_etcd.pki.root) as s:
             return await write(s, 4)
 
     rev = asyncio.run(put_some())
