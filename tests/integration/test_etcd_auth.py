@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from phalanx.errors import StoreDenied, StoreUnavailable
 from phalanx.etcd_server import EtcdServer, loopback_cluster, start_members, stop_members
 from phalanx.programs import require
 from phalanx.tls import TlsError, TlsFiles
+from tests.integration.harness import until
 
 pytestmark = pytest.mark.integration
 
@@ -403,15 +403,14 @@ async def test_client_files_replaced_on_disk_are_used_without_reconnecting(etcd:
         install(coordinator)
         # The store takes the complete files at one of its next checks: wait
         # for that (the write goes through), never for a guessed duration.
-        deadline = time.monotonic() + RENEWAL_CHECK_S + 30
-        while True:
+        async def written() -> bool:
             try:
                 await s.txn([], [Put("/phalanx/c1/renewed", "v")])
-                break
             except StoreDenied:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.1)
+                return False
+            return True
+
+        await until("the store writes with the renewed files", written, timeout=RENEWAL_CHECK_S + 30)
         assert s.user == "phalanx-c1-coordinator"
         assert (await root.get("/phalanx/c1/renewed")).json() == "v"
         await root.txn([], [Delete("/phalanx/c1/renewed")])

@@ -6,7 +6,6 @@ plaintext etcd, stopped and started again; the coordinator in-process."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import grpc
@@ -20,6 +19,7 @@ from phalanx.etcd_server import EtcdServer
 from phalanx.timings import Timings
 from phalanx.v1 import gang_pb2 as gpb
 from phalanx.v1 import gang_pb2_grpc as ggrpc
+from tests.integration.harness import until
 
 pytestmark = pytest.mark.integration
 
@@ -50,14 +50,14 @@ async def test_every_stream_ends_unavailable_when_etcd_is_gone_and_the_next_one_
             etcd.start().wait_ready()
             # "Back" as the coordinator sees it: its etcd channel may still be
             # in gRPC's reconnect backoff from the refused connections.
-            deadline = time.monotonic() + 120
-            while True:
+            async def reached() -> bool:
                 try:
                     await coord.store.get(coord.store.keys.leader("az-a"))
-                    break
                 except StoreUnavailable:
-                    assert time.monotonic() < deadline, "the coordinator never reached the restarted etcd"
-                    await asyncio.sleep(0.1)
+                    return False
+                return True
+
+            await until("the coordinator reaches the restarted etcd", reached, timeout=120)
             again = stub.WatchEvents(gpb.WatchEventsRequest())
             await asyncio.wait_for(again.initial_metadata(), 120)
             assert not again.done(), await again.details()
