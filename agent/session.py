@@ -593,6 +593,7 @@ class Agent:
         # arriving together share one etcd read (see _token_ok_shared).
         await failpoints.hit("agent.before_token_check")  # a slow agent: the epoch may move on meanwhile
         why = (await self._token_ok_shared(epoch, a.gang, a.incarnation, gpus)).refusal
+        stop_now = False  # revoked or fenced while its launch was in flight (below)
         async with self._lock:
             existing = self.members.get(key)
             if existing is not None:
@@ -683,10 +684,14 @@ class Agent:
                     # reports how it ended.
                     self._record("member_stopped_after_launch", key=str(key), epoch=epoch, reason=rec.reason)
                     log.info("agent %s stops %s as its launch returns: %s", self.node, key, rec.reason)
-                    await self.launcher.stop(key, self.t.stop_grace_s)
-                    return
-                log.info("agent %s launched %s: pid %s, GPUs %s", self.node, key, handle.pid, list(gpus))
-                self._report(rec)
+                    stop_now = True
+                else:
+                    log.info("agent %s launched %s: pid %s, GPUs %s", self.node, key, handle.pid, list(gpus))
+                    self._report(rec)
+        if stop_now:
+            # Outside the lock: a stop may wait out the stop grace, and other
+            # assignments must not wait for it (a revocation's stop does not).
+            await self.launcher.stop(key, self.t.stop_grace_s)
 
     async def _on_revoke(self, epoch: int, r: Revoke) -> None:
         bind(epoch=epoch, gang=r.gang, incarnation=r.incarnation,  # its own task; the stimulus as for assignments
