@@ -67,6 +67,10 @@ class CoordProc:
     log_path: Path
     paused: bool = False
     metrics: str = ""  # HOST:PORT of /metrics (started with --metrics-listen)
+    # Where this life of the coordinator begins in ``log_path``: a restarted
+    # coordinator appends to the file of its earlier lives (the teardown
+    # check reads them all), while ``log()`` is this life's.
+    log_start: int = 0
 
     @property
     def usable(self) -> bool:
@@ -81,7 +85,11 @@ class CoordProc:
                 self.paused = False
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self.log_start)
+            return f.read().decode(errors="replace")
 
 
 @dataclass
@@ -311,6 +319,7 @@ class LocalCluster:
     def start_coordinator(self, az: str, cid: str, extra_env: dict[str, str] | None = None,
                           extra_args: list[str] | None = None) -> CoordProc:
         log_path = self.workdir / f"{cid}.log"
+        log_start = log_path.stat().st_size if log_path.exists() else 0
         port = self.listen_ports.setdefault(cid, stable_port())
         env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra_env or {}))
         # Through procs.spawn: the coordinator dies with this process however
@@ -321,17 +330,17 @@ class LocalCluster:
              "--listen", f"127.0.0.1:{port}",
              # extra_args last: a test that gives its own --tls-dir (its own CA) wins.
              *self.coordinator_args(cid), *(extra_args or [])],
-            die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True, cwd=REPO,
+            die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True, cwd=REPO,
             env=env,
         )
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         line = proc.stdout.readline() if ready else ""
         if "PHALANX_COORDINATOR_READY" not in line:
             proc.kill()
-            raise RuntimeError(f"coordinator {cid} did not start: {line!r}\n{log_path.read_text()}")
+            raise RuntimeError(f"coordinator {cid} did not start: {line!r}\n{log_path.read_bytes()[log_start:].decode(errors='replace')}")
         address = line.split("address=")[1].split()[0]
         metrics = line.split("metrics=")[1].split()[0] if "metrics=" in line else ""
-        c = CoordProc(cid, az, proc, address, log_path, metrics=metrics)
+        c = CoordProc(cid, az, proc, address, log_path, metrics=metrics, log_start=log_start)
         self.coordinators[cid] = c
         known = self.az_addresses.setdefault(az, [])
         if address not in known:

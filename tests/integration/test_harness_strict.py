@@ -49,6 +49,33 @@ async def test_a_coordinator_error_line_is_reported_unless_expected(local_cluste
     assert c.unexpected() == []
 
 
+async def test_an_error_of_an_earlier_life_is_reported_after_a_restart(local_cluster: LocalCluster) -> None:
+    """A restarted coordinator appends to its log: what its first life said
+    at ERROR is still found, while ``log()`` is the new life's."""
+    c = local_cluster
+    coord = c.start_coordinator(AZ, "c0")
+    await c.wait_leader(AZ)
+    cert = TlsFiles.issued(c.pki.server_dir(), "coordinator", "c0").cert
+    good = cert.read_text()
+    cert.write_text("not a certificate\n")
+    await c.stub(coord.address).ClusterStatus(gpb.ClusterStatusRequest(), timeout=10)
+
+    async def logged() -> bool:
+        return "TLS: keeping the current certificate" in coord.log()
+
+    await until("the refusal logged", logged)
+    cert.write_text(good)  # the next life starts with a good certificate
+    coord.proc.kill()
+    coord.proc.wait()
+    again = c.start_coordinator(AZ, "c0")
+    await c.wait_leader(AZ)
+    assert again.log_path == coord.log_path
+    assert "TLS: keeping the current certificate" not in again.log()
+    said = c.unexpected()
+    assert len(said) == 1 and "files on disk are refused" in said[0].text, said
+    c.expect_log(r"TLS: keeping the current certificate .*: the files on disk are refused")
+
+
 async def test_an_agent_task_exception_and_error_record_are_reported_unless_expected(
         local_cluster: LocalCluster, tmp_path) -> None:
     c = local_cluster
