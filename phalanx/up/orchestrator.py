@@ -80,7 +80,7 @@ from phalanx.model import GangState
 from phalanx.spec import load_spec
 from phalanx.up_args import add_arguments  # noqa: F401 (phalanx.up.add_arguments, as before)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = REPO_ROOT / "examples"
 MAX_AZS = len(string.ascii_lowercase)
 
