@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import Any, AsyncIterator
 
 import grpc
 
@@ -18,6 +18,7 @@ from coordinator import refusals
 from coordinator.core import peer_auth, token_read
 from coordinator.throttle import Throttled
 from coordinator.leader import AgentConn, AzLeader
+from coordinator.serving import ServingContext
 from phalanx import agent_messages as am
 from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.certs import Identity, IdentityError
@@ -26,9 +27,6 @@ from phalanx.store import KV, Get
 from phalanx.tls import peer_identity, utc_now
 from phalanx.v1 import agent_pb2 as apb
 from phalanx.v1 import agent_pb2_grpc as agrpc
-
-if TYPE_CHECKING:
-    from coordinator.server import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +42,7 @@ def _to_pb(leader: AzLeader, msg: am.ToAgent) -> apb.CoordinatorMessage:
     return am.FromLeader(epoch=leader.epoch, az=leader.az, body=msg).to_pb()
 
 
-async def caller_identity(c: "Coordinator", context: grpc.aio.ServicerContext, service: str) -> Identity | None:
+async def caller_identity(c: ServingContext, context: grpc.aio.ServicerContext, service: str) -> Identity | None:
     """The identity in the caller's client certificate, or None when this
     coordinator serves plaintext (nothing to check). A certificate that
     names no identity of this cluster aborts the call (peer_auth decides
@@ -100,7 +98,7 @@ def _json_or_none(kv: KV | None) -> Any:
 
 
 class AgentServicer(agrpc.AgentServiceServicer):
-    def __init__(self, coordinator: "Coordinator"):
+    def __init__(self, coordinator: ServingContext):
         self.c = coordinator
         # Registrations of one node are serialized under TLS so that "is
         # there a live session of another identity" and the replacement

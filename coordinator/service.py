@@ -13,7 +13,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
 
@@ -27,6 +27,7 @@ from coordinator.policy_store import PolicyRecord
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NameRecord, NodeRecord, read_records
 from coordinator.core.retention import ExpiredGang
 from coordinator.election import observe, observe_all
+from coordinator.serving import ServingContext
 from phalanx.leader_record import LeaderInfo
 from phalanx.reservation import Reservation
 from phalanx import limits, wire
@@ -38,9 +39,6 @@ from phalanx.v1 import gang_pb2_grpc as ggrpc
 from phalanx.certs import Identity, IdentityError
 from phalanx.tls import peer_identity, utc_now
 from phalanx.v1 import types_pb2 as pb
-
-if TYPE_CHECKING:
-    from coordinator.server import Coordinator
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +194,7 @@ def _policy_pb(record: PolicyRecord) -> gpb.PolicyRecord:
 
 
 class GangServicer(ggrpc.GangServiceServicer):
-    def __init__(self, coordinator: "Coordinator"):
+    def __init__(self, coordinator: ServingContext):
         self.c = coordinator
         self.store = coordinator.store
         self.keys = coordinator.store.keys

@@ -34,10 +34,6 @@ KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
         "a Leadership context injected into both)",
     ("coordinator.retention", "coordinator.leader"):
         "the collector is built by and reads AzLeader (issue 23 item 1, with the driver)",
-    ("coordinator.agents", "coordinator.server"):
-        "the AgentService servicer is typed by the Coordinator that builds it",
-    ("coordinator.service", "coordinator.server"):
-        "the GangService servicer is typed by the Coordinator that builds it",
 }
 KNOWN_LAYER_BREAKS: dict[tuple[str, str], str] = {}
 
