@@ -23,6 +23,7 @@ class Code(enum.Enum):
     INVALID_ARGUMENT = enum.auto()
     UNAUTHENTICATED = enum.auto()
     PERMISSION_DENIED = enum.auto()
+    FAILED_PRECONDITION = enum.auto()
 
 
 @dataclass(frozen=True)
