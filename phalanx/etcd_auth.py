@@ -74,7 +74,7 @@ class Perm:
 
 def _prefix_end(prefix: str) -> bytes:
     # The store's own rule, so a role covers exactly the ranges the store
-    # reads (imported when used, as phalanx/up.py imports the store).
+    # reads (imported when used, as phalanx/up/ imports the store).
     from phalanx.store import prefix_end
 
     return prefix_end(prefix)

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from phalanx.etcd_server import EtcdServer
-from phalanx.up import ACTIVATION_LINE, UpProcess
+from phalanx.up import UpProcess
+from phalanx.up.credentials import ACTIVATION_LINE
 from tests.conftest import etcdctl
 from tests.pki import EtcdPki, unprovision
 

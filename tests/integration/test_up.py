@@ -32,7 +32,9 @@ from phalanx.etcd_server import EtcdServer
 from phalanx.programs import require
 from phalanx.metrics import ScrapeError, scrape
 from phalanx.tls import TlsFiles
-from phalanx.up import ADMIN_NAME, UpProcess, proc_stat
+from phalanx.up import UpProcess
+from phalanx.up.credentials import ADMIN_NAME
+from phalanx.up.up_process import proc_stat
 from tests.conftest import etcdctl
 from tests.pki import EtcdPki
 
@@ -284,9 +286,11 @@ def test_up_reports_a_failed_start_and_cleans_up(etcd_pki: EtcdPki, tmp_path: Pa
 
 # --- pure decisions, by table -------------------------------------------------------------
 
-from phalanx.up import (  # noqa: E402
-    LAUNCH_MEMBER_BUDGET, LeaderSeen, choose_cluster_name, leaders_of_this_run, replaced_ports, stale_verdict,
-)
+from phalanx.up.config import choose_cluster_name  # noqa: E402
+from phalanx.up.ports import replaced_ports  # noqa: E402
+from phalanx.up.startup import LeaderSeen, leaders_of_this_run  # noqa: E402
+from phalanx.up.state_dir import stale_verdict  # noqa: E402
+from phalanx.up.workload import LAUNCH_MEMBER_BUDGET  # noqa: E402
 
 CLUSTER_NAMES = [
     ("given wins", "mine", "local-aaaaaa", "abc123", "mine"),
@@ -499,7 +503,9 @@ def test_up_insecure_runs_plaintext_says_so_and_its_config_says_insecure(tmp_pat
     assert code == 0, "\n".join(up.lines[-30:])
 
 
-from phalanx.up import client_config, security_args, security_flags_error  # noqa: E402
+from phalanx.up.children import security_args  # noqa: E402
+from phalanx.up.config import security_flags_error  # noqa: E402
+from phalanx.up.credentials import client_config  # noqa: E402
 
 FLAGS = [
     ("own etcd, secure", False, "", False, None),
@@ -552,7 +558,7 @@ def test_client_config_is_what_the_client_parses(cluster: str, addresses: list[s
 
 
 def test_security_args() -> None:
-    from phalanx.up import Credentials
+    from phalanx.up.credentials import Credentials
 
     creds = Credentials(Path("/s/servers"), Path("/s/admin"), Path("/e/coord"), Path("/e/root"))
     assert security_args(None, "coordinator") == security_args(None, "agents") == ["--insecure"]
@@ -565,7 +571,9 @@ def test_agents_read_through_their_azs_coordinators(insecure: bool, tmp_path: Pa
     """Each agents process is given its own AZ's coordinators and no etcd
     (also with --insecure: one path), whichever port a coordinator got."""
     from phalanx.cli import build_parser
-    from phalanx.up import Credentials, UpConfig, build_children, set_agent_coordinators
+    from phalanx.up.children import build_children, set_agent_coordinators
+    from phalanx.up.config import UpConfig
+    from phalanx.up.credentials import Credentials
 
     a = build_parser().parse_args(["up", "--azs", "2", "--coordinators-per-az", "2", *(["--insecure"] * insecure)])
     creds = None if insecure else Credentials(Path("/s/servers"), Path("/s/admin"), Path("/e/coord"), Path("/e/root"))
@@ -594,7 +602,7 @@ def test_make_credentials_issues_what_each_process_loads_and_keeps_the_ca(tmp_pa
 
     from phalanx import tls
     from phalanx.tls import TlsFiles, coordinator_server_name
-    from phalanx.up import make_credentials
+    from phalanx.up.credentials import make_credentials
 
     now = datetime.datetime.now(datetime.timezone.utc)
     etcd_dir = tmp_path / "etcd-pki"

@@ -24,7 +24,10 @@ from pathlib import Path
 import pytest
 
 from phalanx import procs
-from phalanx.up import REPO_ROOT, LineOut, UpProcess, processes_using
+from phalanx.up import UpProcess
+from phalanx.up.config import REPO_ROOT
+from phalanx.up.output import LineOut
+from phalanx.up.state_dir import processes_using
 
 pytestmark = pytest.mark.integration
 

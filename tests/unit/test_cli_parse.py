@@ -332,7 +332,7 @@ def test_up_refuses_a_state_dir_that_is_a_file(tmp_path: Path, capsys: pytest.Ca
 
 
 def test_up_config_names_azs_and_normalises_etcd() -> None:
-    from phalanx.up import UpConfig
+    from phalanx.up.config import UpConfig
 
     cfg = UpConfig.from_args(parse("up", "--azs", "4", "--etcd", "http://10.0.0.1:2379/, 10.0.0.2:2379", "--insecure"))
     assert cfg.azs == ("az-a", "az-b", "az-c", "az-d")
@@ -341,7 +341,7 @@ def test_up_config_names_azs_and_normalises_etcd() -> None:
 
 
 def test_up_picks_consecutive_ports_and_replaces_taken_ones() -> None:
-    from phalanx.up import pick_ports, port_is_free
+    from phalanx.up.ports import pick_ports, port_is_free
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -357,7 +357,7 @@ def test_up_picks_consecutive_ports_and_replaces_taken_ones() -> None:
 
 def test_workload_fits_templates_to_the_cluster() -> None:
     from phalanx.spec import parse_spec
-    from phalanx.up import fit_template, load_templates
+    from phalanx.up.workload import fit_template, load_templates
 
     templates = {t.label: t for t in load_templates()}
     assert {"tiny", "llama-pretrain", "cross-az", "real-command"} <= set(templates)
@@ -624,7 +624,7 @@ def test_unknown_flag_names_the_command_whose_help_lists_the_flags(argv: list[st
 
 
 def test_up_takes_log_format_for_its_children(monkeypatch: pytest.MonkeyPatch) -> None:
-    from phalanx.up import UpConfig
+    from phalanx.up.config import UpConfig
 
     monkeypatch.delenv("PHALANX_LOG_FORMAT", raising=False)
     assert UpConfig.from_args(parse("up", "--log-format", "json")).log_format == "json"
@@ -634,7 +634,7 @@ def test_up_takes_log_format_for_its_children(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_activation_line_puts_this_install_first_and_exports_config_and_state_dir(tmp_path: Path) -> None:
-    from phalanx.up import ACTIVATION_LINE, activation_line, cli_bin_dir
+    from phalanx.up.credentials import ACTIVATION_LINE, activation_line, cli_bin_dir
 
     assert cli_bin_dir() == Path(sys.executable).parent  # this venv has the phalanx command
     line = activation_line(cli_bin_dir(), tmp_path / "config.yaml", tmp_path)
@@ -649,7 +649,7 @@ def test_activation_line_puts_this_install_first_and_exports_config_and_state_di
 
 
 def test_workload_line_names_the_launch_member_budget() -> None:
-    from phalanx.up import workload_line
+    from phalanx.up.workload import workload_line
 
     assert "members" not in workload_line(["a", "b"], 3, launch=False)
     line = workload_line(["a"], 3, launch=True, budget=4)

@@ -836,12 +836,13 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def test_local_env_file_is_accepted_by_phalanx_up() -> None:
-    from phalanx import up as up_module
+    from phalanx.up.config import UpConfig
+    from phalanx.up_args import add_arguments
 
     env = read_env_file(DEPLOY / "local" / "phalanx.env")
     p = argparse.ArgumentParser()
-    up_module.add_arguments(p)
-    cfg = up_module.UpConfig.from_args(p.parse_args(shlex.split(env["PHALANX_UP_ARGS"])))
+    add_arguments(p)
+    cfg = UpConfig.from_args(p.parse_args(shlex.split(env["PHALANX_UP_ARGS"])))
     assert len(cfg.azs) >= 1
     timings = env.get("PHALANX_TIMINGS", "")
     if timings and timings != "fast":

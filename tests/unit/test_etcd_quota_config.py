@@ -13,7 +13,8 @@ from coordinator.__main__ import parse_everything
 from phalanx.etcd_server import EtcdServer
 from phalanx.limits import ETCD_DEFAULT_QUOTA_BYTES
 from phalanx.timings import ConfigError
-from phalanx.up import UpConfig, build_children
+from phalanx.up.children import build_children
+from phalanx.up.config import UpConfig
 
 
 def up_config() -> UpConfig:
