@@ -107,7 +107,7 @@ def run_as_policy(a: argparse.Namespace):
     """The --run-as policy, checked now (ValueError "FILE: field: reason");
     without the flag, the default (every owner runs as nobody) for an agent
     that can switch users, None for one that cannot or runs no processes."""
-    from agent.process import default_run_as, load_run_as
+    from agent.run_as import default_run_as, load_run_as
 
     if a.run_as:
         return load_run_as(a.run_as)

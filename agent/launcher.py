@@ -65,7 +65,7 @@ ExitCallback = Callable[..., Awaitable[None] | None]
 class Launcher(Protocol):
     async def start(self, launch: MemberLaunch) -> MemberHandle:
         """Start a member; return once it is started (the process exists).
-        Raises when the member must not run at all (``agent.process.RunAsRefused``:
+        Raises when the member must not run at all (``agent.run_as.RunAsRefused``:
         its owner's run-as policy); nothing was started, and the agent fails
         the member with the exception's text as its reason."""
 

@@ -27,7 +27,7 @@ from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from agent.process import EXIT_SPAWN_FAILED, EXIT_UNKNOWN
+from agent.core.member_exit import EXIT_SPAWN_FAILED, EXIT_UNKNOWN
 from agent.shim import EXIT_FENCED
 
 # Exit code classes (label ``class`` of phalanx_agent_members_exited_total).

@@ -27,12 +27,13 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_exponential
 
 from agent.core.enforcement import Arrivals, DeviceLedger, EpochGuard, FenceTimer
+from agent.core.member_exit import EXIT_UNKNOWN
 from agent.core.rendezvous import port_refusal
 from agent import metrics as am
 from agent.launcher import Launcher, MemberKey, MemberLaunch
 from agent.metrics import AgentMetrics
-from agent.process import EXIT_UNKNOWN, RunAsRefused
 from agent.rendezvous import bind_error, local_address_towards
+from agent.run_as import RunAsRefused
 from agent.shim import EXIT_FENCED, LeaseWriter, read_lease
 from phalanx.timings import Timings
 from phalanx.ports import DEFAULT_PORTS, validate_port_range

@@ -11,7 +11,7 @@ group and:
   inherited descriptor ``N`` (``encode_environment``: ``NAME=VALUE`` entries,
   each ended by a NUL), closes it, and gives it to ``CMD`` only, in the exec
   of the child (after it switched users). The shim itself runs with the
-  environment the agent built from scratch (``agent.process.shim_environment``),
+  environment the agent built from scratch (``agent.core.member_env.shim_environment``),
   so nothing of a gang's spec (``LD_PRELOAD`` and the other loader
   variables) acts in it. Without ``--env-fd`` (started by hand), ``CMD``
   inherits the shim's environment;

@@ -194,12 +194,12 @@ MUTATIONS: tuple[Mutation, ...] = (
       "if env is None or env.get(ENV_AGENT_ID) != self._agent_id:", "if env is None:", LAUNCHER),
     Mutation("R2", PROCESS, "adoption: the pid was not reused (its start time is the recorded one)",
              (("if st is None or not st.alive or st.start_ticks != rec.start_ticks:", "if st is None or not st.alive:"),
-              ("if not _same_process_alive(rec.pid, rec.start_ticks):", "if False:")), (LAUNCHER,)),
+              ("if not same_process_alive(rec.pid, rec.start_ticks):", "if False:")), (LAUNCHER,)),
     m("R2a", PROCESS, "R2's first compare alone",
       "if st is None or not st.alive or st.start_ticks != rec.start_ticks:", "if st is None or not st.alive:",
       LAUNCHER, equivalent="the re-check after opening the pidfd compares the same start time"),
     m("R2b", PROCESS, "R2's re-check alone",
-      "if not _same_process_alive(rec.pid, rec.start_ticks):", "if False:",
+      "if not same_process_alive(rec.pid, rec.start_ticks):", "if False:",
       LAUNCHER, equivalent="the first compare of _attach compares the same start time"),
 )
 

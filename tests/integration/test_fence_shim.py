@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from agent.launcher import MemberKey, MemberLaunch
-from agent.process import EXIT_UNKNOWN, ProcessLauncher, read_proc_environ, read_proc_stat
+from agent.core.member_exit import EXIT_UNKNOWN
+from agent.process import ProcessLauncher
+from agent.procfs import read_proc_environ, read_proc_stat
 from agent.shim import EXIT_FENCED, LEASE_FILE, SHIM_FILE_NAME, read_exit_record, read_lease, write_lease
 from phalanx import procs
 from phalanx.member_logs import member_exit_path

@@ -29,15 +29,11 @@ from pathlib import Path
 import pytest
 
 from agent.launcher import MemberKey, MemberLaunch
-from agent.process import (
-    ADOPTION_ENV,
-    EXIT_SPAWN_FAILED,
-    SHIM_PATH_VAR,
-    ProcessLauncher,
-    default_run_as,
-    member_environment,
-    read_proc_environ,
-)
+from agent.core.member_env import ADOPTION_ENV, SHIM_PATH_VAR, member_environment
+from agent.core.member_exit import EXIT_SPAWN_FAILED
+from agent.process import ProcessLauncher
+from agent.procfs import read_proc_environ
+from agent.run_as import default_run_as
 from agent.shim import LEASE_FILE, write_lease
 from tests.integration.test_run_as import Exits
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)
@@ -166,8 +162,8 @@ async def test_spec_loader_variables_never_reach_a_privileged_process(setup, shi
     # The member's environment is exactly the contract's, the spec's unsafe
     # variables included.
     got = json.loads(dump.read_text())
-    expected = member_environment(launch, agent_id=agent_id, work_dir=launcher.work_path(launch.key),
-                                  account=default_run_as().default)
+    expected = member_environment(launch, agent_id=agent_id, base=os.environ,
+                                  work_dir=str(launcher.work_path(launch.key)), account=default_run_as().default)
     for name, value in spec_env.items():
         assert got.get(name) == value, name
     if "LC_CTYPE" not in expected:

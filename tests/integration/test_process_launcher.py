@@ -21,13 +21,10 @@ from typing import Awaitable, Callable, Mapping
 import pytest
 
 from agent.launcher import MemberHandle, MemberKey, MemberLaunch
-from agent.process import (
-    EXIT_SPAWN_FAILED,
-    EXIT_UNKNOWN,
-    STATE_FILE,
-    ProcessLauncher,
-    stale_log_dirs,
-)
+from agent.core.log_retention import stale_log_dirs
+from agent.core.member_exit import EXIT_SPAWN_FAILED, EXIT_UNKNOWN
+from agent.member_state import STATE_FILE
+from agent.process import ProcessLauncher
 from phalanx import procs
 from phalanx.member_logs import read_log
 from tests.members import MEMBER_PYTHON, member_tmp, writable  # noqa: F401 (member_tmp: a fixture)

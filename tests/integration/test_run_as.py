@@ -1,4 +1,4 @@
-"""Members never run as root (agent.core.run_as, agent/process.py), with real
+"""Members never run as root (agent.core.run_as, agent/run_as.py, agent/process.py), with real
 processes: a member of an unmapped owner runs as nobody, a mapped owner's as
 the mapped ids, an owner mapped to root only with allow_root (else it is
 refused and nothing runs); each member leads its own process group, has its
@@ -30,7 +30,9 @@ import pytest
 
 from agent.core.run_as import Account, RunAsPolicy
 from agent.launcher import MemberKey, MemberLaunch
-from agent.process import ProcessLauncher, RunAsRefused, default_run_as, read_proc_environ
+from agent.process import ProcessLauncher
+from agent.procfs import read_proc_environ
+from agent.run_as import RunAsRefused, default_run_as
 from agent.shim import LEASE_FILE, LeaseWriter
 from phalanx.v1 import types_pb2 as pb
 from tests.integration.harness import TERMINAL, LocalCluster

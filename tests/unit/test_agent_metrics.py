@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent import metrics as am
 from agent.metrics import AgentMetrics, exit_class
-from agent.process import EXIT_SPAWN_FAILED, EXIT_UNKNOWN
+from agent.core.member_exit import EXIT_SPAWN_FAILED, EXIT_UNKNOWN
 from agent.session import TokenRefusal
 from agent.shim import EXIT_FENCED
 

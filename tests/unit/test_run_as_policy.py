@@ -124,7 +124,7 @@ def test_the_documented_default_user_is_nobody() -> None:
     (Account("2000:3000", 2000, 3000), "2000:3000:"),
 ])
 def test_the_launcher_hands_the_shim_exactly_the_accounts_ids_and_groups(account, arg) -> None:
-    from agent.process import account_arg
+    from agent.shim_call import account_arg
     from agent.shim import parse_user
 
     assert account_arg(account) == arg

@@ -1,5 +1,5 @@
 """The member's environment on its way to the shim (agent/shim.py ``--env-fd``)
-and the shim's own (agent/process.py ``shim_environment``)."""
+and the shim's own (agent/core/member_env.py ``shim_environment``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from agent.process import ADOPTION_ENV, OWNED_ENV, SHIM_PATH_VAR, environment_fd, shim_environment
+from agent.core.member_env import ADOPTION_ENV, OWNED_ENV, SHIM_PATH_VAR, shim_environment
+from agent.shim_call import environment_fd
 from agent.shim import decode_environment, encode_environment, read_environment_fd
 
 
