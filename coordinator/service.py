@@ -19,9 +19,9 @@ import grpc
 
 from coordinator import convert
 from coordinator.broadcast import RESUME_HEADER, Change, serve
-from coordinator.core.admission import request_for, spans_azs
-from coordinator.core.placement import NodeView, Unplaceable, never_fits, place
-from coordinator.core import authz, capacity, listing
+from coordinator.core.admission import spans_azs
+from coordinator.core.placement import NodeView
+from coordinator.core import authz, capacity, explanation, listing
 from coordinator import tokens
 from coordinator.policy_store import PolicyRecord
 from coordinator.core.records import UNREADABLE, DeviceLedger, GangRecord, NameRecord, NodeRecord, read_records
@@ -145,20 +145,16 @@ def _valid_reason(reason: str) -> str:
 
 def _explain_placed(g: GangRecord) -> gpb.ExplainGangResponse:
     """ExplainGang of a gang that is not waiting: where it is and why."""
-    where = ", ".join(sorted({f"{m.node}" for m in g.placement}))
-    span = f" spanning one {g.span.label}" if g.span else ""
-    summary = f"{g.state.name}: {g.reason}" + (f"; placed{span} on {where}" if where else "")
-    return gpb.ExplainGangResponse(gang=convert.gang_to_pb(g), summary=summary)
+    return gpb.ExplainGangResponse(gang=convert.gang_to_pb(g), summary=explanation.placed_summary(g))
 
 
-def _explanation_pb(g: GangRecord, summary: str, leader_reason: str, shortfalls: Any = (),
-                    never: bool = False) -> gpb.ExplainGangResponse:
+def _explanation_pb(g: GangRecord, ex: explanation.Explanation) -> gpb.ExplainGangResponse:
     # The leader's reason also goes into the summary: the summary is what a
     # person reads (`phalanx explain` prints it), the field is for programs.
-    text = summary + (f"\nleader: {leader_reason}" if leader_reason else "")
-    resp = gpb.ExplainGangResponse(gang=convert.gang_to_pb(g), summary=text, leader_reason=leader_reason,
-                                   never_fits=never)
-    resp.shortfalls.extend(convert.shortfall_to_pb(s) for s in shortfalls)
+    text = ex.summary + (f"\nleader: {ex.leader_reason}" if ex.leader_reason else "")
+    resp = gpb.ExplainGangResponse(gang=convert.gang_to_pb(g), summary=text, leader_reason=ex.leader_reason,
+                                   never_fits=ex.never_fits)
+    resp.shortfalls.extend(convert.shortfall_to_pb(s) for s in ex.shortfalls)
     return resp
 
 
@@ -660,7 +656,7 @@ class GangServicer(ggrpc.GangServiceServicer):
             except NotLeader as exc:
                 ex, why = None, f"the leader of {g.owner_az} is stepping down ({exc})"
             if ex is not None:
-                return _explanation_pb(g, ex.summary, ex.leader_reason, ex.shortfalls, ex.never_fits)
+                return _explanation_pb(g, ex)
             g = await self._load(g.id)
             if g.state not in (GangState.PENDING, GangState.RESERVING):
                 return _explain_placed(g)
@@ -683,29 +679,14 @@ class GangServicer(ggrpc.GangServiceServicer):
         return await self._explain_from_etcd(g, why)
 
     async def _explain_from_etcd(self, g: GangRecord, why: str) -> gpb.ExplainGangResponse:
-        """Placement recomputed from the durable state of every AZ the gang
-        may span; says nothing about when the leader admits it, which only
-        the leader knows (``why``: why it could not be asked)."""
-        azs = sorted(await self._azs()) if spans_azs(g) else [g.owner_az]
-        request = request_for(g, g.owner_az)
+        """The answer from the records in etcd of every AZ the gang may span
+        (coordinator/core/explanation.py ``of_records``; ``why``: why the
+        leader could not be asked)."""
         views: list[NodeView] = []
-        for az in azs:
+        for az in (sorted(await self._azs()) if spans_azs(g) else [g.owner_az]):
             nodes, ledger = await self._az_state(az)
-            taken = capacity.held((az, s) for s in ledger.slices())
-            # Only nodes that can take work count (docs/nodes.md).
-            views.extend(capacity.free_view(((n.topology, n.ready) for n in nodes.values() if capacity.takes_work(n)),
-                                            taken))
-        waited = max(0.0, self.c.wall() - g.submitted_at)
-        head = f"{g.state.name} for {waited:.0f}s"
-        verdict = never_fits(request, [v.topology for v in views])
-        if verdict:
-            return _explanation_pb(g, f"{head}: {verdict}", why, (), True)
-        result = place(request, views)
-        if isinstance(result, Unplaceable):
-            return _explanation_pb(g, f"{head}: {result.reason}", why, result.shortfalls)
-        return _explanation_pb(
-            g, f"{head}: the free devices recorded in etcd would fit it ({result.reason}); only the leader "
-            "admits it, and it could not be asked", why)
+            views.extend(explanation.recorded_view(az, nodes.values(), ledger))
+        return _explanation_pb(g, explanation.of_records(g, views, why, self.c.wall()))
 
     @handled
     async def ListNodes(self, request: gpb.ListNodesRequest, context: grpc.aio.ServicerContext) -> gpb.ListNodesResponse:

@@ -1,16 +1,20 @@
-"""What ``phalanx explain`` says about a waiting gang (pure): the text of
+"""What ``phalanx explain`` says about a gang (pure): the text of
 ``AzLeader.explain``'s answer from the admission plan's decision, or from a
-cross-AZ gang's two-phase owner state and where it would be placed
+cross-AZ gang's two-phase owner state and where it would be placed; and,
+when no leader can be asked, the answer from the records in etcd
+(``of_records``) and about a gang that is not waiting (``placed_summary``)
 (docs/admission.md, docs/design.md §19.9)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from coordinator.core.admission import Decision, FailAdmission, Reserve
+from coordinator.core import capacity
+from coordinator.core.admission import Decision, FailAdmission, Reserve, request_for
 from coordinator.core.gang_effects import queue_reason
-from coordinator.core.placement import Placement, Shortfall, Unplaceable
+from coordinator.core.placement import NodeView, Placement, Shortfall, Unplaceable, never_fits, place
+from coordinator.core.records import DeviceLedger, GangRecord, NodeRecord
 from coordinator.core.twophase_owner import OwnerPhase
 
 
@@ -73,3 +77,34 @@ def of_two_phase(phase: OwnerPhase | None, owner: str, head: str, grace: str, az
         return Explanation(f"{head}: the free devices the owner sees would fit it now ({result.reason}); {what}",
                            owner)
     return Explanation(f"{head}: {result.reason}{grace}", owner, result.shortfalls)
+
+
+def placed_summary(g: GangRecord) -> str:
+    """A gang that is not waiting: its state, why, and where it is placed."""
+    where = ", ".join(sorted({f"{m.node}" for m in g.placement}))
+    span = f" spanning one {g.span.label}" if g.span else ""
+    return f"{g.state.name}: {g.reason}" + (f"; placed{span} on {where}" if where else "")
+
+
+def recorded_view(az: str, nodes: Iterable[NodeRecord], ledger: DeviceLedger) -> list[NodeView]:
+    """One AZ's free view from its records in etcd: the nodes that take work
+    (docs/nodes.md), ready as recorded, less every reservation's devices."""
+    taken = capacity.held((az, s) for s in ledger.slices())
+    return capacity.free_view(((n.topology, n.ready) for n in nodes if capacity.takes_work(n)), taken)
+
+
+def of_records(g: GangRecord, views: Sequence[NodeView], why: str, now: float) -> Explanation:
+    """A waiting gang's answer when its owner AZ's leader could not be asked
+    (``why``: why not): placement recomputed on ``views``, the free views
+    from etcd of every AZ it may span (``recorded_view``). It says nothing
+    about when the gang is admitted, which only the leader knows."""
+    head = f"{g.state.name} for {max(0.0, now - g.submitted_at):.0f}s"
+    request = request_for(g, g.owner_az)
+    verdict = never_fits(request, [v.topology for v in views])
+    if verdict:
+        return Explanation(f"{head}: {verdict}", why, never_fits=True)
+    result = place(request, views)
+    if isinstance(result, Unplaceable):
+        return Explanation(f"{head}: {result.reason}", why, result.shortfalls)
+    return Explanation(f"{head}: the free devices recorded in etcd would fit it ({result.reason}); only the leader "
+                       "admits it, and it could not be asked", why)
