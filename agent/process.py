@@ -45,14 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Coroutine, Mapping
 
-from agent.core.member_env import (
-    ENV_AGENT_ID,
-    ENV_GANG,
-    member_command,
-    member_environment,
-    member_key_from_env,
-    shim_environment,
-)
+from agent.core import adoption
+from agent.core.adoption import OrphanProcess
+from agent.core.member_env import ENV_AGENT_ID, member_command, member_environment, shim_environment
 from agent.core.member_exit import EXIT_SPAWN_FAILED, recorded_status
 from agent.core.run_as import Refused, RunAsPolicy, decide
 from agent.launcher import ExitCallback, MemberHandle, MemberKey, MemberLaunch
@@ -84,15 +79,6 @@ DEFAULT_KILL_TIMEOUT_S = 10.0
 # the last write to them, once none of its members runs here (disk use of a
 # long-lived node must not grow with every member it ever ran).
 DEFAULT_LOG_RETENTION_S = 7 * 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class OrphanProcess:
-    """A process carrying this agent's marker that no state record accounts for."""
-
-    pid: int
-    pgid: int
-    key: MemberKey | None  # from its PHALANX_* environment, when parseable
 
 
 @dataclass(eq=False)
@@ -501,21 +487,17 @@ class ProcessLauncher:
 
     async def _kill_orphans(self) -> list[OrphanProcess]:
         own_pid = os.getpid()
-        # A member's descendants inherit its marker; they belong to the member as
-        # long as they stay in its session (or at least its group).
-        sids = {member.record.pid for member in self._members.values()}
-        pgids = {member.record.pgid for member in self._members.values()}
+        # A member leads its own session: its pid is the session id.
+        sessions = {member.record.pid for member in self._members.values()}
+        groups = {member.record.pgid for member in self._members.values()}
         orphans: list[OrphanProcess] = []
         for pid in all_pids():
             if pid == own_pid:
                 continue
-            env = read_proc_environ(pid)
-            if not env or env.get(ENV_AGENT_ID) != self._agent_id or ENV_GANG not in env:
-                continue
-            st = read_proc_stat(pid)
-            if st is None or not st.alive or st.sid in sids or st.pgid in pgids:
-                continue
-            orphans.append(OrphanProcess(pid=pid, pgid=st.pgid, key=member_key_from_env(env)))
+            found = adoption.orphan(read_proc_environ(pid), read_proc_stat(pid), agent_id=self._agent_id,
+                                    member_sessions=sessions, member_groups=groups)
+            if found is not None:
+                orphans.append(found)
         for orphan in orphans:
             log.warning("killing orphan pid=%d pgid=%d (%s): carries this agent's marker "
                         "but no state record", orphan.pid, orphan.pgid, orphan.key)

@@ -8,26 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass
 from typing import Iterator
 
+from agent.core.adoption import ProcStat
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """The fields of ``/proc/<pid>/stat`` the launcher needs."""
-
-    pid: int
-    state: str  # R, S, D, Z, T, ...
-    pgid: int
-    sid: int
-    start_ticks: int  # field 22: start time after boot, in clock ticks
-
-    @property
-    def alive(self) -> bool:
-        # A zombie has finished; it only waits for its parent to reap it.
-        return self.state not in ("Z", "X", "x")
 
 
 def read_proc_stat(pid: int) -> ProcStat | None:
