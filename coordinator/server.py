@@ -12,19 +12,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator.agents import AgentServicer, caller_identity
+from coordinator.agents import AgentServicer
 from coordinator.config import CoordinatorConfig
-from coordinator import refusals
-from coordinator.core import peer_auth
 from coordinator.core.authz import Policy
 from coordinator.election import Election, LeaseLost, LeaseSession
-from phalanx.leader_record import LeaderInfo
 from coordinator.leader import AzLeader
 from coordinator.etcd_space import EtcdSpaceWatch
 from coordinator.broadcast import Broadcaster
@@ -34,7 +30,7 @@ from coordinator.policy_store import PolicyCache
 from coordinator.service import GangServicer
 from phalanx.store import Store, StoreUnavailable, jitter
 from coordinator.tokens import TokenSource
-from coordinator.twophase_driver import PeerRefused
+from coordinator.peer_service import PeerServicer
 from coordinator.undecodable import UndecodableRequests
 from phalanx.errors import NotLeader
 from phalanx import etcd_version, metrics as metrics_http
@@ -42,89 +38,6 @@ from phalanx.tls import ServerCredentialsSource, TlsError, TlsFiles, coordinator
 from phalanx.v1 import agent_pb2, agent_pb2_grpc, gang_pb2, gang_pb2_grpc, peer_pb2, peer_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-
-class PeerServicer(peer_pb2_grpc.CoordinatorPeerServicer):
-    """Cross-AZ two-phase reservations (docs/two-phase.md, "Driver"): the
-    participant side of Prepare / Commit / Abort. Every call is checked
-    against etcd first (the caller's epoch is the create_revision of
-    ``leader/<caller az>``; a Prepare names the attempt recorded in
-    ``gangs/<gang>``; a Commit/Abort matches ``decisions/<gang>/<inc>``);
-    a refused call changes nothing. Under TLS the caller must also hold a
-    coordinator certificate of this cluster whose name is the coordinator id
-    in ``leader/<caller az>`` (coordinator/core/peer_auth.py)."""
-
-    def __init__(self, coordinator: "Coordinator"):
-        self.c = coordinator
-
-    async def _authenticate(self, request: Any, context: grpc.aio.ServicerContext) -> None:
-        """Refuse (abort) a caller that is not the current leader of the AZ
-        it speaks for; nothing when serving plaintext."""
-        identity = await caller_identity(self.c, context, "CoordinatorPeer")
-        if identity is None:
-            return
-        refusal = peer_auth.peer_refusal(identity, self.c.config.cluster)
-        if refusal is None:
-            caller = request.caller
-            try:
-                kv = await self.c.store.get(self.c.store.keys.leader(caller.az)) if caller.az else None
-            except StoreUnavailable as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {exc}")
-            leader = None
-            if kv is not None:
-                try:
-                    info = LeaderInfo.from_kv(caller.az, kv)
-                    leader = (info.coordinator_id, info.epoch)
-                except (ValueError, AttributeError):  # an unreadable leader key vouches for nobody
-                    leader = None
-            refusal = peer_auth.leader_refusal(identity, caller.az, caller.epoch, leader)
-        if refusal is not None:
-            log.warning("CoordinatorPeer refused: %s", refusal.message)
-            await refusals.abort(context, refusal)
-
-    async def _driver(self, context: grpc.aio.ServicerContext) -> Any:
-        leader = self.c.leader
-        if leader is None or leader.stopped.is_set():
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.c.config.coordinator_id} is not the leader of {self.c.config.az}")
-        try:
-            await leader.until_rebuilt()
-        except NotLeader as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        return leader.twophase
-
-    async def _call(self, context: grpc.aio.ServicerContext, coro_fn: Any) -> Any:
-        try:
-            return await coro_fn()
-        except PeerRefused as exc:
-            await context.abort(exc.code, str(exc))
-        except NotLeader as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except StoreUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"etcd: {exc}")
-        except asyncio.TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no answer in time")
-
-    async def Prepare(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await self._authenticate(request, context)
-        driver = await self._driver(context)
-        if not request.gang or request.incarnation <= 0 or not request.nodes:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gang, incarnation > 0 and nodes are required")
-        yes, reason = await self._call(context, lambda: driver.handle_prepare_rpc(request))
-        return peer_pb2.PrepareResponse(vote=peer_pb2.VOTE_YES if yes else peer_pb2.VOTE_NO, reason=reason)
-
-    async def _decision(self, request: Any, context: grpc.aio.ServicerContext, commit: bool) -> Any:
-        await self._authenticate(request, context)
-        driver = await self._driver(context)
-        if not request.gang or request.incarnation <= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "gang and incarnation > 0 are required")
-        applied, state = await self._call(context, lambda: driver.handle_decision_rpc(request, commit))
-        return peer_pb2.DecisionResponse(applied=applied, state=state)
-
-    async def Commit(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._decision(request, context, True)
-
-    async def Abort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._decision(request, context, False)
 
 
 PLAINTEXT_WARNING = ("--insecure: serving plaintext (no --tls-dir): anyone who reaches this port can submit and "

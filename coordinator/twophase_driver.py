@@ -41,6 +41,7 @@ from coordinator.core import events as ev
 from coordinator.core.admission import spans_azs
 from coordinator.core import capacity, cross_az_members, progress
 from coordinator.core import gang_effects as fx
+from coordinator.core.owner_lifecycle import StartOwner, owner_steps
 from coordinator.core.effect_lines import effect_line
 from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, MemberSummary, NodeRecord, read_records
@@ -92,15 +93,15 @@ from coordinator.core.twophase import (
     WriteAttempt,
     WriteHold,
 )
-from coordinator.core.twophase_model import normalize_slice
 from coordinator.election import observe
+from coordinator.peer_calls import PeerCalls
 from coordinator.book import two_phase_config
 from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent, unchanged_since
 from phalanx.reservation import HoldState, Reservation
 from phalanx import failpoints
 from phalanx.agent_messages import Revoke
 from phalanx.errors import Conflict, NotLeader
-from phalanx.logfmt import bind, bind_event, log_context
+from phalanx.logfmt import bind_event, log_context
 from phalanx.model import GangState, MemberPhase
 from phalanx.topology import NodeTopology
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
@@ -109,14 +110,6 @@ if TYPE_CHECKING:
     from coordinator.leader import AzLeader
 
 log = logging.getLogger(__name__)
-
-
-class PeerRefused(Exception):
-    """A peer call refused for a reason the caller must see (-> gRPC status)."""
-
-    def __init__(self, code: grpc.StatusCode, text: str):
-        super().__init__(text)
-        self.code = code
 
 
 def _decision(kv: Any, gang: str, incarnation: int) -> DecisionRecord:
@@ -173,8 +166,7 @@ class TwoPhaseDriver:
         self.book = leader.book
         self.cfg = two_phase_config(leader.t)
         self.peer_channel = peer_channel
-        self._vote_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
-        self._ack_waiters: dict[tuple[str, int], list[asyncio.Future]] = {}
+        self.peers = PeerCalls(self)  # the participant side of the peer calls
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
         self._last_eval = 0.0
         self._publishing: set[tuple[str, int]] = set()  # member summaries being written
@@ -199,8 +191,9 @@ class TwoPhaseDriver:
     def _report_requests(self, gang: str, inc: int, role: str) -> None:
         n = self.etcd_requests.pop(gang, 0)
         checks = self.check_reads.pop(gang, 0)
-        log.info("two-phase etcd-requests gang=%s inc=%d az=%s role=%s n=%d check_reads=%d",
-                 gang, inc, self.az, role, n, checks)
+        auth = self.peers.auth_reads.pop(gang, 0)
+        log.info("two-phase etcd-requests gang=%s inc=%d az=%s role=%s n=%d check_reads=%d auth_reads=%d",
+                 gang, inc, self.az, role, n, checks, auth)
 
     def now(self) -> float:
         return self.l.mono()
@@ -253,13 +246,9 @@ class TwoPhaseDriver:
                 case ScheduleTimeout():
                     self._schedule(e)
                 case SendVote():
-                    for fut in self._vote_waiters.pop((e.gang, e.incarnation), []):
-                        if not fut.done():
-                            fut.set_result((e.yes, e.reason))
+                    self.peers.voted(e)
                 case SendDecisionAck():
-                    for fut in self._ack_waiters.pop((e.gang, e.incarnation), []):
-                        if not fut.done():
-                            fut.set_result((e.applied, e.state))
+                    self.peers.acked(e)
                 case SendFinish():
                     pass  # participants learn the end from the gangs/ watch
                 case MarkGangPending():
@@ -634,7 +623,7 @@ class TwoPhaseDriver:
             ev = PrepareReceived(stimulus_id=p.stimulus_id, gang=p.gang, incarnation=p.incarnation, owner_az=p.owner_az,
                                  priority=p.priority, submitted_at=p.submitted_at, nodes=p.nodes)
             try:
-                return await asyncio.wait_for(self.local_prepare(ev), self.cfg.vote_timeout_s)
+                return await asyncio.wait_for(self.peers.local_prepare(ev), self.cfg.vote_timeout_s)
             except asyncio.TimeoutError:
                 return None
         req = peer_pb2.PrepareRequest(
@@ -664,139 +653,22 @@ class TwoPhaseDriver:
             log.info("%s %s#%d -> %s: %s %s", type(e).__name__, e.gang, e.incarnation, e.to_az, exc.code().name, exc.details())
         return []
 
-    # ------------------------------------------------ participant entry points
-    def single_az_conflict(self, nodes: Any) -> str:
-        for node, (gpus, nics) in nodes.items():
-            for gang, dev in self.book.ledger.held.get(node, {}).items():
-                if set(gpus) & set(dev.gpus) or set(nics) & set(dev.nics):
-                    return gang
-        return ""
+    # ------------------------------------------------ what the peer calls use
+    @property
+    def epoch(self) -> int:
+        return self.l.epoch
 
-    async def local_prepare(self, ev: PrepareReceived) -> tuple[bool, str]:
-        """Feed a Prepare (from an RPC or our own owner) and wait for the vote."""
-        other = self.single_az_conflict(ev.nodes)
-        if other:
-            return False, f"devices committed to single-AZ gang {other} in {self.az}"
-        if ev.key not in {(h.gang, h.incarnation) for h in self.book.participant.holds.values()}:
-            down = sorted(n for n in ev.nodes if not (self.book.liveness.get(n) and self.book.liveness[n].ready and n in self.l.conns))
-            if down:
-                # The owner's view of this AZ is stale: never vote YES for a
-                # node whose agent is not connected here.
-                return False, f"node(s) {', '.join(down)} not ready in {self.az}"
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._vote_waiters.setdefault(ev.key, []).append(fut)
-        self.feed(Routed.participant(ev))
-        return await fut
+    def node_connected(self, node: str) -> bool:
+        """Whether ``node``'s agent has a live session with this leader."""
+        return node in self.l.conns
 
-    async def local_decision(self, ev: CommitReceived | AbortReceived) -> tuple[bool, str]:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._ack_waiters.setdefault(ev.key, []).append(fut)
-        self.feed(Routed.participant(ev))
-        # As long as the caller waits: vote_timeout_s is the deadline of peer
-        # RPCs (docs/timing.md).
-        return await asyncio.wait_for(fut, self.cfg.vote_timeout_s)
+    @property
+    def vote_timeout_s(self) -> float:
+        return self.cfg.vote_timeout_s
 
-    async def handle_prepare_rpc(self, req: Any) -> tuple[bool, str]:
-        """Validate a peer's Prepare (caller is the current leader of its AZ;
-        the gang's record names this attempt with this slice), then vote.
-        From the watch when it already shows all of that (no etcd request),
-        else against etcd in one read, which also gives every refusal its
-        code and text. ``PeerRefused`` on bad input: no state change."""
-        bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
-        caller = req.caller
-        g = self._watched_attempt(req)
-        if g is None:
-            res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(self.keys.gang(req.gang))])
-            self._rt(req.gang, check=True)
-            self._check_caller(caller, res.results[0])
-            if not res.results[1]:
-                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION, f"unknown gang {req.gang!r}")
-            g = GangRecord.from_dict(res.results[1][0].json())
-            if g.owner_az != caller.az:
-                raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED, f"gang {g.id} is owned by {g.owner_az}, not {caller.az}")
-            if g.incarnation != req.incarnation or g.state != GangState.RESERVING:
-                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"stale or unknown incarnation {req.incarnation} of {g.id}: its record is at "
-                                  f"incarnation {g.incarnation} ({g.state.name})")
-            if not self._slice_matches(req, g):
-                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"the slice for {self.az} does not match the recorded plan of {g.id}#{g.incarnation}")
-        nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
-        self.book.gang_cached(g)
-        ev = PrepareReceived(stimulus_id=f"rpc-prepare:{caller.az}:{req.gang}:{req.incarnation}", gang=req.gang,
-                             incarnation=req.incarnation, owner_az=caller.az, priority=g.spec.priority,
-                             submitted_at=g.submitted_at, nodes=nodes)
-        return await self.local_prepare(ev)
-
-    def _slice_matches(self, req: Any, g: GangRecord) -> bool:
-        nodes = {n.node: (tuple(n.gpus), tuple(n.nics)) for n in req.nodes}
-        mine = {n: (tuple(g_), tuple(c)) for n, (g_, c) in _plan_of(g).get(self.az, {}).items()}
-        return normalize_slice(nodes) == normalize_slice(mine)
-
-    def _watched_attempt(self, req: Any) -> GangRecord | None:
-        """The gang record as the watch delivered it, when it passes every
-        check the etcd read makes: the caller's epoch is the create revision
-        of ``leader/<caller az>`` as watched, and the gang, owned by the
-        caller's AZ, is RESERVING at this incarnation with this slice. Only
-        the owner's attempt write makes a record say that, so the attempt is
-        real; a watch that is behind (the attempt, or a new leader, not seen
-        yet) returns None and the read decides. Staleness the other way (a
-        deposed caller, a gang cancelled since) admits what a Prepare sent a
-        moment earlier would have been: the decision key still allows one
-        outcome only, a new owner leader ABORTs the attempt or learns the old
-        one's COMMIT, and a cancelled gang's PREPARED hold is decided at once
-        (ParticipantState._on_gang_finished)."""
-        caller = req.caller
-        kv = self.book.watched_gangs.get(req.gang)
-        if kv is None or not caller.az or self.book.remote.epoch(caller.az) != caller.epoch:
-            return None
-        try:
-            g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-        except UNREADABLE:
-            return None
-        if (g.owner_az != caller.az or g.incarnation != req.incarnation or g.state != GangState.RESERVING
-                or not self._slice_matches(req, g)):
-            return None
-        return g
-
-    async def handle_decision_rpc(self, req: Any, commit: bool) -> tuple[bool, str]:
-        bind(epoch=self.l.epoch, gang=req.gang or None, incarnation=req.incarnation)  # the RPC's task
-        caller = req.caller
-        want = Outcome.COMMIT if commit else Outcome.ABORT
-        if (caller.az and self.book.remote.epoch(caller.az) == caller.epoch
-                and self.book.participant.known_decisions.get((req.gang, req.incarnation)) is want):
-            # Already learnt from a durable source (the watch, a read, our own
-            # create) and the watched epoch is the caller's: what the read
-            # would say. Acting on a durable decision is safe whoever asks.
-            have = want
-        else:
-            dkey = self.keys.decision(req.gang, req.incarnation)
-            res = await self.store.txn([], [Get(self.keys.leader(caller.az)), Get(dkey)])
-            self._rt(req.gang, check=True)
-            self._check_caller(caller, res.results[0])
-            if not res.results[1]:
-                raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                                  f"no decision recorded for {req.gang}#{req.incarnation}; refusing {want.value}")
-            have = _decision(res.results[1][0], req.gang, req.incarnation).outcome
-        if have is not want:
-            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"decision of {req.gang}#{req.incarnation} is {have.value}, not {want.value}")
-        hold = self.book.participant.holds.get(req.gang)
-        if hold is None or hold.incarnation != req.incarnation:
-            # Not held here: learn the decision (it is durable), refuse the call.
-            self.feed(Routed.participant(DecisionObserved(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}",
-                                                          gang=req.gang, incarnation=req.incarnation, outcome=have)))
-            raise PeerRefused(grpc.StatusCode.FAILED_PRECONDITION,
-                              f"{req.gang}#{req.incarnation} was never prepared in {self.az} (NOT_PREPARED)")
-        cls = CommitReceived if commit else AbortReceived
-        return await self.local_decision(cls(stimulus_id=f"rpc-decision:{req.gang}:{req.incarnation}", gang=req.gang,
-                                             incarnation=req.incarnation, from_az=caller.az))
-
-    def _check_caller(self, caller: Any, leader_kvs: Any) -> None:
-        if not caller.az or not leader_kvs or leader_kvs[0].create_revision != caller.epoch:
-            raise PeerRefused(grpc.StatusCode.PERMISSION_DENIED,
-                              f"caller {caller.coordinator_id or '?'} (AZ {caller.az or '?'}, epoch {caller.epoch}) "
-                              "is not the current leader of its AZ")
+    def count_request(self, gang: str, check: bool = False) -> None:
+        """Count one etcd request made for ``gang`` (a peer call's check read: ``check``)."""
+        self._rt(gang, check=check)
 
     # --------------------------------------------------------- placement
     def awaits_placement(self, g: GangRecord) -> bool:
@@ -1145,20 +1017,11 @@ class TwoPhaseDriver:
         place them: no placement of their own, no retry timer; the
         admission timeout is the plan's rule 1, as for every gang)."""
         now = self.now()
-        for g in list(self.book.gangs.values()):
-            if not spans_azs(g):
-                continue
-            o = self.book.owners.get(g.id)
-            if o is None:
-                if g.state.terminal:
-                    continue
-                self.start_owner(g)
-                continue
-            if o.phase is OwnerPhase.RESERVED and (g.state.terminal or g.state == GangState.RESTARTING
-                                                   or g.incarnation > o.incarnation):
-                self.feed(Routed.owner(GangFinished(stimulus_id=f"owner-over:{g.id}:{o.incarnation}", gang=g.id, incarnation=o.incarnation)))
-            if g.state == GangState.PENDING and o.phase in (OwnerPhase.FINISHED, OwnerPhase.FAILED) and g.incarnation > o.incarnation:
-                self.feed(Routed.owner(GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
+        for step in owner_steps(list(self.book.gangs.values()), self.book.owners):
+            if isinstance(step, StartOwner):
+                self.start_owner(step.gang)
+            else:
+                self.feed(step)
         if now - self._last_eval > self.l.t.member_evaluate_interval_s:
             # Member summaries may arrive while a write of the gang is in
             # flight (then _evaluate skips them): re-evaluate owned cross-AZ
@@ -1294,6 +1157,7 @@ class TwoPhaseDriver:
         self.book.forget_cross_az(gang)
         self.etcd_requests.pop(gang, None)
         self.check_reads.pop(gang, None)
+        self.peers.auth_reads.pop(gang, None)
 
     # ------------------------------------------------------ owner-AZ loss
     async def adopt_orphans(self) -> None:

@@ -75,7 +75,8 @@ OWNER = "coordinator/core/twophase_owner.py"
 PART = "coordinator/core/twophase_participant.py"
 FX = "coordinator/core/gang_effects.py"
 LIFE = "coordinator/core/lifecycle.py"
-DRIVER = "coordinator/twophase_driver.py"
+PEERS = "coordinator/peer_calls.py"
+PEER_CORE = "coordinator/core/peer_calls.py"
 SESSION = "agent/session.py"
 PROCESS = "agent/process.py"
 
@@ -91,6 +92,7 @@ OWN: dict[str, tuple[str, ...]] = {
     "coordinator/core/capacity.py": ("tests/unit/test_capacity_view.py",),
     "agent/core/enforcement.py": ("tests/unit/test_enforcement.py",),
     "agent/shim.py": ("tests/unit/test_fence_lease.py",),
+    PEER_CORE: ("tests/unit/test_peer_calls.py",),
 }
 
 MUTATIONS: tuple[Mutation, ...] = (
@@ -156,17 +158,18 @@ MUTATIONS: tuple[Mutation, ...] = (
     m("W1", "coordinator/leader.py", "a gang write loses against a newer record (or an existing one)",
       "guard = [unchanged_since(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]",
       "guard = []", PERFORM),
-    # the two-phase driver's checks of a peer caller
-    m("D1", DRIVER, "a Prepare's caller is its AZ's current leader (read path)",
-      "self._check_caller(caller, res.results[0])", "pass", PERFORM, nth=0, count=2),
-    m("D2", DRIVER, "a Commit/Abort's caller is its AZ's current leader (read path)",
-      "self._check_caller(caller, res.results[0])", "pass", PERFORM, nth=1, count=2),
-    m("D3", DRIVER, "a Prepare's caller is its AZ's current leader (watched path)",
-      "if kv is None or not caller.az or self.book.remote.epoch(caller.az) != caller.epoch:",
-      "if kv is None or not caller.az:", PERFORM),
-    m("D4", DRIVER, "a Commit/Abort's caller is its AZ's current leader (watched path)",
-      "if (caller.az and self.book.remote.epoch(caller.az) == caller.epoch", "if (caller.az", PERFORM),
-    m("D5", DRIVER, "a Prepare comes from the AZ that owns the gang",
+    # the checks of a peer caller (the peer calls' driver and their core)
+    m("D1", PEERS, "a Prepare's caller is its AZ's current leader (read path)",
+      "_refuse(decide.caller_refusal(caller, _revision(res.results[0])))", "pass", PERFORM, nth=0, count=2),
+    m("D2", PEERS, "a Commit/Abort's caller is its AZ's current leader (read path)",
+      "_refuse(decide.caller_refusal(caller, _revision(res.results[0])))", "pass", PERFORM, nth=1, count=2),
+    m("D3", PEER_CORE, "a Prepare's caller is its AZ's current leader (watched path)",
+      "if record is None or not caller.az or watched_epoch != caller.epoch:",
+      "if record is None or not caller.az:", PERFORM),
+    m("D4", PEER_CORE, "a Commit/Abort's caller is its AZ's current leader (watched path)",
+      "return bool(caller.az) and watched_epoch == caller.epoch and known is want",
+      "return bool(caller.az) and known is want", PERFORM),
+    m("D5", PEER_CORE, "a Prepare comes from the AZ that owns the gang",
       "if g.owner_az != caller.az:", "if False:", PERFORM),
     # the agent: epoch rule, token check, self-fencing
     m("T1", "agent/core/enforcement.py", "a message older than the highest epoch seen is ignored",

@@ -43,7 +43,7 @@ from coordinator.core.records import GangRecord, MemberAssignment
 from coordinator.core.twophase_events import PrepareTimedOut
 from coordinator.election import Election, LeaseSession
 from coordinator.leader import AzLeader
-from coordinator.twophase_driver import PeerRefused
+from coordinator.peer_calls import PeerRefused
 from phalanx.errors import Conflict
 from phalanx.model import GangState
 from phalanx.reservation import HoldState, NodeDevices, Reservation
@@ -357,7 +357,7 @@ async def test_peer_calls_are_checked_from_the_watch_once_it_shows_the_record(le
 
     # Checked from the watch: no request. (No agent is connected here, so the
     # vote is NO and nothing is written: the count is the check's alone.)
-    yes, reason = await drv.handle_prepare_rpc(prepare_rpc(gang, epoch))
+    yes, reason = await drv.peers.handle_prepare_rpc(prepare_rpc(gang, epoch))
     assert not yes and "not ready" in reason, reason
     assert drv.etcd_requests.get(gang, 0) == 0, f"a watched Prepare made {drv.etcd_requests[gang]} etcd request(s)"
     assert drv.check_reads.get(gang, 0) == 0
@@ -365,7 +365,7 @@ async def test_peer_calls_are_checked_from_the_watch_once_it_shows_the_record(le
     # A Prepare for a gang the watch never showed: one check read, refused.
     unseen = "g-unseen"
     with pytest.raises(PeerRefused, match=f"unknown gang '{unseen}'"):
-        await drv.handle_prepare_rpc(prepare_rpc(unseen, epoch))
+        await drv.peers.handle_prepare_rpc(prepare_rpc(unseen, epoch))
     assert drv.etcd_requests.get(unseen) == 1 and drv.check_reads.get(unseen) == 1
 
     # The decision, written as the owner would; once the watch delivered it,
@@ -374,12 +374,12 @@ async def test_peer_calls_are_checked_from_the_watch_once_it_shows_the_record(le
                              DecisionRecord(gang=gang, incarnation=1, outcome=Outcome.COMMIT, by=OTHER_AZ, reason="test").to_dict())])
     await wait_for("the COMMIT in the watch", lambda: book.participant.known_decisions.get((gang, 1)) is Outcome.COMMIT)
     with pytest.raises(PeerRefused, match="never prepared"):
-        await drv.handle_decision_rpc(decision_rpc(gang, epoch), commit=True)
+        await drv.peers.handle_decision_rpc(decision_rpc(gang, epoch), commit=True)
     assert drv.etcd_requests.get(gang, 0) == 0, f"a watched Commit made {drv.etcd_requests[gang]} etcd request(s)"
 
     # A Commit with no decision anywhere: read, refused, counted as a check.
     with pytest.raises(PeerRefused, match="no decision recorded"):
-        await drv.handle_decision_rpc(decision_rpc(unseen, epoch), commit=True)
+        await drv.peers.handle_decision_rpc(decision_rpc(unseen, epoch), commit=True)
     assert drv.etcd_requests.get(unseen) == 2 and drv.check_reads.get(unseen) == 2
 
 
@@ -391,7 +391,7 @@ async def test_peer_calls_of_a_deposed_leader_are_refused_by_the_driver(leader: 
     epoch that is not the create revision of ``leader/<its AZ>`` (a deposed
     leader) is refused PERMISSION_DENIED even though the watch shows the
     gang's attempt and the COMMIT, and nothing is held. Fails if
-    ``_check_caller`` or the watched-epoch compare before it is removed from
+    ``caller_refusal`` or the watched-epoch compare before it is removed from
     ``handle_prepare_rpc`` (the Prepare then reaches the participant and is
     voted on) or from ``handle_decision_rpc`` (the Commit is answered from
     the decision: "never prepared")."""
@@ -404,7 +404,7 @@ async def test_peer_calls_of_a_deposed_leader_are_refused_by_the_driver(leader: 
     await wait_for("the caller's epoch and the RESERVING record in the watch",
                    lambda: book.remote.epoch(OTHER_AZ) == epoch and gang in book.watched_gangs)
     with pytest.raises(PeerRefused, match="is not the current leader of its AZ") as refused:
-        await drv.handle_prepare_rpc(prepare_rpc(gang, deposed))
+        await drv.peers.handle_prepare_rpc(prepare_rpc(gang, deposed))
     assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
 
     await store.txn([], [Put(store.keys.decision(gang, 1),
@@ -412,7 +412,7 @@ async def test_peer_calls_of_a_deposed_leader_are_refused_by_the_driver(leader: 
                                             reason="test").to_dict())])
     await wait_for("the COMMIT in the watch", lambda: book.participant.known_decisions.get((gang, 1)) is Outcome.COMMIT)
     with pytest.raises(PeerRefused, match="is not the current leader of its AZ") as refused:
-        await drv.handle_decision_rpc(decision_rpc(gang, deposed), commit=True)
+        await drv.peers.handle_decision_rpc(decision_rpc(gang, deposed), commit=True)
     assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
     assert gang not in book.participant.holds and await read_hold(store, gang) == (None, 0)
 
@@ -426,7 +426,7 @@ async def test_prepare_for_a_gang_another_az_owns_is_refused(leader: AzLeader, s
     gang = "g-not-theirs"
     await store.txn([], [Put(store.keys.gang(gang), attempt_record(gang).evolve(owner_az="az-c").to_dict())])
     with pytest.raises(PeerRefused, match=f"gang {gang} is owned by az-c, not {OTHER_AZ}") as refused:
-        await leader.twophase.handle_prepare_rpc(prepare_rpc(gang, other_leader.epoch))
+        await leader.twophase.peers.handle_prepare_rpc(prepare_rpc(gang, other_leader.epoch))
     assert refused.value.code is grpc.StatusCode.PERMISSION_DENIED
     assert gang not in leader.book.participant.holds and await read_hold(store, gang) == (None, 0)
 

@@ -15,6 +15,7 @@ from coordinator.book import Book, two_phase_config
 from coordinator.core.twophase import GangSubmitted, OwnerPhase, OwnerState, PrepareReceived
 from coordinator.leader import AzLeader
 from coordinator.retention import GangCollector
+from coordinator.peer_calls import PeerCalls
 from coordinator.twophase_driver import TwoPhaseDriver
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.store import Keys
@@ -160,8 +161,6 @@ IO_ONLY = {
         "_tasks": "asyncio tasks",
     },
     TwoPhaseDriver: {
-        "_vote_waiters": "futures of Prepare calls waiting for the vote",
-        "_ack_waiters": "futures of Commit/Abort calls waiting for the ack",
         "_leaders": "peer address cache",
         "_publishing": "member summary writes in flight",
         "_folding": "a MarkGangReserved parked behind the COMMIT write in flight",
@@ -169,6 +168,11 @@ IO_ONLY = {
         "check_reads": "how many of etcd_requests were a lagging watch's check reads (bench/admission.py)",
     },
     GangCollector: {},
+    PeerCalls: {
+        "_vote_waiters": "futures of Prepare calls waiting for the vote",
+        "_ack_waiters": "futures of Commit/Abort calls waiting for the ack",
+        "auth_reads": "per-gang count of the servicer's leader-key reads under TLS (bench/admission.py)",
+    },
 }
 
 
