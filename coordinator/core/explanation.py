@@ -79,6 +79,12 @@ def of_two_phase(phase: OwnerPhase | None, owner: str, head: str, grace: str, az
     return Explanation(f"{head}: {result.reason}{grace}", owner, result.shortfalls)
 
 
+def waiting_head(g: GangRecord, now: float) -> str:
+    """How an answer about a waiting gang starts: its state and how long it
+    has waited (never negative: ``now`` may be another replica's clock)."""
+    return f"{g.state.name} for {max(0.0, now - g.submitted_at):.0f}s"
+
+
 def placed_summary(g: GangRecord) -> str:
     """A gang that is not waiting: its state, why, and where it is placed."""
     where = ", ".join(sorted({f"{m.node}" for m in g.placement}))
@@ -98,7 +104,7 @@ def of_records(g: GangRecord, views: Sequence[NodeView], why: str, now: float) -
     (``why``: why not): placement recomputed on ``views``, the free views
     from etcd of every AZ it may span (``recorded_view``). It says nothing
     about when the gang is admitted, which only the leader knows."""
-    head = f"{g.state.name} for {max(0.0, now - g.submitted_at):.0f}s"
+    head = waiting_head(g, now)
     request = request_for(g, g.owner_az)
     verdict = never_fits(request, [v.topology for v in views])
     if verdict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator.service import FORWARDED, OWNER
+from coordinator.service_base import FORWARDED, OWNER
 from phalanx import certs
 from phalanx.client import AsyncClient
 from phalanx.errors import PermissionDenied

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.service import forward_failure
+from coordinator.service_base import forward_failure
 from phalanx.leader_record import LeaderInfo
 
 LEADER = LeaderInfo(az="az-a", coordinator_id="a0", address="127.0.0.1:7001", epoch=5)
