@@ -6,11 +6,12 @@ The driver counts the etcd requests it makes for a gang (``_rt``) and, when a
 role is done with an admission, logs and resets the count
 (``_report_requests``):
 
-    two-phase etcd-requests gang=<id> inc=<n> az=<az> role=<owner|participant> n=<count> check_reads=<k>
+    two-phase etcd-requests gang=<id> inc=<n> az=<az> role=<owner|participant> n=<count> check_reads=<k> auth_reads=<a>
 
 where ``k`` of the ``n`` are a peer call's check read, taken because this
 AZ's watch did not show the attempt (a Prepare) or the decision (a Commit)
-yet. The owner logs it in ``_mark_reserved``, each participant in ``_dispatch``.
+yet, and ``a`` (not in ``n``) the servicer's reads of the caller's leader
+key under TLS, one per peer call (coordinator/peer_service.py). The owner logs it in ``_mark_reserved``, each participant in ``_dispatch``.
 The count is per driver (one per AZ leader), not per role: in the owner's AZ
 the owner and that AZ's own participant share it, and whichever reports first
 takes everything counted up to then. bench/admission.py reads the same lines
@@ -30,6 +31,7 @@ from tests.integration.test_cross_az import AZS, cross, three_azs
 pytestmark = pytest.mark.integration
 
 REQUESTS = re.compile(r"etcd-requests gang=(\S+) inc=(\d+) az=(\S+) role=(\S+) n=(\d+) check_reads=(\d+)")
+AUTH_READS = re.compile(r"etcd-requests gang=(\S+) .* az=(\S+) role=(\S+) .* auth_reads=(\d+)")
 
 # ---------------------------------------------------------------- derivation
 # A quiet cluster, one fresh leader per AZ, one gang of three 8-GPU members,
@@ -148,3 +150,14 @@ async def test_cross_az_admission_makes_the_protocols_few_etcd_requests(local_cl
     # own Prepare and COMMIT are in process, never checked.
     assert got == want, f"etcd requests for {gang.id} (owner {owner}): {got}"
     assert checks[(owner, "owner")] == checks[(owner, "participant")] == 0, f"check reads {checks}"
+    # The harness serves TLS, so the servicer read each caller's leader key:
+    # a remote participant's line counts its Prepare's read at least (the
+    # Commit's may come after its dispatch reported); no RPC reaches the
+    # owner's AZ for its own gang.
+    auth: dict[tuple[str, str], int] = {}
+    for proc in c.coordinators.values():
+        for m in AUTH_READS.finditer(proc.log()):
+            if m.group(1) == gang.id:
+                auth[(m.group(2), m.group(3))] = auth.get((m.group(2), m.group(3)), 0) + int(m.group(4))
+    assert all(1 <= auth[(az, "participant")] <= 2 for az in others), f"auth reads {auth}"
+    assert auth[(owner, "owner")] == auth[(owner, "participant")] == 0, f"auth reads {auth}"
