@@ -57,7 +57,8 @@ class Coordinator:
     (``--policy``): the first policy record in etcd when there is none, and
     what applies while there is none; enforced only with TLS, where callers
     have identities. ``config.token_file``: bearer tokens, taken on the
-    second TLS port ``config.token_listen`` (``token_address``)."""
+    second TLS port ``config.token_listen`` (``token_address``). It is the
+    ``ServingContext`` (coordinator/serving.py) of the servicers it builds."""
 
     def __init__(self, config: CoordinatorConfig, tls: TlsFiles | None = None, policy: Policy | None = None,
                  etcd_tls: TlsFiles | None = None):
