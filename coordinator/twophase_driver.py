@@ -20,9 +20,10 @@ effects and feeds the results back as events:
 One ledger per AZ: the leader's single-AZ ``DeviceLedger`` and the
 participant's holds are checked against each other. Placement of single-AZ
 gangs subtracts every participant hold (PREPARED and COMMITTED); a Prepare
-whose slice touches a device of a single-AZ reservation is answered NO by the
-driver before it reaches the core ("devices committed to single-AZ gang X") —
-exactly what the core answers for a ``local`` COMMITTED hold, which is never
+whose slice touches a device of a single-AZ reservation is answered NO before
+it reaches the participant core ("devices committed to single-AZ gang X",
+``prepare_no_vote`` in coordinator/core/peer_calls.py, asked by
+coordinator/peer_calls.py) — exactly what the core answers for a ``local`` COMMITTED hold, which is never
 preempted. Both checks and both claims happen synchronously on one event loop,
 so no device can be granted twice.
 """
