@@ -15,7 +15,7 @@ from coordinator.server import Coordinator
 from coordinator.serving import ServingContext
 
 REPO = Path(__file__).resolve().parents[2]
-SERVICERS = ("service.py", "service_base.py", "node_service.py", "policy_service.py", "agents.py")
+SERVICERS = ("service.py", "service_base.py", "node_service.py", "policy_service.py", "agents.py", "peer_service.py")
 
 
 def members() -> set[str]:
