@@ -12,21 +12,19 @@ leader starts from etcd and the agents' re-registrations.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from coordinator.book import Book
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle, peer_auth, progress
 from coordinator.core import explanation, gang_effects as fx
-from coordinator.core import twophase_events as tp
 from coordinator.core.explanation import Explanation
 from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, spans_azs, without
 from coordinator.core.placement import FabricIndex, NodeView, PlacementRequest, never_fits, place
@@ -35,12 +33,15 @@ from phalanx.ports import DEFAULT_PORTS
 from coordinator.core.records import (UNREADABLE, GangRecord, IdempotencyRecord, MemberAssignment, NameRecord,
                                       NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import Reservation
-from coordinator.metrics import CoordinatorMetrics, Step, pending_class, step_of
+from coordinator.gang_writer import GangWriter
+from coordinator.leadership import Leadership, RunTime
+from coordinator.metrics import CoordinatorMetrics, pending_class
 from coordinator.retention import GangCollector
 from coordinator.twophase_driver import TwoPhaseDriver
 from coordinator.election import LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
-from phalanx.store import Delete, Fence, Get, Put, Store, StoreUnavailable, absent, unchanged_since
+from phalanx.store import Delete, Get, Put, Store, StoreUnavailable, absent
+from phalanx.timings import Timings
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.logfmt import bind, current, log_context, new_stimulus
@@ -81,27 +82,15 @@ class AzLeader:
         peer_channel: Callable[[str], Any] | None = None,
         metrics: CoordinatorMetrics | None = None,
     ):
-        self.store = store
-        # The coordinator's metrics (coordinator/metrics.py); a leader made
-        # without them (unit tests) counts into a registry of its own.
-        self.metrics = metrics if metrics is not None else CoordinatorMetrics(az=config.az)
+        # What every part of this leadership shares (coordinator/leadership.py).
+        self.lead = Leadership(store, config, info, session, wall=wall, mono=mono, metrics=metrics)
         self.pending_classes: dict[str, str] = {}  # the last cycle's reason class per pending gang
         self._last_view = float("-inf")
-        # Per gang, the record state its counters last counted (_count).
-        self._counted: dict[str, Step] = {}
-        self.keys = store.keys
-        self.config = config
-        self.t = config.timings
-        self.az = config.az
-        self.info = info
-        self.epoch = info.epoch
-        self.fence = Fence(self.az, info.epoch)
-        self.session = session
-        self.wall = wall
-        self.mono = mono
         # The one owner of this leadership's gang, hold and node state; the
         # two-phase driver and the collector are given it (coordinator/book.py).
-        self.book = Book.of(self.az, self.keys, self.t)
+        self.book = Book.of(self.az, self.lead.keys, self.timings)
+        # The one writer of gang records, shared with the driver and the collector.
+        self.writer = GangWriter(self.lead, self.book)
         self.conns: dict[str, AgentConn] = {}
         # Never-fits answers by request shape, valid while the registered
         # nodes do not change (keyed by the FabricIndex they were built with).
@@ -110,27 +99,50 @@ class AzLeader:
         self._verdicts_for: tuple[FabricIndex, int, tuple[NodeTopology, ...]] | None = None
         self._node_writes = asyncio.Lock()  # one node-record write at a time (_write_node)
         self.led_since = mono()  # reset once rebuilt: when this leadership began to act
-        self.wake = asyncio.Event()
-        self.stopped = asyncio.Event()
         # Set once rebuild() has loaded gangs and reservations from etcd. The
         # server publishes this leader (and agents may register) before run()
         # has rebuilt; reconciling a registration against an empty view would
         # revoke every running member as "no committed reservation".
         self.rebuilt = asyncio.Event()
-        self._inflight: set[str] = set()  # gangs with a write in flight
-        # Events seen outside a write (a takeover's "fenced"): they ride on
-        # the gang's next write instead of costing one of their own.
-        self._unwritten_events: dict[str, list[ev.GangEvent]] = {}
         # Rendezvous ports picked for placements whose write is in flight
         # (gang -> (rank-0 node, port)): taken for concurrent picks too.
         self._picking: dict[str, tuple[str, int]] = {}
         self.index = FabricIndex()  # static node facts, refreshed when a node registers
-        self._tasks: set[asyncio.Task] = set()
         # Reservation txns in flight at once (CoordinatorConfig.reserve_parallelism).
         self._reserve_slots = asyncio.Semaphore(config.reserve_parallelism)
-        self.failure: BaseException | None = None
-        self.twophase = TwoPhaseDriver(self, peer_channel)
-        self.collector = GangCollector(self)
+        self.twophase = TwoPhaseDriver(self.lead, self.book, self.writer, self.run_time(), peer_channel)
+        self.collector = GangCollector(self.lead, self.book, self.writer)
+        self.writer.when_forgotten(self.twophase.forget)
+
+    # What the server, the agent service and tests read of the leadership.
+    @property
+    def az(self) -> str:
+        return self.lead.az
+
+    @property
+    def epoch(self) -> int:
+        return self.lead.epoch
+
+    @property
+    def timings(self) -> Timings:
+        return self.lead.timings
+
+    t = timings  # (coordinator/agents.py reads leader.t)
+
+    @property
+    def stopped(self) -> asyncio.Event:
+        return self.lead.stopped
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.lead.failure
+
+    def run_time(self) -> RunTime:
+        """What the two-phase driver asks of this leader (coordinator/leadership.py)."""
+        return RunTime(evaluate=self.evaluate, perform=self.perform, send=self.send,
+                       rendezvous_for=self.rendezvous_for, rendezvous_settled=self.rendezvous_settled,
+                       placeable_nodes=self.placeable_nodes, registered_topologies=self.registered_topologies,
+                       node_connected=self.node_connected)
 
     # ------------------------------------------------------------------ run
     async def run(self) -> None:
@@ -143,30 +155,30 @@ class AzLeader:
             with log_context(stimulus=new_stimulus(self.az)):
                 await self._rebuild_while_valid()
                 await self.twophase.recover()
-            self.led_since = self.mono()
+            self.led_since = self.lead.mono()
             self.rebuilt.set()
-            self.spawn(self.twophase.watch(), "twophase-watch")
-            self.spawn(self.collector.run(), "gang-collector")
+            self.lead.spawn(self.twophase.watch(), "twophase-watch")
+            self.lead.spawn(self.collector.run(), "gang-collector")
             log.info("leader of %s (epoch %d): %d gangs, %d finished, %d reservations, %d nodes", self.az, self.epoch,
                      len(self.book.gangs), len(self.book.finished), len(self.book.reservations), len(self.book.nodes))
-            lost = asyncio.create_task(self.session.lost.wait())
+            lost = asyncio.create_task(self.lead.session.lost.wait())
             try:
-                while not self.stopped.is_set():
-                    waker = asyncio.create_task(self.wake.wait())
-                    done, _ = await asyncio.wait({waker, lost}, timeout=self.t.cycle_wait_s, return_when=asyncio.FIRST_COMPLETED)
+                while not self.lead.stopped.is_set():
+                    waker = asyncio.create_task(self.lead.wake.wait())
+                    done, _ = await asyncio.wait({waker, lost}, timeout=self.timings.cycle_wait_s, return_when=asyncio.FIRST_COMPLETED)
                     waker.cancel()
                     if lost in done:
                         raise LeaseLost("lease lost")
-                    if self.failure is not None:
-                        raise self.failure
-                    self.wake.clear()
+                    if self.lead.failure is not None:
+                        raise self.lead.failure
+                    self.lead.wake.clear()
                     try:
                         # One stimulus per admission cycle: its decisions (and
                         # the tasks they spawn) log it.
                         with log_context(stimulus=new_stimulus(self.az)):
                             started = time.perf_counter()
                             await self.cycle()
-                            self.metrics.admission_cycle.observe(time.perf_counter() - started)
+                            self.lead.metrics.admission_cycle.observe(time.perf_counter() - started)
                     except StoreUnavailable as exc:
                         # A transient etcd error is not a lost leadership: the
                         # lease session decides that (docs/timing.md). Every
@@ -175,8 +187,8 @@ class AzLeader:
                         # coordinator/etcd_space.py logs it once, at ERROR.
                         log.log(logging.DEBUG if isinstance(exc, StoreSpaceExhausted) else logging.INFO,
                                 "cycle in %s: %s", self.az, exc)
-                    if self.mono() - self._last_view >= self.t.metrics_view_interval_s:
-                        self._last_view = self.mono()
+                    if self.lead.mono() - self._last_view >= self.timings.metrics_view_interval_s:
+                        self._last_view = self.lead.mono()
                         self.publish_view()
             finally:
                 lost.cancel()
@@ -184,68 +196,18 @@ class AzLeader:
             await self.stop()
 
     async def stop(self) -> None:
-        self.stopped.set()
-        for t in list(self._tasks):
-            t.cancel()
+        self.lead.stop()
         for conn in list(self.conns.values()):
             conn.closed = True
             conn.queue.put_nowait(None)
         self.conns.clear()
 
-    # The leader's public face: what the two-phase driver, the collector
-    # and the server use (docs/design.md §19.6). Nothing outside this class
-    # touches its private members (tests/unit/test_no_private_reach.py).
-    def spawn(self, coro: Any, name: str) -> None:
-        """Run ``coro`` as a task of this leadership: cancelled when it stops,
-        and a NotLeader or LeaseLost it raises ends the leadership."""
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-
-        def done(t: asyncio.Task) -> None:
-            self._tasks.discard(t)
-            if t.cancelled():
-                return
-            exc = t.exception()
-            if isinstance(exc, (NotLeader, LeaseLost)):
-                self.failure = exc
-                self.wake.set()
-            elif exc is not None:
-                log.error("task %s failed: %r", name, exc)
-
-        task.add_done_callback(done)
-
-    async def _fenced_txn(self, compares: list, ops: list, failure: list = ()) -> Any:
-        """A fenced write made on a caller's behalf (a submission, a gang
-        write): a refused fence ends this leadership, as in a task of its
-        own (design §5.2), rather than only failing that one request."""
-        try:
-            return await self.store.fenced_txn(self.fence, compares, ops, failure)
-        except NotLeader as exc:
-            self.failure = self.failure or exc
-            self.wake.set()
-            raise
-
-    def check_valid(self) -> None:
-        """Before acting on anyone's behalf: stop if our lease may be gone."""
-        if self.stopped.is_set():
-            raise NotLeader(f"no longer leader of {self.az}")
-        self.session.check()
-
-    def busy(self, gang_id: str) -> bool:
-        """Whether a write for the gang is in flight here: then nothing else
-        decides about it (admission skips it, evaluation waits for the next
-        report or tick), so two decisions never race on one record."""
-        return gang_id in self._inflight
-
-    @contextlib.contextmanager
-    def acting_on(self, gang_id: str) -> Iterator[None]:
-        """Mark the gang busy for the duration of a write made outside this
-        class (the two-phase driver's RESERVED write)."""
-        self._inflight.add(gang_id)
-        try:
-            yield
-        finally:
-            self._inflight.discard(gang_id)
+    # The leader's public face: what the server and the two-phase driver use
+    # (docs/design.md §19.6). Nothing outside this class touches its private
+    # members (tests/unit/test_no_private_reach.py).
+    def node_connected(self, node: str) -> bool:
+        """Whether the node's agent has a session with this leader."""
+        return node in self.conns
 
     def rendezvous_settled(self, gang_id: str) -> None:
         """The write carrying the port ``rendezvous_for`` picked for the gang
@@ -260,25 +222,25 @@ class AzLeader:
         (docs/chaos.md finding 6). ``rebuild()`` reads everything before it
         changes any state, so a failed attempt leaves nothing to undo."""
         while True:
-            self.check_valid()
+            self.lead.check_valid()
             try:
                 await self.rebuild()
                 return
             except StoreUnavailable as exc:
                 log.info("rebuild of %s (epoch %d): %s; retrying", self.az, self.epoch, exc)
-                await asyncio.sleep(self.t.store_retry_pause_s)
+                await asyncio.sleep(self.timings.store_retry_pause_s)
 
     async def rebuild(self) -> None:
         # All reads first: an etcd error leaves this leader's state untouched.
-        k = self.keys
+        k = self.lead.keys
         if failpoints.on("leader.rebuild_unavailable"):
             raise StoreUnavailable("failpoint leader.rebuild_unavailable")
         # Paged (docs/limits.md "Paged reads"): no range reply grows with the
         # number of gangs, so a takeover never fails on the size of etcd.
-        gang_kvs, _ = await self.store.get_prefix_paged(k.gangs())
-        res_kvs, _ = await self.store.get_prefix_paged(k.reservations(self.az))
-        node_kvs, _ = await self.store.get_prefix_paged(k.nodes(self.az))
-        now = self.mono()
+        gang_kvs, _ = await self.lead.store.get_prefix_paged(k.gangs())
+        res_kvs, _ = await self.lead.store.get_prefix_paged(k.reservations(self.az))
+        node_kvs, _ = await self.lead.store.get_prefix_paged(k.nodes(self.az))
+        now = self.lead.mono()
         # A record that cannot be read (corrupt, hostile, from a future
         # version) is logged, counted and skipped: retrying would read it
         # again, and an AZ without a leader admits nothing. A skipped
@@ -300,83 +262,28 @@ class AzLeader:
                 self.book.owned(g)
                 before = ev.last_epoch(g.events)
                 if before and before != self.epoch and not g.state.terminal:
-                    self._unwritten_events[g.id] = [ev.fenced(self.wall(), self.epoch, self.az, before, g.incarnation)]
-            self.collector.note(g)  # finished gangs we own: collected after gang_retention_s
+                    self.writer.ride_on_next_write(
+                        g.id, [ev.fenced(self.lead.wall(), self.epoch, self.az, before, g.incarnation)])
+            self.writer.note(g)  # finished gangs we own: collected after gang_retention_s
         for n in nodes:
             # Not placeable until its agent reaches us; lost only after a
             # full replace_after_s from now (it may be fencing right now).
             self.book.node_restored(n, now)
-
-    # --------------------------------------------------------------- writes
-    async def write_gang(self, new: GangRecord, old: GangRecord | None, ops: list = (), compares: list = (),
-                          events: list = ()) -> GangRecord:
-        """Fenced write of a gang record guarded by its last revision;
-        ``events`` (and any waiting in _unwritten_events) are appended to its
-        history in the same write."""
-        self.check_valid()
-        waiting = self._unwritten_events.get(new.id, [])
-        # Each event names the decision that wrote it: the stimulus bound in
-        # the log context here (docs/logging.md "Stimulus ids"), so that
-        # `phalanx describe` and a chaos history lead back to its log lines.
-        stimulus = str(current().get("stimulus", ""))
-        new = new.with_events([e.stamped(stimulus) for e in waiting + list(events)])
-        guard = [unchanged_since(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]
-        res = await self._fenced_txn(
-            guard + list(compares), [Put(self.keys.gang(new.id), new.to_dict())] + list(ops), [Get(self.keys.gang(new.id))]
-        )
-        if not res.succeeded:
-            kvs = res.results[0]
-            if kvs:
-                cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
-                if self.book.newest(cur):
-                    self.collector.note(cur)
-                    if cur.owner_az == self.az:
-                        self._count(old, cur)  # e.g. our own earlier write whose reply was lost
-                    self.book.found(cur)  # (dropped if another AZ adopted it meanwhile)
-            raise Conflict(f"gang {new.id} changed concurrently")
-        written = new.evolve(mod_revision=res.revision)
-        await failpoints.hit("leader.gang_write_replied")
-        self._unwritten_events.pop(new.id, None)
-        if self.book.newest(written):
-            self._count(old, written)
-            self.book.owned(written)
-            self.collector.note(written)
-        return written
-
-    def _count(self, old: GangRecord | None, after: GangRecord) -> None:
-        """Count in the metrics what ``after`` (written, or found in etcd)
-        changed since the state last counted for the gang (else since
-        ``old``, the record the write was based on): exactly once per change
-        even when two writes race or one's reply was lost."""
-        before = self._counted.get(after.id)
-        if before is None and old is not None:
-            before = step_of(old)
-        self._counted[after.id] = step_of(after)
-        self.metrics.gang_changed(before, after, self.wall())
-
-    def forget_gang(self, gang_id: str) -> None:
-        """The gang was collected (deleted from etcd after its retention):
-        drop whatever this leader still remembers of it."""
-        self._counted.pop(gang_id, None)
-        self.book.forgotten(gang_id)
-        self._unwritten_events.pop(gang_id, None)
-        self.twophase.forget(gang_id)
 
     # -------------------------------------------------------------- effects
     def _stimulus(self) -> str:
         """The stimulus bound in the log context: each effect carries it."""
         return str(current().get("stimulus", "") or "")
 
-    async def perform(self, effect: fx.Effect | tp.Effect) -> fx.Event:
-        """Perform one effect a core decided and return what came of it: the
-        one interpreter of every effect with I/O, a gang's
-        (coordinator/core/gang_effects.py) and the cross-AZ protocol's
-        (coordinator/core/twophase_events.py, whose handlers are the
-        two-phase driver's). One handler per effect, each doing only the I/O
-        and the cache updates; what follows (e.g. dispatch and STARTING once
-        a reservation committed) is decided by the core from the returned
-        event. A guarded gang write that loses its compare comes back as
-        ``WriteRefused`` (only ``finish``, the API's, raises it)."""
+    async def perform(self, effect: fx.Effect) -> fx.Event:
+        """Perform one gang effect a core decided (coordinator/core/
+        gang_effects.py) and return what came of it: the interpreter of gang
+        effects; the cross-AZ protocol's are the two-phase driver's own
+        (docs/design.md §19.9). One handler per effect, each doing only the
+        I/O and the cache updates; what follows (e.g. dispatch and STARTING
+        once a reservation committed) is decided by the core from the
+        returned event. A guarded gang write that loses its compare comes
+        back as ``WriteRefused`` (only ``finish``, the API's, raises it)."""
         match effect:
             case fx.ReserveDevices():
                 return await self._reserve(effect)
@@ -426,25 +333,20 @@ class AzLeader:
                 await self.twophase.on_member(effect.node, effect.member)
             case fx.TrackMembers():
                 self.book.members_reported(effect.gang, effect.incarnation, effect.reports)
-            case tp.Effect():
-                # A cross-AZ protocol effect with I/O: its handler is the
-                # two-phase driver's; what came of it goes back to its core
-                # through the driver's feed loop.
-                return fx.ProtocolEvents(tuple(await self.twophase.handle(effect)))
             case _:
                 raise TypeError(f"AzLeader.perform: no handler for {type(effect).__name__}")
         return fx.Performed()
 
     # ----------------------------------------------------------- submission
     async def submit(self, spec: GangSpec, idempotency_key: str, owner: str = "") -> tuple[GangRecord, bool]:
-        self.check_valid()
+        self.lead.check_valid()
         await self.until_rebuilt()
         await failpoints.hit("leader.before_submit")
-        self.check_valid()
-        k = self.keys
+        self.lead.check_valid()
+        k = self.lead.keys
         # No pre-read of the idempotency key: the txn below creates it only if
         # absent, and only a lost compare costs the extra read.
-        now = self.wall()
+        now = self.lead.wall()
         gang_id = f"{spec.name}-{secrets.token_hex(4)}"
         stimulus = new_stimulus(self.az)  # the submission: its event and its lines name it
         rec = GangRecord(
@@ -457,9 +359,9 @@ class AzLeader:
         if idempotency_key:
             compares.append(absent(k.idempotency(idempotency_key)))
             ops.append(Put(k.idempotency(idempotency_key), IdempotencyRecord(gang_id).to_dict()))
-        self.check_valid()
+        self.lead.check_valid()
         try:
-            res = await self._fenced_txn(
+            res = await self.lead.fenced_txn(
                 [absent(k.gang(gang_id))] + compares, [Put(k.gang(gang_id), rec.to_dict())] + ops,
                 [Get(k.name(spec.name))] + ([Get(k.idempotency(idempotency_key))] if idempotency_key else []),
             )
@@ -470,7 +372,7 @@ class AzLeader:
             # reply was lost. The client is told UNAVAILABLE and may retry with
             # its idempotency key (which finds the gang, below); if it never
             # does, the gang must still be admitted, so learn the outcome.
-            self.spawn(self._learn_submit_outcome(gang_id), f"learn-submit-{gang_id}")
+            self.lead.spawn(self._learn_submit_outcome(gang_id), f"learn-submit-{gang_id}")
             raise
         if not res.succeeded:
             if idempotency_key and res.results[1]:
@@ -478,8 +380,8 @@ class AzLeader:
                 if existing:
                     if fx.adopt_retried(existing, self.az, self.book.gangs):
                         self.book.owned(existing)
-                        self.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
-                        self.wake.set()
+                        self.lead.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
+                        self.lead.wake.set()
                     return existing, False
             name_kvs, holder = res.results[0], None
             if name_kvs:
@@ -493,8 +395,8 @@ class AzLeader:
         # The RPC's task: its later lines (and the service's) carry the gang.
         bind(az=self.az, epoch=self.epoch, gang=gang_id, incarnation=rec.incarnation, stimulus=stimulus)
         log.info("gang %s submitted to queue %s (%d members)", gang_id, spec.queue, spec.members)
-        self.metrics.submitted(spec.queue)
-        self.wake.set()
+        self.lead.metrics.submitted(spec.queue)
+        self.lead.wake.set()
         return rec, True
 
     async def _learn_submit_outcome(self, gang_id: str) -> None:
@@ -504,14 +406,14 @@ class AzLeader:
         waits one etcd timeout, so that a proposal still in flight when the
         call gave up has been applied or dropped by then. If the leadership
         ends first, the successor's rebuild finds the gang in etcd anyway."""
-        await asyncio.sleep(self.t.etcd_timeout_s)
+        await asyncio.sleep(self.timings.etcd_timeout_s)
         while True:
-            self.check_valid()
+            self.lead.check_valid()
             try:
-                kv = await self.store.get(self.keys.gang(gang_id))
+                kv = await self.lead.store.get(self.lead.keys.gang(gang_id))
                 break
             except StoreUnavailable:
-                await asyncio.sleep(self.t.store_retry_pause_s)
+                await asyncio.sleep(self.timings.store_retry_pause_s)
         if kv is None:
             log.info("submission %s did not apply (reply lost)", gang_id)
             return
@@ -519,11 +421,11 @@ class AzLeader:
         if rec.owner_az == self.az and not rec.state.terminal and gang_id not in self.book.gangs:
             log.info("submission %s applied although its reply was lost; admitting it", gang_id)
             self.book.owned(rec)
-            self.metrics.submitted(rec.spec.queue)
-            self.wake.set()
+            self.lead.metrics.submitted(rec.spec.queue)
+            self.lead.wake.set()
 
     async def _by_idempotency(self, key: str, spec: GangSpec) -> GangRecord | None:
-        kv = await self.store.get(self.keys.idempotency(key))
+        kv = await self.lead.store.get(self.lead.keys.idempotency(key))
         if kv is None:
             return None
         try:
@@ -532,7 +434,7 @@ class AzLeader:
             # The cluster's fault, not the caller's; the key stays taken.
             raise DataLoss(f"idempotency_key: the stored record of {key!r} cannot be read "
                            f"({type(exc).__name__}: {str(exc)[:200]}); an operator must delete or repair it") from None
-        gkv = await self.store.get(self.keys.gang(created))
+        gkv = await self.lead.store.get(self.lead.keys.gang(created))
         if gkv is None:
             return None
         rec = GangRecord.from_dict(gkv.json(), gkv.mod_revision)
@@ -543,19 +445,19 @@ class AzLeader:
     # -------------------------------------------------------------- cancel
     async def cancel(self, gang_id: str, reason: str, by: str = "") -> GangRecord:
         bind(az=self.az, epoch=self.epoch, gang=gang_id, stimulus=new_stimulus(self.az))  # the RPC's task
-        self.check_valid()
+        self.lead.check_valid()
         # Before rebuild() the reservations are unknown: cancelling then would
         # strand the gang's reservation.
         await self.until_rebuilt()
         g, attempt = self.book.gangs.get(gang_id), 1
         while True:
             if g is None:
-                kv = await self.store.get(self.keys.gang(gang_id))
+                kv = await self.lead.store.get(self.lead.keys.gang(gang_id))
                 if kv is None:
                     raise NotFound(f"id: no gang {gang_id!r} (finished gangs are deleted "
-                                   f"gang_retention_s={self.t.gang_retention_s:g}s after they end)")
+                                   f"gang_retention_s={self.timings.gang_retention_s:g}s after they end)")
                 g = GangRecord.from_dict(kv.json(), kv.mod_revision)
-            verdict = lifecycle.cancel(g, self.az, reason, by, self.wall(), self.epoch)
+            verdict = lifecycle.cancel(g, self.az, reason, by, self.lead.wall(), self.epoch)
             if isinstance(verdict, lifecycle.CancelRefused):
                 raise FailedPrecondition(verdict.message)
             try:
@@ -578,7 +480,7 @@ class AzLeader:
         one incarnation of a gang is ever alive."""
         inc = g.incarnation
         t = lifecycle.teardown(g, state, reason, events, self.book.reservations.get(g.id),
-                               lifecycle.live_member_nodes(g, self.book.members.get((g.id, inc), {})), self.wall(), self.epoch)
+                               lifecycle.live_member_nodes(g, self.book.members.get((g.id, inc), {})), self.lead.wall(), self.epoch)
         effect = fx.TearDown(g, t, self._stimulus())
         done = await self.perform(effect)
         if isinstance(done, fx.WriteRefused):
@@ -594,14 +496,14 @@ class AzLeader:
     async def _tear_down(self, e: fx.TearDown) -> fx.Event:
         """One write: the gang record, the reservation RELEASING (members may
         still run on its devices) or deleted, the name freed."""
-        g, t, k = e.gang, e.teardown, self.keys
+        g, t, k = e.gang, e.teardown, self.lead.keys
         ops: list = [Delete(k.name(g.spec.name))] if t.free_name else []
         if t.releasing is not None:
             ops.append(Put(k.reservation(self.az, g.id), t.releasing.to_dict()))
         elif t.delete_reservation:
             ops.append(Delete(k.reservation(self.az, g.id)))
         try:
-            written = await self.write_gang(t.record, g, ops, events=list(t.events))
+            written = await self.writer.write(t.record, g, ops, events=list(t.events))
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
         self.book.torn_down(g, t.releasing, t.delete_reservation, restarting=t.record.state == GangState.RESTARTING)
@@ -612,15 +514,15 @@ class AzLeader:
         the old one is gone (lifecycle.requeue: first submit time kept, the
         restart backoff waited out)."""
         g, q = e.gang, e.requeue
-        ops: list = [Delete(self.keys.reservation(self.az, g.id))] if q.delete_reservation else []
+        ops: list = [Delete(self.lead.keys.reservation(self.az, g.id))] if q.delete_reservation else []
         try:
-            written = await self.write_gang(q.record, g, ops)
+            written = await self.writer.write(q.record, g, ops)
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
         self.book.requeued(g)
         log.info("gang %s restarts as incarnation %d in %.1fs", g.id, written.incarnation, q.backoff_s,
                  extra={"gang": g.id, "incarnation": written.incarnation})
-        self.wake.set()
+        self.lead.wake.set()
         return fx.GangWritten(written)
 
     # ---------------------------------------------------------------- cycle
@@ -635,7 +537,7 @@ class AzLeader:
         return capacity.free_view(up, taken)
 
     async def cycle(self) -> None:
-        self.check_valid()
+        self.lead.check_valid()
         await self._check_liveness()
         await self._check_start_barrier()
         self.twophase.tick()
@@ -648,10 +550,10 @@ class AzLeader:
             return
         started = time.perf_counter()
         decisions = self._plan(pending)
-        self.metrics.placement_decision.observe(time.perf_counter() - started)
+        self.lead.metrics.placement_decision.observe(time.perf_counter() - started)
         last_attempts = {d.gang.id: self.twophase.last_reason(d.gang.id) for d in decisions
                          if isinstance(d, FailAdmission) and spans_azs(d.gang) and not d.never_fits}
-        effects = fx.admission_effects(decisions, az=self.az, epoch=self.epoch, now=self.wall(),
+        effects = fx.admission_effects(decisions, az=self.az, epoch=self.epoch, now=self.lead.wall(),
                                        pending_class=pending_class, last_attempts=last_attempts,
                                        stimulus_id=self._stimulus())
         for e in effects:
@@ -659,13 +561,13 @@ class AzLeader:
                 # Hold the devices in memory now, so later decisions (this
                 # cycle or the next) never see them free; undone on failure.
                 self.book.held_in_memory(e.reservation)
-                self._inflight.add(e.gang.id)
+                self.writer.start_acting(e.gang.id)
                 with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):  # the reserve task's lines
-                    self.spawn(self._admit(e), f"reserve-{e.gang.id}")
+                    self.lead.spawn(self._admit(e), f"reserve-{e.gang.id}")
             elif isinstance(e, fx.FailAdmission):
-                self._inflight.add(e.gang.id)
+                self.writer.start_acting(e.gang.id)
                 with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):
-                    self.spawn(self.perform(e), f"timeout-{e.gang.id}")
+                    self.lead.spawn(self.perform(e), f"timeout-{e.gang.id}")
             else:
                 await self.perform(e)  # no I/O: done before the next decision, as the plan ordered them
 
@@ -673,7 +575,7 @@ class AzLeader:
         """The gangs the admission plan orders, in one queue: single-AZ gangs
         PENDING here and cross-AZ gangs whose two-phase owner waits for a
         placement; none with a write in flight."""
-        return [g for g in self.book.gangs.values() if g.id not in self._inflight
+        return [g for g in self.book.gangs.values() if not self.writer.busy(g.id)
                 and (self.twophase.awaits_placement(g) if spans_azs(g) else g.state == GangState.PENDING)]
 
     def publish_view(self) -> None:
@@ -695,7 +597,7 @@ class AzLeader:
         up = {v.name for v in views}
         free = sum(len(v.free_gpus) for v in views)
         total = sum(len(v.topology.gpu_indices) for v in views)
-        self.metrics.view(
+        self.lead.metrics.view(
             pending=pending, reservations=[r.state.value for r in self.book.reservations.values()],
             holds=[h.state.name for h in self.book.participant.holds.values()],
             agents=sum(1 for c in self.conns.values() if not c.closed), nodes_ready=len(views),
@@ -709,7 +611,7 @@ class AzLeader:
         node_register_grace_s, so agents starting with the cluster have
         registered by now (node records outlive a failover, so a successor
         knows every node its predecessor did)."""
-        return self.mono() - self.led_since >= self.t.node_register_grace_s
+        return self.lead.mono() - self.led_since >= self.timings.node_register_grace_s
 
     def registered_topologies(self) -> list[NodeTopology]:
         """Every node of this AZ with a record that can take work, ready or
@@ -740,8 +642,8 @@ class AzLeader:
         # Devices of two-phase attempts placed by earlier cycles whose holds
         # may not show yet are not free for anyone.
         views = without(views, self.twophase.attempt_devices())
-        return plan_admissions(pending, views, self.wall(), az=self.az,
-                               backfill_window_s=self.t.backfill_window_s, registered=registered,
+        return plan_admissions(pending, views, self.lead.wall(), az=self.az,
+                               backfill_window_s=self.timings.backfill_window_s, registered=registered,
                                verdicts=self._verdicts, index=self.twophase.placement_index(self.index) if wide else self.index)
 
     def queue_reason(self, d: KeepPending) -> str:
@@ -766,11 +668,11 @@ class AzLeader:
             async with self._reserve_slots:
                 placement = fx.member_assignments(p)
                 master = self.rendezvous_for(g, g.incarnation, placement, self.book.nodes.get(placement[0].node))
-                new, events = fx.reserved_record(g, p, r, master, self.wall(), self.epoch)
-                key = self.keys.reservation(self.az, g.id)
+                new, events = fx.reserved_record(g, p, r, master, self.lead.wall(), self.epoch)
+                key = self.lead.keys.reservation(self.az, g.id)
                 await failpoints.hit("leader.before_reserve")
                 try:
-                    written = await self.write_gang(new, g, [Put(key, r.to_dict())], [absent(key)], events=list(events))
+                    written = await self.writer.write(new, g, [Put(key, r.to_dict())], [absent(key)], events=list(events))
                 except StoreUnavailable:
                     # Outcome unknown: the txn may have committed although
                     # its reply was lost. Keep the devices held and learn the
@@ -785,7 +687,7 @@ class AzLeader:
             self.book.unheld(g.id, r)
             raise
         finally:
-            self._inflight.discard(g.id)
+            self.writer.done_acting(g.id)
             self._picking.pop(g.id, None)
         self.book.placed(g.id)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
@@ -799,26 +701,26 @@ class AzLeader:
         does not answer, the devices stay held; if our lease runs out first,
         check_valid() ends this leadership and the successor rebuilds from
         etcd, which is always consistent."""
-        gkey, rkey = self.keys.gang(g.id), self.keys.reservation(self.az, g.id)
+        gkey, rkey = self.lead.keys.gang(g.id), self.lead.keys.reservation(self.az, g.id)
         while True:
-            self.check_valid()
+            self.lead.check_valid()
             try:
-                res = await self.store.txn([], [Get(gkey), Get(rkey)])
+                res = await self.lead.store.txn([], [Get(gkey), Get(rkey)])
                 break
             except StoreUnavailable:
-                await asyncio.sleep(self.t.store_retry_pause_s)
+                await asyncio.sleep(self.timings.store_retry_pause_s)
         gkvs, rkvs = res.results
-        if gkvs:
-            cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision)
-            self._count(g, cur)
-            self.book.owned(cur)
+        cur = GangRecord.from_dict(gkvs[0].json(), gkvs[0].mod_revision) if gkvs else None
         try:
             written = Reservation.from_dict(rkvs[0].json()) if rkvs else None
         except UNREADABLE:
             written = None  # not the record this txn writes
-        if written is not None and written.incarnation == r.incarnation and gkvs and cur.state != GangState.PENDING:
+        applied = (written is not None and written.incarnation == r.incarnation and cur is not None
+                   and cur.state != GangState.PENDING)
+        if cur is not None:
+            self.writer.read_back(g, cur, applied=applied)
+        if applied:
             log.info("reservation of %s applied although its reply was lost", g.id)
-            self._unwritten_events.pop(g.id, None)  # they went with it: the record read back has them
             return cur
         log.info("reservation of %s did not apply (reply lost); devices released", g.id)
         return None
@@ -829,7 +731,7 @@ class AzLeader:
         cur = self.book.gangs.get(g.id)
         if cur is None or cur.state != GangState.RESERVED or cur.incarnation != g.incarnation:
             return
-        await self.write_gang(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.wall()), cur)
+        await self.writer.write(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.lead.wall()), cur)
         log.info("gang %s#%d -> STARTING: assignments sent to agents", g.id, g.incarnation,
                  extra={"gang": g.id, "incarnation": g.incarnation})
         await self.evaluate(g.id)
@@ -840,7 +742,7 @@ class AzLeader:
                 log.info("gang %s fails at once: %s", e.gang.id, e.reason)
             await self.finish(e.gang, GangState.FAILED, e.reason)
         finally:
-            self._inflight.discard(e.gang.id)
+            self.writer.done_acting(e.gang.id)
 
     # ------------------------------------------------------------ dispatch
     def dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
@@ -897,12 +799,12 @@ class AzLeader:
         ``unreported_effects``); each member's facts and the gangs are read
         after the node record's write, as before: a reservation may commit
         while it is in flight."""
-        self.check_valid()
+        self.lead.check_valid()
         await self.until_rebuilt()
         node = conn.node
         old = self.conns.get(node)
         await self.perform(fx.register_node(conn, self.book.nodes.get(node), replaces_session=old is not None and old is not conn,
-                                            wall=self.wall(), stimulus_id=self._stimulus()))
+                                            wall=self.lead.wall(), stimulus_id=self._stimulus()))
         # Members the agent reports, one at a time (the two-phase call may
         # change the hold the next member's facts come from).
         reported: dict[tuple[str, int], set[int]] = {}
@@ -925,26 +827,26 @@ class AzLeader:
         for g in list(self.book.gangs.values()):
             if any(m.node == node for m in g.placement):
                 await self.evaluate(g.id)
-        self.wake.set()
+        self.lead.wake.set()
 
     async def until_rebuilt(self) -> None:
         """Wait for rebuild(); NotLeader if this leadership ends first."""
         if not self.rebuilt.is_set():
-            waits = {asyncio.ensure_future(self.rebuilt.wait()), asyncio.ensure_future(self.stopped.wait())}
+            waits = {asyncio.ensure_future(self.rebuilt.wait()), asyncio.ensure_future(self.lead.stopped.wait())}
             _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
             for w in pending:
                 w.cancel()
         if not self.rebuilt.is_set():
             raise NotLeader(f"leadership of {self.az} (epoch {self.epoch}) ended before its state was rebuilt")
-        self.check_valid()
+        self.lead.check_valid()
 
     def on_heartbeat(self, conn: AgentConn) -> bool:
         """Returns whether to acknowledge: only while we are a valid leader."""
-        conn.last_seen = self.mono()
+        conn.last_seen = self.lead.mono()
         live = self.book.liveness.get(conn.node)
         if live is not None:
             live.last_contact = conn.last_seen
-        return self.session.is_valid() and not self.stopped.is_set()
+        return self.lead.session.is_valid() and not self.lead.stopped.is_set()
 
     def _report_refused(self, node: str, m: Any) -> str | None:
         """Why a member report from ``node`` is not taken: the member is
@@ -962,7 +864,7 @@ class AzLeader:
         return peer_auth.member_refusal(node, m.gang, m.rank, placed)
 
     async def on_member(self, conn: AgentConn, m: Any) -> None:
-        conn.last_seen = self.mono()
+        conn.last_seen = self.lead.mono()
         why = self._report_refused(conn.node, m)
         if why is not None:
             log.warning("ignored a member report: %s", why)
@@ -997,7 +899,7 @@ class AzLeader:
         transition, or once a torn-down incarnation is gone, its requeue or
         release. Skipped while the gang is busy."""
         g = self.book.gangs.get(gang_id)
-        if g is None or gang_id in self._inflight:
+        if g is None or self.writer.busy(gang_id):
             return
         reports = self.book.members.get((g.id, g.incarnation), {})
         if lifecycle.torn_down(g.state):
@@ -1006,14 +908,14 @@ class AzLeader:
                                             two_phase=spans_azs(g))
             if then is None:
                 return
-            with self.acting_on(gang_id):
-                effect = fx.after_teardown_effect(then, g, self.wall(), self.t, stimulus_id=self._stimulus(),
+            with self.writer.acting_on(gang_id):
+                effect = fx.after_teardown_effect(then, g, self.lead.wall(), self.timings, stimulus_id=self._stimulus(),
                                                   has_reservation=g.id in self.book.reservations)
                 done = await self.perform(effect)
             if isinstance(done, fx.WriteRefused):
                 log.info("gang %s: %s", gang_id, done.why)
             return
-        now = self.wall()
+        now = self.lead.wall()
         step = lifecycle.member_progress(g, reports, now, self.epoch)
         if step is not None:
             await self._transition(g, step, now)
@@ -1021,7 +923,7 @@ class AzLeader:
     async def _transition(self, g: GangRecord, step: lifecycle.RunTimeStep, now: float) -> None:
         """Perform a run-time step the core decided (lifecycle.run_time_step:
         the restart policy and the events already applied)."""
-        with self.acting_on(g.id):
+        with self.writer.acting_on(g.id):
             done = await self.perform(fx.run_time_effect(g, step, now, self._stimulus()))
         if isinstance(done, fx.WriteRefused):
             log.info("gang %s: %s", g.id, done.why)
@@ -1032,7 +934,7 @@ class AzLeader:
     async def _write_transition(self, e: fx.WriteTransition) -> fx.Event:
         g = e.old
         try:
-            written = await self.write_gang(e.record, g, events=list(e.events))
+            written = await self.writer.write(e.record, g, events=list(e.events))
         except Conflict as exc:
             return fx.WriteRefused(str(exc))
         log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, e.record.state.name, e.record.reason,
@@ -1040,16 +942,16 @@ class AzLeader:
         return fx.GangWritten(written)
 
     async def _release(self, g: GangRecord) -> None:
-        key = self.keys.reservation(self.az, g.id)
+        key = self.lead.keys.reservation(self.az, g.id)
         r = self.book.reservations.get(g.id)
         if r is None:
             return
-        self.check_valid()
-        await self.store.fenced_txn(self.fence, [], [Delete(key)])
+        self.lead.check_valid()
+        await self.lead.store.fenced_txn(self.lead.fence, [], [Delete(key)])
         log.info("gang %s#%d released its devices: every member is gone", g.id, g.incarnation,
                  extra={"gang": g.id, "incarnation": g.incarnation})
         self.book.released(g)
-        self.wake.set()
+        self.lead.wake.set()
 
     # ------------------------------------------------------------ liveness
     def heartbeats(self) -> dict[str, float]:
@@ -1057,7 +959,7 @@ class AzLeader:
         it: heard by this leadership, from memory (no etcd write refreshes
         it, docs/design.md D17); not yet heard, the record's (its
         registration)."""
-        now, wall = self.mono(), self.wall()
+        now, wall = self.lead.mono(), self.lead.wall()
         out = {}
         for node, rec in self.book.nodes.items():
             live = self.book.liveness.get(node)
@@ -1068,9 +970,9 @@ class AzLeader:
     async def _check_start_barrier(self) -> None:
         """A gang whose members have not all started within its
         start_timeout_s is torn down (all-or-nothing at run time too)."""
-        now = self.wall()
+        now = self.lead.wall()
         for g in list(self.book.gangs.values()):
-            if self.busy(g.id):
+            if self.writer.busy(g.id):
                 continue
             reports = self.book.members.get((g.id, g.incarnation), {})
             why = lifecycle.start_barrier(g, reports, now)
@@ -1078,24 +980,24 @@ class AzLeader:
                 await self._transition(g, lifecycle.run_time_step(g, GangState.FAILED, why, reports, now, self.epoch), now)
 
     async def _check_liveness(self) -> None:
-        now = self.mono()
+        now = self.lead.mono()
         for node, live in list(self.book.liveness.items()):
             rec = self.book.nodes.get(node)
             v = lifecycle.node_verdict(node, last_contact=live.last_contact, ready=live.ready,
                                        record_ready=None if rec is None else rec.ready, now=now,
-                                       not_ready_after_s=self.t.node_not_ready_after_s,
-                                       replace_after_s=self.t.replace_after_s)
+                                       not_ready_after_s=self.timings.node_not_ready_after_s,
+                                       replace_after_s=self.timings.replace_after_s)
             for effect in fx.liveness_effects(v, rec, self._stimulus()):
                 await self.perform(effect)
             rec = self.book.nodes.get(node)
-            if rec is not None and capacity.expires(rec, live.ready, v.silent_s, self.t.node_expire_after_s):
+            if rec is not None and capacity.expires(rec, live.ready, v.silent_s, self.timings.node_expire_after_s):
                 await self._expire_node(rec, v.silent_s)
 
     async def _expire_node(self, rec: NodeRecord, silent: float) -> None:
         """Write the node's record expired (fenced): placement and
         never-fits leave it out, here and in every other AZ's view, until its
         agent registers again (docs/nodes.md)."""
-        why = f"expired: its agent not heard for {silent:.0f}s (node_expire_after_s={self.t.node_expire_after_s:g})"
+        why = f"expired: its agent not heard for {silent:.0f}s (node_expire_after_s={self.timings.node_expire_after_s:g})"
 
         def make(cur: NodeRecord | None) -> NodeRecord:
             if cur is None:
@@ -1106,7 +1008,7 @@ class AzLeader:
         except NotFound:
             return  # deleted by an admin meanwhile: nothing to expire
         log.warning("node %s %s", rec.name, why, extra={"node": rec.name})
-        self.wake.set()
+        self.lead.wake.set()
 
     def _close_session(self, node: str) -> None:
         live = self.book.liveness.get(node)
@@ -1125,8 +1027,8 @@ class AzLeader:
         async with self._node_writes:
             rec = make(self.book.nodes.get(node))
             await failpoints.hit("leader.before_node_write")
-            self.check_valid()
-            res = await self.store.fenced_txn(self.fence, [], [Put(self.keys.node(self.az, node), rec.to_dict())])
+            self.lead.check_valid()
+            res = await self.lead.store.fenced_txn(self.lead.fence, [], [Put(self.lead.keys.node(self.az, node), rec.to_dict())])
             rec = dataclasses.replace(rec, mod_revision=res.revision)
             self.book.node_written(node, rec)
             return rec
@@ -1148,11 +1050,11 @@ class AzLeader:
             await self._write_node(node, functools.partial(capacity.keep_cordon, e.record))
             self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
         else:
-            self.check_valid()  # (the write's fence would have checked)
+            self.lead.check_valid()  # (the write's fence would have checked)
         conn = e.session  # the AgentConn on_register passed through the core
         assert isinstance(conn, AgentConn)
         self.conns[node] = conn
-        conn.last_seen = self.mono()
+        conn.last_seen = self.lead.mono()
         self.book.node_registered(node, conn.last_seen)
         if e.announce_ready:
             log.info("node %s ready (agent %s)", node, e.record.agent_id)
@@ -1175,7 +1077,7 @@ class AzLeader:
     async def cordon(self, node: str, cordoned: bool) -> NodeRecord:
         """Write the node's record (un)cordoned, fenced (docs/nodes.md):
         placement skips a cordoned node; what runs there stays."""
-        self.check_valid()
+        self.lead.check_valid()
         await self.until_rebuilt()
         rec = self._node_record(node)
         if rec.cordoned != cordoned:
@@ -1185,7 +1087,7 @@ class AzLeader:
                 return dataclasses.replace(cur, cordoned=cordoned)
             rec = await self._write_node(node, make)
             log.info("node %s %s", node, "cordoned" if cordoned else "uncordoned", extra={"node": node})
-            self.wake.set()
+            self.lead.wake.set()
         return rec
 
     async def drain(self, node: str, requeue: bool) -> tuple[NodeRecord, list[str], list[str]]:
@@ -1197,10 +1099,10 @@ class AzLeader:
         rec = await self.cordon(node, True)
         requeued = []
         if requeue:
-            now = self.wall()
+            now = self.lead.wall()
             for gang in self.book.gangs_holding(node):
                 g = self.book.gangs.get(gang)
-                if g is None or self.busy(gang) or g.state not in (GangState.RESERVED, GangState.STARTING,
+                if g is None or self.writer.busy(gang) or g.state not in (GangState.RESERVED, GangState.STARTING,
                                                                    GangState.RUNNING):
                     continue
                 reports = self.book.members.get((g.id, g.incarnation), {})
@@ -1215,7 +1117,7 @@ class AzLeader:
         devices unless ``force`` (FailedPrecondition naming them). A live
         agent registers the node again (docs/nodes.md). The gangs that held
         its devices."""
-        self.check_valid()
+        self.lead.check_valid()
         await self.until_rebuilt()
         self._node_record(node)
         held = self.book.gangs_holding(node)
@@ -1223,7 +1125,7 @@ class AzLeader:
             raise FailedPrecondition(f"node: {node} in {self.az} holds devices of gang{'s' if len(held) > 1 else ''} "
                                      f"{', '.join(held)}; drain it first, or delete with force")
         async with self._node_writes:
-            await self.store.fenced_txn(self.fence, [], [Delete(self.keys.node(self.az, node))])
+            await self.lead.store.fenced_txn(self.lead.fence, [], [Delete(self.lead.keys.node(self.az, node))])
             self.book.node_deleted(node)
         self._close_session(node)
         self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
@@ -1233,7 +1135,7 @@ class AzLeader:
             await self._lose_node(fx.NodeLost(node, f"node {node} deleted by an admin (forced)"))
         log.warning("node %s deleted by an admin%s", node, f" while gangs {', '.join(held)} held its devices" if held else "",
                     extra={"node": node})
-        self.wake.set()
+        self.lead.wake.set()
         return held
 
     # ---------------------------------------------------------------- view
@@ -1245,19 +1147,19 @@ class AzLeader:
         cross-AZ gang from its two-phase owner state and the global view the
         plan places it on. None: not a waiting gang of this leader (the
         caller answers from etcd)."""
-        self.check_valid()
+        self.lead.check_valid()
         await self.until_rebuilt()
         g = self.book.gangs.get(gang_id)
         if g is None or g.state not in (GangState.PENDING, GangState.RESERVING):
             return None
-        waited = max(0.0, self.wall() - g.submitted_at)
+        waited = max(0.0, self.lead.wall() - g.submitted_at)
         head = f"{g.state.name} for {waited:.0f}s"
         grace = "" if self.judges_never_fits() else (
             f"; whether it can ever fit is judged once this leader has led node_register_grace_s="
-            f"{self.t.node_register_grace_s:g}s (agents may still be registering)")
+            f"{self.timings.node_register_grace_s:g}s (agents may still be registering)")
         if spans_azs(g):
             return await self._explain_two_phase(g, head, grace)
-        if g.id in self._inflight:
+        if self.writer.busy(g.id):
             return Explanation(f"{head}: the leader is writing its reservation (or its failure) now",
                                "a write for this gang is in flight at the leader")
         decisions = self._plan(self.waiting_gangs())

@@ -7,8 +7,9 @@ the number of gangs ever submitted.
 
 The owner AZ's leader collects its own finished gangs, and only those
 (``gang.owner_az``): a ``GangCollector`` lives and dies with one
-``AzLeader``. It keeps a small index of the finished gangs it owns (filled by
-the rebuild and by every gang write of this leader), and every
+leadership. It reads the book's index of the finished gangs it owns (kept
+by ``GangWriter.note``: the rebuild and every gang write of this leader
+pass there), and every
 ``Timings.gc_interval_s`` sweeps at most ``MAX_PER_SWEEP`` gangs that ended
 more than ``gang_retention_s`` ago, or are the oldest beyond this AZ's
 ``max_finished_gangs`` / ``max_finished_bytes`` (docs/etcd-keys.md
@@ -30,16 +31,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
-
+from coordinator.book import Book
 from coordinator.core.records import UNREADABLE, GangRecord, IdempotencyRecord, read_records
 from coordinator.core.retention import FinishedGang, due_for_collection, expired_to_trim
 from coordinator.election import LeaseLost
 from phalanx.store import KV, Compare, Delete, Get, Put, StoreUnavailable, absent, none_under, unchanged, unchanged_since
+from coordinator.gang_writer import GangWriter
+from coordinator.leadership import Leadership
 from phalanx.errors import NotLeader
-
-if TYPE_CHECKING:
-    from coordinator.leader import AzLeader
 
 log = logging.getLogger(__name__)
 
@@ -53,42 +52,28 @@ TXN_BUDGET = 64
 
 
 class GangCollector:
-    def __init__(self, leader: "AzLeader"):
-        self.l = leader
-        self.az = leader.az
-        self.keys = leader.keys
-        self.book = leader.book  # finished gangs and when this leader first saw them (coordinator/book.py)
+    def __init__(self, lead: Leadership, book: Book, writer: GangWriter):
+        self.lead = lead
+        self.az = lead.az
+        self.keys = lead.keys
+        self.book = book  # finished gangs and when this leader first saw them (coordinator/book.py)
+        # Keeps the index of finished gangs (GangWriter.note) and forgets a collected one.
+        self.writer = writer
         self.collected = 0  # this leadership's total (logged)
-
-    # ----------------------------------------------------------- the index
-    def note(self, g: GangRecord) -> None:
-        """Every gang record this leader reads or writes passes here."""
-        if g.owner_az == self.az and g.state.terminal:
-            # When *this* process first knew it finished (monotonic): the
-            # record's wall time comes from another replica's clock, so a
-            # skewed or stepped clock must not shorten a client's retry window.
-            self.book.finished_seen(FinishedGang.of(g), self.l.mono())
-        else:
-            self.book.not_finished(g.id)
-
-    def forget(self, gang_id: str) -> None:
-        """The gang is gone from etcd: drop it from this leader's memory."""
-        self.book.not_finished(gang_id)
-        self.l.forget_gang(gang_id)
 
     # ------------------------------------------------------------- sweeps
     async def run(self) -> None:
         """A leader task: sweep every gc_interval_s until the leadership ends."""
-        interval = self.l.t.gc_interval_s
+        interval = self.lead.timings.gc_interval_s
         pause = interval
-        while not self.l.stopped.is_set():
+        while not self.lead.stopped.is_set():
             await asyncio.sleep(pause)
             pause = interval
             try:
                 if await self.sweep() >= MAX_PER_SWEEP:
                     # A backlog: keep draining at a bounded pace instead of
                     # MAX_PER_SWEEP a minute, which a busy fleet outruns.
-                    pause = self.l.t.gc_backlog_pause_s
+                    pause = self.lead.timings.gc_backlog_pause_s
             except StoreUnavailable as exc:
                 # Every write is fenced and guarded: the next sweep retries.
                 log.info("gang collection in %s: %s", self.az, exc)
@@ -100,14 +85,14 @@ class GangCollector:
     def _recently_seen(self) -> set[str]:
         """Gangs this leader has known finished for less than a client's
         submit retry window, on its own monotonic clock."""
-        now, window = self.l.mono(), self.l.t.submit_retry_window_s
+        now, window = self.lead.mono(), self.lead.timings.submit_retry_window_s
         return {g for g, t in self.book.seen_mono.items() if now - t < window}
 
     def _due(self, held: set[str], limit: int) -> list[FinishedGang]:
-        return due_for_collection(self.book.finished.values(), az=self.az, now=self.l.wall(),
-                                  retention_s=self.l.t.gang_retention_s, limit=limit,
-                                  held=held | self._recently_seen(), max_kept=self.l.config.max_finished_gangs,
-                                  max_kept_bytes=self.l.config.finished_bytes_bound)
+        return due_for_collection(self.book.finished.values(), az=self.az, now=self.lead.wall(),
+                                  retention_s=self.lead.timings.gang_retention_s, limit=limit,
+                                  held=held | self._recently_seen(), max_kept=self.lead.config.max_finished_gangs,
+                                  max_kept_bytes=self.lead.config.finished_bytes_bound)
 
     async def sweep(self) -> int:
         """One sweep; returns how many gangs were collected."""
@@ -116,12 +101,12 @@ class GangCollector:
         k = self.keys
         # Which gangs still have a reservation (any AZ) or a member summary:
         # skipped now, and compared again in the txn.
-        self.l.check_valid()
+        self.lead.check_valid()
         # Keys only, in pages at one revision (docs/limits.md "Paged reads"):
         # the reply does not grow with the number of gangs held.
-        rev = await self.l.store.revision()
-        res_keys, _ = await self.l.store.get_prefix_paged(k.reservations(), keys_only=True, revision=rev)
-        sum_keys, _ = await self.l.store.get_prefix_paged(k.member_summaries(), keys_only=True, revision=rev)
+        rev = await self.lead.store.revision()
+        res_keys, _ = await self.lead.store.get_prefix_paged(k.reservations(), keys_only=True, revision=rev)
+        sum_keys, _ = await self.lead.store.get_prefix_paged(k.member_summaries(), keys_only=True, revision=rev)
         reserved: set[str] = set()
         azs: set[str] = {self.az}
         for kv in res_keys:
@@ -146,10 +131,10 @@ class GangCollector:
             collected += await self._collect(batch, azs)
         if collected:
             self.collected += collected
-            self.l.metrics.gangs_collected.inc(collected)
+            self.lead.metrics.gangs_collected.inc(collected)
             log.info("collected %d finished gang(s) in %s (older than gang_retention_s=%gs, or beyond "
                      "max_finished_gangs=%d / max_finished_bytes=%d; %d this leadership)", collected, self.az,
-                     self.l.t.gang_retention_s, self.l.config.max_finished_gangs, self.l.config.finished_bytes_bound,
+                     self.lead.timings.gang_retention_s, self.lead.config.max_finished_gangs, self.lead.config.finished_bytes_bound,
                      self.collected)
         await self._trim_expired()
         return collected
@@ -161,17 +146,17 @@ class GangCollector:
         leader trims the same cluster-wide set; two that trim at once delete
         the same oldest keys, which is harmless."""
         k = self.keys
-        self.l.check_valid()
-        n = expired_to_trim(await self.l.store.count_under(k.expired()), self.l.config.max_expired_ids,
+        self.lead.check_valid()
+        n = expired_to_trim(await self.lead.store.count_under(k.expired()), self.lead.config.max_expired_ids,
                             MAX_PER_SWEEP)
         if not n:
             return 0
-        oldest = await self.l.store.oldest_under(k.expired(), n)
+        oldest = await self.lead.store.oldest_under(k.expired(), n)
         for i in range(0, len(oldest), TXN_BUDGET - 1):
-            self.l.check_valid()
-            await self.l.store.fenced_txn(self.l.fence, [], [Delete(kv.key) for kv in oldest[i:i + TXN_BUDGET - 1]])
+            self.lead.check_valid()
+            await self.lead.store.fenced_txn(self.lead.fence, [], [Delete(kv.key) for kv in oldest[i:i + TXN_BUDGET - 1]])
         log.info("deleted the %d oldest expired gang id(s) beyond max_expired_ids=%d", len(oldest),
-                 self.l.config.max_expired_ids)
+                 self.lead.config.max_expired_ids)
         return 0
 
     @staticmethod
@@ -186,8 +171,8 @@ class GangCollector:
         k = self.keys
         # The idempotency keys, to delete each only while it names its gang.
         reads = [Get(k.idempotency(g.idempotency_key)) for g in batch if g.idempotency_key]
-        self.l.check_valid()
-        idem = iter((await self.l.store.txn([], reads)).results if reads else ())
+        self.lead.check_valid()
+        idem = iter((await self.lead.store.txn([], reads)).results if reads else ())
         plans = []
         for g in batch:
             kvs = next(idem) if g.idempotency_key else ()
@@ -197,38 +182,38 @@ class GangCollector:
                 *(absent(k.reservation(az, g.id)) for az in sorted(azs | g.azs)),
             ]
             ops: list = [Delete(k.gang(g.id)), Delete(k.decisions(g.id), prefix=True)]
-            if self.l.config.max_expired_ids:
+            if self.lead.config.max_expired_ids:
                 # What GetGang answers once the record is gone: "finished and expired".
-                ops.append(Put(k.expired(g.id), g.expired(collected_at=self.l.wall()).to_dict()))
+                ops.append(Put(k.expired(g.id), g.expired(collected_at=self.lead.wall()).to_dict()))
             if kvs and _names(kvs[0], g.id):
                 compares.append(unchanged(kvs[0]))
                 ops.append(Delete(kvs[0].key))
             plans.append((g, compares, ops))
         if len(plans) > 1:
-            self.l.check_valid()
-            res = await self.l.store.fenced_txn(self.l.fence, [c for _, cs, _ in plans for c in cs],
+            self.lead.check_valid()
+            res = await self.lead.store.fenced_txn(self.lead.fence, [c for _, cs, _ in plans for c in cs],
                                                 [o for _, _, os_ in plans for o in os_])
             if res.succeeded:
                 for g, _, _ in plans:
-                    self.forget(g.id)
+                    self.writer.forget_gang(g.id)
                 return len(plans)
         collected = 0
         for g, compares, ops in plans:
-            self.l.check_valid()
-            res = await self.l.store.fenced_txn(self.l.fence, compares, ops, [Get(k.gang(g.id))])
+            self.lead.check_valid()
+            res = await self.lead.store.fenced_txn(self.lead.fence, compares, ops, [Get(k.gang(g.id))])
             if res.succeeded:
-                self.forget(g.id)
+                self.writer.forget_gang(g.id)
                 collected += 1
                 continue
             kvs = res.results[0]
             if not kvs:
-                self.forget(g.id)  # gone already
+                self.writer.forget_gang(g.id)  # gone already
             else:
                 read, bad = read_records(kvs[:1], GangRecord.from_dict)
                 for cur in read:
-                    self.note(cur)  # changed (or still held somewhere): judged again next sweep
+                    self.writer.note(cur)  # changed (or still held somewhere): judged again next sweep
                 if bad:
-                    self.forget(g.id)  # no longer a record this leader can judge: not collected by it
+                    self.writer.forget_gang(g.id)  # no longer a record this leader can judge: not collected by it
                     log.warning("gang %s not collected: its record is unreadable now: %s", g.id, bad[0][1])
                 else:
                     log.info("gang %s not collected: changed concurrently or still held", g.id)

@@ -1,6 +1,6 @@
 """The driver of two-phase (cross-AZ) reservations (docs/two-phase.md).
 
-One ``TwoPhaseDriver`` per ``AzLeader``. It owns the AZ's ``ParticipantState``
+One ``TwoPhaseDriver`` per leadership. It owns the AZ's ``ParticipantState``
 and one ``OwnerState`` per cross-AZ gang this leader owns, performs their
 effects and feeds the results back as events:
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
@@ -96,7 +96,9 @@ from coordinator.core.twophase import (
 )
 from coordinator.election import observe
 from coordinator.peer_calls import PeerCalls
-from coordinator.book import two_phase_config
+from coordinator.book import Book, two_phase_config
+from coordinator.gang_writer import GangWriter
+from coordinator.leadership import Leadership, RunTime
 from phalanx.store import Compacted, Compare, Delete, Get, Put, StoreUnavailable, absent, unchanged_since
 from phalanx.reservation import HoldState, Reservation
 from phalanx import failpoints
@@ -106,9 +108,6 @@ from phalanx.logfmt import bind_event, log_context
 from phalanx.model import GangState, MemberPhase
 from phalanx.topology import NodeTopology
 from phalanx.v1 import peer_pb2, peer_pb2_grpc
-
-if TYPE_CHECKING:
-    from coordinator.leader import AzLeader
 
 log = logging.getLogger(__name__)
 
@@ -155,17 +154,19 @@ def _plan_of(g: GangRecord) -> dict[str, dict[str, tuple[list[int], list[str]]]]
 
 
 class TwoPhaseDriver:
-    def __init__(self, leader: "AzLeader", peer_channel: Any = None):
-        self.l = leader
-        self.az = leader.az
-        self.store = leader.store
-        self.keys = leader.keys
+    def __init__(self, lead: Leadership, book: Book, writer: GangWriter, run_time: RunTime, peer_channel: Any = None):
+        self.lead = lead
+        self.writer = writer  # every gang-record write goes through it
+        self.run_time = run_time  # what this driver asks of the leader (coordinator/leadership.py)
+        self.az = lead.az
+        self.store = lead.store
+        self.keys = lead.keys
         # Every state of the protocol (the cores, the holds being released,
-        # other AZs as watched, ...) is in the leader's book; this driver
+        # other AZs as watched, ...) is in the leadership's book; this driver
         # keeps only its I/O: futures of calls waiting for a vote or an ack,
         # the peer-address cache, writes in flight, cadences.
-        self.book = leader.book
-        self.cfg = two_phase_config(leader.t)
+        self.book = book
+        self.cfg = two_phase_config(lead.timings)
         self.peer_channel = peer_channel
         self.peers = PeerCalls(self)  # the participant side of the peer calls
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
@@ -197,10 +198,10 @@ class TwoPhaseDriver:
                  gang, inc, self.az, role, n, checks, auth)
 
     def now(self) -> float:
-        return self.l.mono()
+        return self.lead.mono()
 
     def _spawn(self, coro: Any, name: str) -> None:
-        self.l.spawn(coro, name)
+        self.lead.spawn(coro, name)
 
     def feed(self, *routed: Routed) -> None:
         """The one feed loop: each event goes to its core(s), and what they
@@ -208,7 +209,7 @@ class TwoPhaseDriver:
         ``Routed`` events (``_performed``). Every stimulus (an RPC, the watch, a
         timer, the admission cycle, recovery) enters through this method."""
         for r in routed:
-            if self.l.stopped.is_set():
+            if self.lead.stopped.is_set():
                 return
             if Core.PARTICIPANT in r.to:
                 self.perform(self._participant_decides(r.event))
@@ -226,9 +227,9 @@ class TwoPhaseDriver:
         """Perform what a core decided. The effects without I/O take effect
         here, in order, before the feed returns: a vote or an ack answers
         the call waiting for it, a timer is set, a gang's pending reason is
-        noted. Each effect with I/O is a task that ``AzLeader.perform`` (the
-        one interpreter) performs and whose result is fed back; an attempt's
-        Prepares go out together as one task."""
+        noted. Each effect with I/O is a task that ``handle`` performs and
+        whose result is fed back; an attempt's Prepares go out together as
+        one task."""
         prepares = [e for e in effects if isinstance(e, SendPrepare)]
         if prepares:
             self._spawn(self._send_prepares(prepares), f"prepare-{prepares[0].gang}")
@@ -256,7 +257,7 @@ class TwoPhaseDriver:
                     # The owner waits for placement: the next admission
                     # cycle places it (one order with single-AZ gangs).
                     self.book.waiting(e.gang, e.reason)
-                    self.l.wake.set()
+                    self.lead.wake.set()
                 case _:
                     self._spawn(self._performed(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
 
@@ -272,14 +273,11 @@ class TwoPhaseDriver:
     async def _performed(self, e: Effect) -> None:
         """Perform an effect with I/O and feed back what came of it."""
         bind_event(e)  # this effect's task: its lines name the gang and the stimulus that caused it
-        done = await self.l.perform(e)
-        if isinstance(done, fx.ProtocolEvents):
-            self.feed(*done.routed)
+        self.feed(*await self.handle(e))
 
     async def handle(self, e: Effect) -> list[Routed]:
-        """The handler of a protocol effect with I/O (``AzLeader.perform``
-        calls it): do it, and return what came of it with the core(s) it
-        goes to."""
+        """The handler of a protocol effect with I/O: do it, and return what
+        came of it with the core(s) it goes to (``_performed`` feeds it)."""
         match e:
             case WriteHold():
                 return await self._write_hold(e)
@@ -302,9 +300,9 @@ class TwoPhaseDriver:
             case MarkGangFailed():
                 g = self.book.gangs.get(e.gang)
                 if g is not None and not g.state.terminal:
-                    # The gang's run-time effects go through the leader's one
-                    # interpreter (docs/design.md §19.9).
-                    done = await self.l.perform(fx.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
+                    # A gang effect: the leader's gang-effect interpreter
+                    # performs it (docs/design.md §19.9).
+                    done = await self.run_time.perform(fx.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
                     if isinstance(done, fx.WriteRefused):
                         log.info("gang %s: not failed (%s): %s", e.gang, e.reason, done.why)
             case _:
@@ -318,8 +316,8 @@ class TwoPhaseDriver:
         try:
             async for attempt in AsyncRetrying(
                 retry=retry_if_exception_type(StoreUnavailable),
-                stop=stop_after_attempt(5) | stop_after_delay(self.l.t.lease_ttl_s),
-                wait=wait_incrementing(start=self.l.t.store_retry_pause_s, increment=self.l.t.store_retry_pause_s),
+                stop=stop_after_attempt(5) | stop_after_delay(self.lead.timings.lease_ttl_s),
+                wait=wait_incrementing(start=self.lead.timings.store_retry_pause_s, increment=self.lead.timings.store_retry_pause_s),
                 reraise=True,
             ):
                 with attempt:
@@ -331,15 +329,15 @@ class TwoPhaseDriver:
 
     async def _fenced(self, compares: list, ops: list, failure: list = (), gang: str = "") -> Any:
         """A fenced txn; None when its outcome is unknown (timeout)."""
-        self.l.check_valid()
+        self.lead.check_valid()
         try:
             self._rt(gang)
-            return await self.store.fenced_txn(self.l.fence, compares, ops, list(failure))
+            return await self.store.fenced_txn(self.lead.fence, compares, ops, list(failure))
         except StoreUnavailable:
             return None
 
     def _record(self, e: WriteHold) -> Reservation:
-        return dataclasses.replace(e.record(), epoch=self.l.epoch)
+        return dataclasses.replace(e.record(), epoch=self.lead.epoch)
 
     async def _write_hold(self, e: WriteHold) -> list[Routed]:
         """Write the hold under the guard the core chose (absent, or
@@ -371,7 +369,7 @@ class TwoPhaseDriver:
         rev = self.book.hold_committing(e.gang, e.incarnation)
         if rev is not None:
             # Our own PREPARED write, unchanged since: commit it without a read.
-            rec = Reservation(self.az, e.gang, e.incarnation, HoldState.COMMITTED, e.nodes, self.l.epoch)
+            rec = Reservation(self.az, e.gang, e.incarnation, HoldState.COMMITTED, e.nodes, self.lead.epoch)
             hold = self.book.participant.holds.get(e.gang)
             if hold is not None and hold.incarnation == e.incarnation:
                 rec = dataclasses.replace(rec, two_phase=True, owner_az=hold.owner_az, priority=hold.priority,
@@ -386,7 +384,7 @@ class TwoPhaseDriver:
                                                          reason="record is not this incarnation"))]
         if cur.state is HoldState.COMMITTED:
             return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
-        committed = dataclasses.replace(cur, state=HoldState.COMMITTED, epoch=self.l.epoch)
+        committed = dataclasses.replace(cur, state=HoldState.COMMITTED, epoch=self.lead.epoch)
         res = await self._fenced([unchanged_since(key, kv.mod_revision)], [Put(key, committed.to_dict())], gang=e.gang)
         if res is not None and res.succeeded:
             return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
@@ -410,7 +408,7 @@ class TwoPhaseDriver:
         msum = self.keys.member_summary(e.gang, self.az)
         ops.append(Delete(msum))
         res = await self._fenced([unchanged_since(key, kv.mod_revision)], ops, gang=e.gang)
-        self.l.wake.set()  # released or not, the cycle looks again
+        self.lead.wake.set()  # released or not, the cycle looks again
         if res is not None and res.succeeded:
             self.book.hold_released(e.gang, e.incarnation)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
@@ -451,7 +449,7 @@ class TwoPhaseDriver:
                        and _decision(kv, e.gang, e.incarnation).by == self.az)
         if ours:
             log.info("two-phase %s: decided %s#%d = %s (%s)", self.az, e.gang, e.incarnation, outcome.value, e.reason)
-            self.l.metrics.twophase_decided(outcome.value, e.reason)
+            self.lead.metrics.twophase_decided(outcome.value, e.reason)
             if e.gang in self.book.owners:
                 await failpoints.hit("owner.after_decide")
         return [Routed.both(DecisionCreated(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
@@ -471,16 +469,16 @@ class TwoPhaseDriver:
         once), only a deposed owner can no longer create COMMIT this way."""
         g = self.book.gangs.get(e.gang)
         if (e.gang not in self.book.owners or g is None or g.incarnation != e.incarnation
-                or g.state != GangState.RESERVING or self.l.busy(g.id)):
+                or g.state != GangState.RESERVING or self.writer.busy(g.id)):
             return NOT_FOLDED
         new, events = self._reserved(g)
         # The watch may show the COMMIT (and the owner emit MarkGangReserved)
         # before this write's reply is back: _mark_reserved leaves it here.
         self._folding[(e.gang, e.incarnation)] = None
         try:
-            with self.l.acting_on(g.id):
+            with self.writer.acting_on(g.id):
                 self._rt(e.gang)
-                await self.l.write_gang(new, g, ops=[Put(key, value)], compares=[absent(key)], events=events)
+                await self.writer.write(new, g, ops=[Put(key, value)], compares=[absent(key)], events=events)
             done = FOLDED
         except (Conflict, StoreUnavailable) as exc:
             log.info("two-phase %s: COMMIT of %s#%d not written with its RESERVED record (%s); creating it alone",
@@ -497,9 +495,9 @@ class TwoPhaseDriver:
     def _reserved(self, g: GangRecord) -> tuple[GangRecord, list]:
         """The RESERVED record of ``g`` and its event."""
         reason = "committed in every AZ of its plan"
-        reserved = ev.reserved(self.l.wall(), self.l.epoch, g.incarnation,
+        reserved = ev.reserved(self.lead.wall(), self.lead.epoch, g.incarnation,
                                f"{reason} ({', '.join(sorted({m.az for m in g.placement}))})")
-        return g.evolve(state=GangState.RESERVED, reason=reason, updated_at=self.l.wall()), [reserved]
+        return g.evolve(state=GangState.RESERVED, reason=reason, updated_at=self.lead.wall()), [reserved]
 
     async def _write_attempt(self, e: WriteAttempt) -> list[Routed]:
         g = self.book.gangs.get(e.gang)
@@ -512,7 +510,7 @@ class TwoPhaseDriver:
             log.info("two-phase %s: %s ended before its attempt #%d was recorded; its owner stops", self.az, e.gang,
                      e.incarnation)
             self.book.owner_ended(e.gang)
-            self.l.wake.set()
+            self.lead.wake.set()
             return []
         if p is None:
             return [Routed.owner(AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
@@ -524,20 +522,20 @@ class TwoPhaseDriver:
         try:
             # The rendezvous goes into the record with the placement: every
             # AZ's leader dispatches its members from this record.
-            addr, port = self.l.rendezvous_for(g, e.incarnation, placement, await self._node_record(placement[0].az, placement[0].node))
+            addr, port = self.run_time.rendezvous_for(g, e.incarnation, placement, await self._node_record(placement[0].az, placement[0].node))
             new = g.evolve(state=GangState.RESERVING, incarnation=e.incarnation, placement=placement, span=p.span,
-                           reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.l.wall(),
+                           reason=f"two-phase reservation across {', '.join(sorted(p.azs()))}", updated_at=self.lead.wall(),
                            master_addr=addr, master_port=port)
             self._rt(e.gang)
-            placed = ev.placed(self.l.wall(), self.l.epoch, e.incarnation, placement,
+            placed = ev.placed(self.lead.wall(), self.lead.epoch, e.incarnation, placement,
                                f"two-phase across {', '.join(sorted(p.azs()))}: {p.reason}")
             await failpoints.hit("owner.before_attempt_write")
-            await self.l.write_gang(new, g, events=[placed])
+            await self.writer.write(new, g, events=[placed])
         except (Conflict, StoreUnavailable) as exc:
             return [Routed.owner(AttemptWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
                                                     reason=str(exc)))]
         finally:
-            self.l.rendezvous_settled(e.gang)
+            self.run_time.rendezvous_settled(e.gang)
         return [Routed.owner(AttemptWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
 
     async def _mark_reserved(self, e: MarkGangReserved) -> None:
@@ -551,9 +549,9 @@ class TwoPhaseDriver:
         if g.state == GangState.RESERVING:
             try:
                 new, events = self._reserved(g)
-                with self.l.acting_on(g.id):
+                with self.writer.acting_on(g.id):
                     self._rt(e.gang)
-                    written = await self.l.write_gang(new, g, events=events)
+                    written = await self.writer.write(new, g, events=events)
             except Conflict as exc:
                 log.info("gang %s: %s", e.gang, exc)
                 cur = self.book.gangs.get(e.gang)  # (write_gang keeps what it found)
@@ -562,7 +560,7 @@ class TwoPhaseDriver:
                 written = cur  # our folded write applied though its reply was lost
         self._report_requests(e.gang, e.incarnation, "owner")
         self.book.placed(e.gang)
-        self._spawn(self.l.perform(fx.MarkStarting(written, stimulus_id=e.stimulus_id)), f"starting-{e.gang}")
+        self._spawn(self.run_time.perform(fx.MarkStarting(written, stimulus_id=e.stimulus_id)), f"starting-{e.gang}")
 
     # -------------------------------------------------------------- peers
     async def _peer_call(self, az: str, gang: str, method: str, req: Any) -> Any:
@@ -593,21 +591,21 @@ class TwoPhaseDriver:
         return None
 
     def identity(self) -> Any:
-        return peer_pb2.PeerIdentity(az=self.az, epoch=self.l.epoch, coordinator_id=self.l.info.coordinator_id)
+        return peer_pb2.PeerIdentity(az=self.az, epoch=self.lead.epoch, coordinator_id=self.lead.info.coordinator_id)
 
     async def _send_prepares(self, prepares: list[SendPrepare]) -> None:
-        """Every Prepare of an attempt at once, each performed by the one
-        interpreter; once all are answered (or timed out), the votes go to
+        """Every Prepare of an attempt at once, each performed by
+        ``handle``; once all are answered (or timed out), the votes go to
         the owner (a peer that did not answer is left to the vote timer)."""
         bind_event(prepares[0])
-        results = await asyncio.gather(*(self.l.perform(p) for p in prepares), return_exceptions=True)
+        results = await asyncio.gather(*(self.handle(p) for p in prepares), return_exceptions=True)
         await failpoints.hit("owner.after_prepare")
         votes = []
         for r in results:
             if isinstance(r, NotLeader):
                 raise r
-            if isinstance(r, fx.ProtocolEvents):
-                votes.extend(r.routed)
+            if isinstance(r, list):
+                votes.extend(r)
         self.feed(*votes)
 
     async def _prepare(self, p: SendPrepare) -> list[Routed]:
@@ -657,11 +655,11 @@ class TwoPhaseDriver:
     # ------------------------------------------------ what the peer calls use
     @property
     def epoch(self) -> int:
-        return self.l.epoch
+        return self.lead.epoch
 
     def node_connected(self, node: str) -> bool:
         """Whether ``node``'s agent has a live session with this leader."""
-        return node in self.l.conns
+        return self.run_time.node_connected(node)
 
     @property
     def vote_timeout_s(self) -> float:
@@ -745,12 +743,12 @@ class TwoPhaseDriver:
         placed on come as not ready, so shortfalls count them), every
         registered node's topology in every AZ (for never-fits), and the AZs
         that have a leader now. No etcd request."""
-        views = list(self.l.placeable_nodes())
+        views = list(self.run_time.placeable_nodes())
         placeable = {v.name for v in views}
         views += [NodeView(topology=n.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
                   for name, n in self.book.nodes.items() if name not in placeable and capacity.takes_work(n)]
         views += self.other_azs_view()
-        registered = self.l.registered_topologies() + self.other_azs_registered()
+        registered = self.run_time.registered_topologies() + self.other_azs_registered()
         return views, registered, set(self.book.remote.led) | {self.az}
 
     # ------------------------------------------------------------ dispatch
@@ -789,7 +787,7 @@ class TwoPhaseDriver:
                 self._maybe_finish(g)
                 return
         log.info("two-phase %s: dispatching %s#%d to %s", self.az, g.id, g.incarnation, sorted(e.nodes))
-        await self.l.perform(fx.SendAssignments(g, stimulus_id=e.stimulus_id))
+        await self.run_time.perform(fx.SendAssignments(g, stimulus_id=e.stimulus_id))
 
     async def on_register(self, node: str, reported: dict[tuple[str, int], set[int]]) -> None:
         """An agent (re)connected: members of committed cross-AZ holds on its
@@ -805,7 +803,7 @@ class TwoPhaseDriver:
             skip = cross_az_members.to_send_again(g, node, reported.get((gang, hold.incarnation), ()),
                                                   self.book.local_reports.get((gang, hold.incarnation), {}))
             if skip is not None:
-                await self.l.perform(fx.SendAssignments(g, only_node=node, skip_ranks=skip))
+                await self.run_time.perform(fx.SendAssignments(g, only_node=node, skip_ranks=skip))
 
     async def _fresh_gang(self, gang: str) -> GangRecord | None:
         kv = await self._read(self.keys.gang(gang))
@@ -891,7 +889,7 @@ class TwoPhaseDriver:
         if g is None or summary.incarnation != g.incarnation:
             return
         self.book.members_reported(gang, g.incarnation, summary.members)
-        self._spawn(self.l.evaluate(gang), f"evaluate-{gang}")
+        self._spawn(self.run_time.evaluate(gang), f"evaluate-{gang}")
 
     # --------------------------------------------------------- finishing
     def _maybe_finish(self, g: GangRecord) -> None:
@@ -910,13 +908,13 @@ class TwoPhaseDriver:
             g, az=self.az, incarnation=inc, prepared=hold.state is HoldState.PREPARED,
             told=key_ in self.book.finished_fed, revoked_at=self.book.revoked_at.get(key_),
             reports=self.book.local_reports.get(key_, {}), published=self.book.published.get(key_), now=now,
-            replace_after_s=self.l.t.replace_after_s)
+            replace_after_s=self.lead.timings.replace_after_s)
         if step is None:
             return
         if step.revoke:
             self.book.hold_revoked(g.id, inc, now)
             for node in hold.nodes:
-                self.l.send(node, Revoke(g.id, inc, g.reason or "gang over"))
+                self.run_time.send(node, Revoke(g.id, inc, g.reason or "gang over"))
         if step.stopped:
             # Past the fence deadline: whatever did not report is gone (its
             # agent has stopped it); say so, so that the owner stops waiting.
@@ -948,7 +946,7 @@ class TwoPhaseDriver:
         mine = k.reservations(self.az)
         res_kvs = [kv for kv in all_res_kvs if kv.key.startswith(mine)]
         if self.book.remote.reset(node_kvs, all_res_kvs, leader_kvs):  # (skips this AZ's records; keeps every epoch)
-            self.l.wake.set()
+            self.lead.wake.set()
         gangs = {g.id: g for g in read_records(gang_kvs, GangRecord.from_dict)[0]}
         for g in gangs.values():
             if not g.state.terminal and g.owner_az != self.az:
@@ -971,7 +969,7 @@ class TwoPhaseDriver:
                 finished.append((r.gang, r.incarnation))
             elif g is not None:
                 self.book.gang_cached(g)
-        self.feed(Routed.participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.l.epoch}", reservations=records,
+        self.feed(Routed.participant(ParticipantRecovered(stimulus_id=f"recover:{self.az}:{self.lead.epoch}", reservations=records,
                                                           decisions=decisions, finished=finished)))
         # Member summaries of this AZ (the agents will re-report anyway).
         for kv in sum_kvs:
@@ -1009,7 +1007,7 @@ class TwoPhaseDriver:
             # Rebuild the Placement for the ranks (WriteAttempt is not
             # re-issued for this incarnation, but MarkGangReserved needs none).
             pass
-        self.feed(Routed.owner(OwnerRecovered(stimulus_id=f"owner-recover:{g.id}:{self.l.epoch}", gang=g.id,
+        self.feed(Routed.owner(OwnerRecovered(stimulus_id=f"owner-recover:{g.id}:{self.lead.epoch}", gang=g.id,
                                               incarnation=g.incarnation, plan=plan, decision=decision, finished=finished)))
 
     def tick(self) -> None:
@@ -1023,14 +1021,14 @@ class TwoPhaseDriver:
                 self.start_owner(step.gang)
             else:
                 self.feed(step)
-        if now - self._last_eval > self.l.t.member_evaluate_interval_s:
+        if now - self._last_eval > self.lead.timings.member_evaluate_interval_s:
             # Member summaries may arrive while a write of the gang is in
             # flight (then _evaluate skips them): re-evaluate owned cross-AZ
             # gangs periodically; it writes only on a transition.
             self._last_eval = now
             for g in list(self.book.gangs.values()):
-                if spans_azs(g) and not self.l.busy(g.id) and g.state not in (GangState.PENDING, GangState.RESERVING):
-                    self._spawn(self.l.evaluate(g.id), f"evaluate-{g.id}")
+                if spans_azs(g) and not self.writer.busy(g.id) and g.state not in (GangState.PENDING, GangState.RESERVING):
+                    self._spawn(self.run_time.evaluate(g.id), f"evaluate-{g.id}")
         for gang, o in list(self.book.owners.items()):
             if gang not in self.book.gangs and o.phase.settled:
                 # Ended (or adopted elsewhere) and nothing in flight: forget it.
@@ -1046,7 +1044,7 @@ class TwoPhaseDriver:
     async def watch(self) -> None:
         """One watch on the cluster root from the recovery revision."""
         rev = self.revision + 1
-        while not self.l.stopped.is_set():
+        while not self.lead.stopped.is_set():
             try:
                 async for batch in self.store.watch_prefix(self.keys.root, rev):
                     for ev in batch:
@@ -1072,10 +1070,10 @@ class TwoPhaseDriver:
                         break
                     except StoreUnavailable as exc:
                         log.info("two-phase watch: cannot read other AZs' inventory (%s); retrying", exc)
-                        await asyncio.sleep(self.l.t.store_retry_pause_s)
+                        await asyncio.sleep(self.lead.timings.store_retry_pause_s)
             except StoreUnavailable as exc:
                 log.info("two-phase watch broke (%s); resuming from %d", exc, rev)
-                await asyncio.sleep(self.l.t.store_retry_pause_s)
+                await asyncio.sleep(self.lead.timings.store_retry_pause_s)
 
     def _on_watch(self, ev: Any) -> None:
         k = self.keys
@@ -1117,13 +1115,13 @@ class TwoPhaseDriver:
         elif key.startswith(k.leaders()):
             az = key[len(k.leaders()):]
             if self.book.remote.on_leader(az, ev.kv if ev.kind == "put" else None, self.now()):
-                self.l.wake.set()  # its nodes may be placed on again
+                self.lead.wake.set()  # its nodes may be placed on again
         elif key.startswith(k.nodes()):
             if self.book.remote.on_node(key, ev.kv if ev.kind == "put" else None):
-                self.l.wake.set()
+                self.lead.wake.set()
         elif key.startswith(k.reservations()):
             if self.book.remote.on_reservation(key, ev.kv if ev.kind == "put" else None):
-                self.l.wake.set()
+                self.lead.wake.set()
 
     # ------------------------------------------------- other AZs' inventory
     async def _reread_other_azs(self) -> int:
@@ -1141,7 +1139,7 @@ class TwoPhaseDriver:
         # gangs' records refill from the watch, since an attempt's write
         # precedes its Prepare.
         if self.book.remote.reset(node_kvs, res_kvs, leader_kvs):
-            self.l.wake.set()
+            self.lead.wake.set()
         return rev
 
     def forget(self, gang: str) -> None:
@@ -1166,24 +1164,24 @@ class TwoPhaseDriver:
         ``owner_adopt_after_s`` (fenced txn guarded by the gang record's
         mod_revision: at most one leader wins each gang)."""
         now = self.now()
-        if now - self._last_leader_poll < self.l.t.owner_loss_poll_s:
+        if now - self._last_leader_poll < self.lead.timings.owner_loss_poll_s:
             return
         self._last_leader_poll = now
         kvs, _ = await self.store.get_prefix(self.keys.leaders())
         self.book.remote.on_leaders_polled((kv.key[len(self.keys.leaders()):] for kv in kvs), now)
-        orphaned = self.book.remote.orphaned(now, self.l.t.owner_adopt_after_s)
+        orphaned = self.book.remote.orphaned(now, self.lead.timings.owner_adopt_after_s)
         if not orphaned:
             return
         gkvs, _ = await self.store.get_prefix_paged(self.keys.gangs())
         for g in read_records(gkvs, GangRecord.from_dict)[0]:
             if g.owner_az not in orphaned or g.state != GangState.PENDING:
                 continue
-            new = g.evolve(owner_az=self.az, updated_at=self.l.wall(),
-                           reason=f"adopted by {self.az}: {g.owner_az} has had no leader for over {self.l.t.owner_adopt_after_s:g}s")
+            new = g.evolve(owner_az=self.az, updated_at=self.lead.wall(),
+                           reason=f"adopted by {self.az}: {g.owner_az} has had no leader for over {self.lead.timings.owner_adopt_after_s:g}s")
             try:
-                await self.l.write_gang(new, g, events=[ev.adopted(self.l.wall(), self.l.epoch, g.incarnation, new.reason)])
+                await self.writer.write(new, g, events=[ev.adopted(self.lead.wall(), self.lead.epoch, g.incarnation, new.reason)])
                 log.warning("adopted gang %s from leaderless AZ %s", g.id, g.owner_az)
-                self.l.wake.set()
+                self.lead.wake.set()
             except Conflict:
                 cur = self.book.gangs.get(g.id)
                 if cur is not None and cur.owner_az != self.az:

@@ -155,8 +155,8 @@ MUTATIONS: tuple[Mutation, ...] = (
       "free_nics=frozenset(n.name for n in topo.nics if n.usable) - frozenset(used.nics),",
       "free_nics=frozenset(n.name for n in topo.nics) - frozenset(used.nics),"),
     # the leader's gang writer
-    m("W1", "coordinator/leader.py", "a gang write loses against a newer record (or an existing one)",
-      "guard = [unchanged_since(self.keys.gang(new.id), old.mod_revision)] if old else [absent(self.keys.gang(new.id))]",
+    m("W1", "coordinator/gang_writer.py", "a gang write loses against a newer record (or an existing one)",
+      "guard = [unchanged_since(keys.gang(new.id), old.mod_revision)] if old else [absent(keys.gang(new.id))]",
       "guard = []", PERFORM),
     # the checks of a peer caller (the peer calls' driver and their core)
     m("D1", PEERS, "a Prepare's caller is its AZ's current leader (read path)",

@@ -28,7 +28,6 @@ from coordinator.core.placement import Placement
 from coordinator.core.progress import MemberReport
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
 from coordinator.core.rendezvous import pick_master_port
-from coordinator.core.twophase_events import Routed
 from phalanx.agent_messages import Assign, MemberStatus
 from phalanx.errors import AlreadyExists, Conflict
 from phalanx.model import GangState, MemberPhase
@@ -278,16 +277,7 @@ class NotApplied:
     gang: str
 
 
-@dataclass(frozen=True)
-class ProtocolEvents:
-    """What a cross-AZ protocol effect (coordinator/core/twophase_events.py)
-    came to, each event with the core it goes to (``Routed``): the two-phase
-    driver's feed loop hands them on (docs/design.md §19.9)."""
-
-    routed: tuple[Routed, ...] = ()
-
-
-Event = Performed | GangWritten | WriteRefused | NotApplied | ProtocolEvents
+Event = Performed | GangWritten | WriteRefused | NotApplied
 
 
 # ---------------------------------------------------------------- admission

@@ -46,7 +46,7 @@ async def starting_gang(leader: AzLeader, store: Store, name: str) -> GangRecord
                     {"n0": NodeDevices((0,), ()), "n1": NodeDevices((0,), ())}, leader.epoch)
     leader.book.reservations[rec.id] = r
     leader.book.ledger.hold(r)
-    return await leader.write_gang(rec.evolve(state=GangState.STARTING, placement=placement, updated_at=time.time()),
+    return await leader.writer.write(rec.evolve(state=GangState.STARTING, placement=placement, updated_at=time.time()),
                                    rec, [Put(store.keys.reservation(AZ, rec.id), r.to_dict())])
 
 
@@ -117,7 +117,7 @@ async def test_a_late_reply_does_not_take_the_book_back(leader: AzLeader, store:
     failpoints.arm("leader.gang_write_replied", "delay(3)")
     try:
         # STARTING -> RUNNING commits; its reply is taken in only later.
-        running = asyncio.create_task(leader.write_gang(g.evolve(state=GangState.RUNNING, reason="all started"), g))
+        running = asyncio.create_task(leader.writer.write(g.evolve(state=GangState.RUNNING, reason="all started"), g))
         await wait_for("RUNNING in etcd",
                        lambda: _state_is(store, gkey, GangState.RUNNING))
     finally:

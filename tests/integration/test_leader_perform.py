@@ -1,5 +1,5 @@
-"""Driver-level tests of the leader's one interpreter and the two-phase feed
-loop (docs/design.md §19.8, §19.9; docs/two-phase.md "The driver").
+"""Driver-level tests of the leader's gang-effect interpreter, the two-phase
+driver's handler and its feed loop (docs/design.md §19.8, §19.9; docs/two-phase.md "The driver").
 
 A real ``AzLeader`` is built in the test process, as coordinator/server.py
 builds it: a ``Store`` as the cluster's coordinator user (TLS, etcd auth), a
@@ -20,7 +20,6 @@ import grpc
 import pytest
 
 from coordinator.config import CoordinatorConfig
-from coordinator.core import gang_effects as fx
 from coordinator.core.twophase import (
     Core,
     CreateDecision,
@@ -143,17 +142,16 @@ def write_hold(gang: str, inc: int = 1, stimulus: str = "test-write-hold") -> Wr
 
 # ---------------------------------------------------------------- 1
 async def test_perform_write_hold_writes_prepared_record_once(leader: AzLeader, store: Store) -> None:
-    """Fails if: perform does not route WriteHold to the driver's handler (no
-    ProtocolEvents, or an event other than HoldWritten, or not routed to the
+    """Fails if: the driver's handler of WriteHold returns no events, or an
+    event other than HoldWritten, or one not routed to the
     participant core only); the record is not PREPARED with these devices,
     this incarnation, the leader's epoch and the owner's order fields; or a
     second identical WriteHold overwrites the record (mod_revision moves) or
     answers anything but HoldFound(found=1) with the stored revision."""
     gang = "g-hold"
-    done = await leader.perform(write_hold(gang))
-    assert isinstance(done, fx.ProtocolEvents), done
-    assert len(done.routed) == 1, done.routed
-    (r,) = done.routed
+    done = await leader.twophase.handle(write_hold(gang))
+    assert len(done) == 1, done
+    (r,) = done
     assert r.to == frozenset({Core.PARTICIPANT})
     assert r.event == HoldWritten(stimulus_id="test-write-hold", gang=gang, incarnation=1)
 
@@ -166,13 +164,12 @@ async def test_perform_write_hold_writes_prepared_record_once(leader: AzLeader, 
     assert rec.epoch == leader.epoch
     # The driver remembers the revision it wrote (MarkCommitted commits it without a read).
     assert leader.book.hold_revision[(gang, 1)] == rev
-    # perform only returns the events: nothing was fed to the participant.
+    # handle only returns the events: nothing was fed to the participant.
     assert gang not in leader.book.participant.holds
 
-    again = await leader.perform(write_hold(gang, stimulus="test-write-hold-2"))
-    assert isinstance(again, fx.ProtocolEvents), again
-    assert len(again.routed) == 1, again.routed
-    (r2,) = again.routed
+    again = await leader.twophase.handle(write_hold(gang, stimulus="test-write-hold-2"))
+    assert len(again) == 1, again
+    (r2,) = again
     assert r2.to == frozenset({Core.PARTICIPANT})
     assert r2.event == HoldFound(stimulus_id="test-write-hold-2", gang=gang, incarnation=1, found=1, revision=rev)
     rec2, rev2 = await read_hold(store, gang)
@@ -184,7 +181,7 @@ async def test_perform_write_hold_writes_prepared_record_once(leader: AzLeader, 
 async def test_feed_loop_prepare_then_abort_writes_and_releases_the_hold(leader: AzLeader, store: Store) -> None:
     """The feed loop end to end, no peers. Fails if: the participant does not
     claim the devices at once (synchronously in feed); the WriteHold it
-    decides is not spawned through AzLeader.perform, or its HoldWritten is
+    decides is not spawned through the driver's handler, or its HoldWritten is
     not fed back (the record never appears, or the hold stays
     ``written=False`` without a prepare deadline); the ABORT does not drop
     the hold at once while keeping its devices in ``book.releasing``; or
@@ -250,11 +247,10 @@ async def test_perform_create_decision_is_create_if_absent(leader: AzLeader, sto
 
     async def create(n: int, outcome: Outcome, reason: str) -> Any:
         """Perform the n-th create; the one event it returns, routed to both cores."""
-        done = await leader.perform(CreateDecision(stimulus_id=f"test-dec-{n}", gang=gang, incarnation=1,
-                                                   outcome=outcome, reason=reason))
-        assert isinstance(done, fx.ProtocolEvents), done
-        assert [r.to for r in done.routed] == [frozenset({Core.PARTICIPANT, Core.OWNER})]
-        return done.routed[0].event
+        done = await leader.twophase.handle(CreateDecision(stimulus_id=f"test-dec-{n}", gang=gang, incarnation=1,
+                                                           outcome=outcome, reason=reason))
+        assert [r.to for r in done] == [frozenset({Core.PARTICIPANT, Core.OWNER})]
+        return done[0].event
 
     assert await create(1, first, "test first") == DecisionCreated(stimulus_id="test-dec-1", gang=gang, incarnation=1,
                                                                    won=True, outcome=first)
@@ -283,7 +279,7 @@ def _no_io_effects(gang: str) -> list[Any]:
 @pytest.mark.parametrize("index", range(len(_no_io_effects("x"))),
                          ids=[type(e).__name__ for e in _no_io_effects("x")])
 async def test_perform_refuses_protocol_effects_without_io(leader: AzLeader, store: Store, index: int) -> None:
-    """Fails if: AzLeader.perform accepts a protocol effect that has no I/O
+    """Fails if: the driver's handler accepts a protocol effect that has no I/O
     (those take effect in the feed, before it returns, never as a task), or
     raises something other than TypeError, or one that does not name the
     effect; or if performing it had an effect anyway (a pending reason
@@ -291,7 +287,7 @@ async def test_perform_refuses_protocol_effects_without_io(leader: AzLeader, sto
     gang = "g-noio"
     effect = _no_io_effects(gang)[index]
     with pytest.raises(TypeError, match=type(effect).__name__):
-        await leader.perform(effect)
+        await leader.twophase.handle(effect)
     await asyncio.sleep(0.1)  # (a timer at 0 would have fired by now)
     assert gang not in leader.book.pending_reason
     assert not leader.book.participant.holds
@@ -441,14 +437,14 @@ async def test_write_gang_loses_to_a_newer_record(leader: AzLeader, store: Store
     spec = GangSpec(name=gang, members=1, resources=Resources(gpus=1))
     base = GangRecord(id=gang, spec=spec, state=GangState.FAILED, owner_az=AZ, submitted_at=1000.0,
                       updated_at=1000.0, reason="first")
-    first = await leader.write_gang(base, None)
-    newer = await leader.write_gang(first.evolve(updated_at=1001.0, reason="newer"), first)
+    first = await leader.writer.write(base, None)
+    newer = await leader.writer.write(first.evolve(updated_at=1001.0, reason="newer"), first)
     assert newer.mod_revision > first.mod_revision
 
     with pytest.raises(Conflict, match=f"gang {gang} changed concurrently"):
-        await leader.write_gang(first.evolve(updated_at=1002.0, reason="stale"), first)
+        await leader.writer.write(first.evolve(updated_at=1002.0, reason="stale"), first)
     with pytest.raises(Conflict, match=f"gang {gang} changed concurrently"):
-        await leader.write_gang(base.evolve(reason="created again"), None)
+        await leader.writer.write(base.evolve(reason="created again"), None)
     kv = await store.get(store.keys.gang(gang))
     assert kv is not None and kv.mod_revision == newer.mod_revision
     assert GangRecord.from_dict(kv.json(), kv.mod_revision).reason == "newer"

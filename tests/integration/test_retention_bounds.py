@@ -107,7 +107,7 @@ async def test_count_bound_collects_the_oldest_and_expired_ids_are_bounded(store
         # Two more finish: two more go, and the expired ids keep the newest KEEP_EXPIRED.
         more = await put_finished(store, [finished(i, now + 10) for i in range(5, 7)])
         for g in more:
-            ldr.collector.note(g)
+            ldr.writer.note(g)
         clock.ahead += T.submit_retry_window_s + 1
         assert await ldr.collector.sweep() == 2
         assert await keys_under(store, store.keys.gangs()) == {g.id for g in more}

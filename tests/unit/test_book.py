@@ -13,7 +13,9 @@ import pytest
 
 from coordinator.book import Book, two_phase_config
 from coordinator.core.twophase import GangSubmitted, OwnerPhase, OwnerState, PrepareReceived
+from coordinator.gang_writer import GangWriter
 from coordinator.leader import AzLeader
+from coordinator.leadership import Leadership
 from coordinator.retention import GangCollector
 from coordinator.peer_calls import PeerCalls
 from coordinator.twophase_driver import TwoPhaseDriver
@@ -153,12 +155,15 @@ IO_ONLY = {
     AzLeader: {
         "conns": "agent sessions (gRPC streams)",
         "pending_classes": "the metrics gauge's last classes",
-        "_counted": "what the metrics counters last counted",
         "_verdicts": "never-fits memo",
+        "_picking": "rendezvous ports being picked for writes in flight",
+    },
+    Leadership: {"_tasks": "asyncio tasks"},
+    GangWriter: {
+        "_counted": "what the metrics counters last counted",
         "_inflight": "writes in flight",
         "_unwritten_events": "events riding on the next write",
-        "_picking": "rendezvous ports being picked for writes in flight",
-        "_tasks": "asyncio tasks",
+        "_on_forget": "who else forgets a collected gang",
     },
     TwoPhaseDriver: {
         "_leaders": "peer address cache",

@@ -29,11 +29,6 @@ CHECKED = ("coordinator", "phalanx")
 
 # (importer, imported) -> why the edge is still there.
 KNOWN_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    ("coordinator.twophase_driver", "coordinator.leader"):
-        "the driver uses ~22 members of AzLeader and the leader builds the driver (issue 23 item 1: "
-        "a Leadership context injected into both)",
-    ("coordinator.retention", "coordinator.leader"):
-        "the collector is built by and reads AzLeader (issue 23 item 1, with the driver)",
 }
 KNOWN_LAYER_BREAKS: dict[tuple[str, str], str] = {}
 
