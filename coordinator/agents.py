@@ -17,7 +17,8 @@ import grpc
 from coordinator import refusals
 from coordinator.core import peer_auth, token_read
 from coordinator.throttle import Throttled
-from coordinator.leader import AgentConn, AzLeader
+from coordinator.leader import AzLeader
+from coordinator.node_sessions import AgentConn
 from coordinator.serving import ServingContext
 from phalanx import agent_messages as am
 from phalanx.logfmt import bind, log_context, new_stimulus

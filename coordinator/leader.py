@@ -12,18 +12,15 @@ leader starts from etcd and the agents' re-registrations.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import functools
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from coordinator.book import Book
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
-from coordinator.core import capacity, lifecycle, peer_auth, progress
+from coordinator.core import capacity, lifecycle
 from coordinator.core import explanation, gang_effects as fx
 from coordinator.core.explanation import Explanation
 from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, spans_azs, without
@@ -34,7 +31,8 @@ from coordinator.core.records import (UNREADABLE, GangRecord, IdempotencyRecord,
                                       NodeRecord, holds_for_unreadable, read_records)
 from phalanx.reservation import Reservation
 from coordinator.gang_writer import GangWriter
-from coordinator.leadership import Leadership, RunTime
+from coordinator.leadership import Leadership, RunTime, current_stimulus
+from coordinator.node_sessions import AgentConn, NodeSessions
 from coordinator.metrics import CoordinatorMetrics, pending_class
 from coordinator.retention import GangCollector
 from coordinator.twophase_driver import TwoPhaseDriver
@@ -44,29 +42,14 @@ from phalanx.store import Delete, Get, Put, Store, StoreUnavailable, absent
 from phalanx.timings import Timings
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
-from phalanx.logfmt import bind, current, log_context, new_stimulus
+from phalanx.logfmt import bind, log_context, new_stimulus
 from phalanx.errors import AlreadyExists, StoreUnavailable, Conflict, DataLoss, FailedPrecondition, NotFound, NotLeader
 from phalanx.errors import StoreSpaceExhausted
-from phalanx.model import GangState, MemberPhase
+from phalanx.model import GangState
 from phalanx.spec import GangSpec
 from phalanx.topology import NodeTopology
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class AgentConn:
-    """One agent's live Session stream at this leader."""
-
-    node: str
-    agent_id: str
-    topology: NodeTopology
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    last_seen: float = 0.0  # monotonic
-    closed: bool = False
-    address: str = ""  # advertised for rendezvous ("" = older agent: the node name is used)
-    ports: tuple[int, int] = DEFAULT_PORTS  # its rendezvous port range
-    identity: Any = None  # phalanx.certs.Identity of its client certificate (None: plaintext)
 
 
 class AzLeader:
@@ -91,13 +74,11 @@ class AzLeader:
         self.book = Book.of(self.az, self.lead.keys, self.timings)
         # The one writer of gang records, shared with the driver and the collector.
         self.writer = GangWriter(self.lead, self.book)
-        self.conns: dict[str, AgentConn] = {}
         # Never-fits answers by request shape, valid while the registered
         # nodes do not change (keyed by the FabricIndex they were built with).
         self._verdicts: dict[tuple, str] = {}
         # (the index, other AZs' node-record version) the memo was built for
         self._verdicts_for: tuple[FabricIndex, int, tuple[NodeTopology, ...]] | None = None
-        self._node_writes = asyncio.Lock()  # one node-record write at a time (_write_node)
         self.led_since = mono()  # reset once rebuilt: when this leadership began to act
         # Set once rebuild() has loaded gangs and reservations from etcd. The
         # server publishes this leader (and agents may register) before run()
@@ -107,12 +88,15 @@ class AzLeader:
         # Rendezvous ports picked for placements whose write is in flight
         # (gang -> (rank-0 node, port)): taken for concurrent picks too.
         self._picking: dict[str, tuple[str, int]] = {}
-        self.index = FabricIndex()  # static node facts, refreshed when a node registers
         # Reservation txns in flight at once (CoordinatorConfig.reserve_parallelism).
         self._reserve_slots = asyncio.Semaphore(config.reserve_parallelism)
         self.twophase = TwoPhaseDriver(self.lead, self.book, self.writer, self.run_time(), peer_channel)
         self.collector = GangCollector(self.lead, self.book, self.writer)
         self.writer.when_forgotten(self.twophase.forget)
+        # Agent sessions and node records (coordinator/node_sessions.py).
+        self.nodes = NodeSessions(self.lead, self.book, self.writer, self.twophase, perform=self.perform,
+                                  evaluate=self.evaluate, transition=self._transition,
+                                  until_rebuilt=self.until_rebuilt)
 
     # What the server, the agent service and tests read of the leadership.
     @property
@@ -197,17 +181,48 @@ class AzLeader:
 
     async def stop(self) -> None:
         self.lead.stop()
-        for conn in list(self.conns.values()):
-            conn.closed = True
-            conn.queue.put_nowait(None)
-        self.conns.clear()
+        self.nodes.close_all()
 
     # The leader's public face: what the server and the two-phase driver use
     # (docs/design.md §19.6). Nothing outside this class touches its private
     # members (tests/unit/test_no_private_reach.py).
     def node_connected(self, node: str) -> bool:
         """Whether the node's agent has a session with this leader."""
-        return node in self.conns
+        return self.nodes.node_connected(node)
+
+    def send(self, node: str, msg: Assign | Revoke) -> None:
+        """Queue a message on the node's session (dropped if it has none)."""
+        self.nodes.send(node, msg)
+
+    @property
+    def conns(self) -> dict[str, AgentConn]:
+        """The agent sessions (coordinator/agents.py reads them)."""
+        return self.nodes.conns
+
+    # Agent events and an admin's node commands: coordinator/node_sessions.py.
+    async def on_register(self, conn: AgentConn, members: list[Any]) -> None:
+        await self.nodes.on_register(conn, members)
+
+    def on_heartbeat(self, conn: AgentConn) -> bool:
+        return self.nodes.on_heartbeat(conn)
+
+    async def on_member(self, conn: AgentConn, m: Any) -> None:
+        await self.nodes.on_member(conn, m)
+
+    def on_disconnect(self, conn: AgentConn) -> None:
+        self.nodes.on_disconnect(conn)
+
+    def heartbeats(self) -> dict[str, float]:
+        return self.nodes.heartbeats()
+
+    async def cordon(self, node: str, cordoned: bool) -> NodeRecord:
+        return await self.nodes.cordon(node, cordoned)
+
+    async def drain(self, node: str, requeue: bool) -> tuple[NodeRecord, list[str], list[str]]:
+        return await self.nodes.drain(node, requeue)
+
+    async def delete_node(self, node: str, force: bool) -> list[str]:
+        return await self.nodes.delete_node(node, force)
 
     def rendezvous_settled(self, gang_id: str) -> None:
         """The write carrying the port ``rendezvous_for`` picked for the gang
@@ -271,10 +286,6 @@ class AzLeader:
             self.book.node_restored(n, now)
 
     # -------------------------------------------------------------- effects
-    def _stimulus(self) -> str:
-        """The stimulus bound in the log context: each effect carries it."""
-        return str(current().get("stimulus", "") or "")
-
     async def perform(self, effect: fx.Effect) -> fx.Event:
         """Perform one gang effect a core decided (coordinator/core/
         gang_effects.py) and return what came of it: the interpreter of gang
@@ -319,13 +330,13 @@ class AzLeader:
             case fx.MarkStarting():
                 await self.mark_starting(effect.gang)
             case fx.CloseSession():
-                self._close_session(effect.node)
+                self.nodes.close_session(effect.node)
             case fx.MarkNodeNotReady():
-                await self._mark_not_ready(effect)
+                await self.nodes.mark_not_ready(effect)
             case fx.NodeLost():
-                await self._lose_node(effect)
+                await self.nodes.lose_node(effect)
             case fx.RegisterNode():
-                await self._register_node(effect)
+                await self.nodes.register_node(effect)
             case fx.IgnoreMemberReport():
                 log.warning("ignored a member report at registration: %s", effect.why)
             case fx.PublishMemberReport():
@@ -481,7 +492,7 @@ class AzLeader:
         inc = g.incarnation
         t = lifecycle.teardown(g, state, reason, events, self.book.reservations.get(g.id),
                                lifecycle.live_member_nodes(g, self.book.members.get((g.id, inc), {})), self.lead.wall(), self.epoch)
-        effect = fx.TearDown(g, t, self._stimulus())
+        effect = fx.TearDown(g, t, current_stimulus())
         done = await self.perform(effect)
         if isinstance(done, fx.WriteRefused):
             raise Conflict(done.why)
@@ -532,13 +543,13 @@ class AzLeader:
         holds (PREPARED or COMMITTED) and cross-AZ releases not yet done."""
         taken = capacity.held((self.az, s) for s in self.book.held_slices())
         up = [(rec.topology, True) for name, rec in self.book.nodes.items()
-              if (live := self.book.liveness.get(name)) is not None and live.ready and name in self.conns
+              if (live := self.book.liveness.get(name)) is not None and live.ready and name in self.nodes.conns
               and not rec.cordoned]
         return capacity.free_view(up, taken)
 
     async def cycle(self) -> None:
         self.lead.check_valid()
-        await self._check_liveness()
+        await self.nodes.check_liveness()
         await self._check_start_barrier()
         self.twophase.tick()
         try:
@@ -555,7 +566,7 @@ class AzLeader:
                          if isinstance(d, FailAdmission) and spans_azs(d.gang) and not d.never_fits}
         effects = fx.admission_effects(decisions, az=self.az, epoch=self.epoch, now=self.lead.wall(),
                                        pending_class=pending_class, last_attempts=last_attempts,
-                                       stimulus_id=self._stimulus())
+                                       stimulus_id=current_stimulus())
         for e in effects:
             if isinstance(e, fx.ReserveDevices):
                 # Hold the devices in memory now, so later decisions (this
@@ -600,7 +611,7 @@ class AzLeader:
         self.lead.metrics.view(
             pending=pending, reservations=[r.state.value for r in self.book.reservations.values()],
             holds=[h.state.name for h in self.book.participant.holds.values()],
-            agents=sum(1 for c in self.conns.values() if not c.closed), nodes_ready=len(views),
+            agents=sum(1 for c in self.nodes.conns.values() if not c.closed), nodes_ready=len(views),
             gpus_free=free, gpus_used=total - free,
             nodes=[capacity.node_state(rec, name in up) for name, rec in self.book.nodes.items()],
         )
@@ -621,8 +632,9 @@ class AzLeader:
     def _plan(self, pending: list[GangRecord]) -> list:
         """plan_admissions on the live view (pure; the cycle and explain both
         call it, so explain reports exactly what the next cycle decides)."""
-        inventory = (self.index, self.twophase.remote_version, tuple(self.registered_topologies()))
-        if self._verdicts_for is None or self._verdicts_for[0] is not self.index or self._verdicts_for[1:] != inventory[1:]:
+        index = self.nodes.index
+        inventory = (index, self.twophase.remote_version, tuple(self.registered_topologies()))
+        if self._verdicts_for is None or self._verdicts_for[0] is not index or self._verdicts_for[1:] != inventory[1:]:
             self._verdicts, self._verdicts_for = {}, inventory
         wide = any(spans_azs(g) for g in pending)
         registered = None
@@ -644,7 +656,7 @@ class AzLeader:
         views = without(views, self.twophase.attempt_devices())
         return plan_admissions(pending, views, self.lead.wall(), az=self.az,
                                backfill_window_s=self.timings.backfill_window_s, registered=registered,
-                               verdicts=self._verdicts, index=self.twophase.placement_index(self.index) if wide else self.index)
+                               verdicts=self._verdicts, index=self.twophase.placement_index(index) if wide else index)
 
     def queue_reason(self, d: KeepPending) -> str:
         return fx.queue_reason(d, self.az)
@@ -753,7 +765,7 @@ class AzLeader:
         sent: set[str] = set()
         for node, msg in fx.assignments(g, self.az, rec0, only_node, skip_ranks):
             sent.add(node)
-            self.send(node, msg)
+            self.nodes.send(node, msg)
         if sent:  # one line per dispatch (not per member): its stimulus is the assignments' stimulus_id
             log.info("gang %s#%d dispatched to %s", g.id, g.incarnation, ", ".join(sorted(sent)),
                      extra={"gang": g.id, "incarnation": g.incarnation})
@@ -783,52 +795,6 @@ class AzLeader:
         self._picking[g.id] = (node, port)  # the caller drops it once its write is done
         return (rank0.address if rank0 is not None else "") or node, port
 
-    def send(self, node: str, msg: Assign | Revoke) -> None:
-        """Queue a message on the node's session (dropped if it has none)."""
-        conn = self.conns.get(node)
-        if conn is not None and not conn.closed:
-            # The decision's stimulus id travels with it: the agent's lines
-            # about this assignment or revocation carry it too.
-            conn.queue.put_nowait(dataclasses.replace(msg, stimulus_id=str(current().get("stimulus", ""))))
-
-    # -------------------------------------------------------- agent events
-    async def on_register(self, conn: AgentConn, members: list[Any]) -> None:
-        """An agent connected: record its node (fenced write), then reconcile
-        what it runs against committed reservations. The core decides
-        (``gang_effects.register_node``, ``reported_member_effects``,
-        ``unreported_effects``); each member's facts and the gangs are read
-        after the node record's write, as before: a reservation may commit
-        while it is in flight."""
-        self.lead.check_valid()
-        await self.until_rebuilt()
-        node = conn.node
-        old = self.conns.get(node)
-        await self.perform(fx.register_node(conn, self.book.nodes.get(node), replaces_session=old is not None and old is not conn,
-                                            wall=self.lead.wall(), stimulus_id=self._stimulus()))
-        # Members the agent reports, one at a time (the two-phase call may
-        # change the hold the next member's facts come from).
-        reported: dict[tuple[str, int], set[int]] = {}
-        for m in members:
-            d = fx.reported_member_effects(
-                node, m, refused=self._report_refused(node, m),
-                cross_az=self.twophase.owns_members(m.gang, m.incarnation), gang=self.book.gangs.get(m.gang),
-                committed=self.book.reservations.get(m.gang), stimulus_id=self._stimulus())
-            for effect in d.effects:
-                await self.perform(effect)
-            if d.runs:
-                reported.setdefault((m.gang, m.incarnation), set()).add(m.rank)
-        # Reservations on this node whose members the agent does not report.
-        for effect in fx.unreported_effects(node, self.az, list(self.book.gangs.values()), reported, two_phase=spans_azs,
-                                            stimulus_id=self._stimulus()):
-            await self.perform(effect)
-        await self.twophase.on_register(node, reported)
-        for key_ in reported:
-            await self.evaluate(key_[0])
-        for g in list(self.book.gangs.values()):
-            if any(m.node == node for m in g.placement):
-                await self.evaluate(g.id)
-        self.lead.wake.set()
-
     async def until_rebuilt(self) -> None:
         """Wait for rebuild(); NotLeader if this leadership ends first."""
         if not self.rebuilt.is_set():
@@ -840,59 +806,17 @@ class AzLeader:
             raise NotLeader(f"leadership of {self.az} (epoch {self.epoch}) ended before its state was rebuilt")
         self.lead.check_valid()
 
-    def on_heartbeat(self, conn: AgentConn) -> bool:
-        """Returns whether to acknowledge: only while we are a valid leader."""
-        conn.last_seen = self.lead.mono()
-        live = self.book.liveness.get(conn.node)
-        if live is not None:
-            live.last_contact = conn.last_seen
-        return self.lead.session.is_valid() and not self.lead.stopped.is_set()
-
-    def _report_refused(self, node: str, m: Any) -> str | None:
-        """Why a member report from ``node`` is not taken: the member is
-        placed on another node (or nowhere in this AZ). None when it is, or
-        when its incarnation is unknown here (the callers already drop or
-        revoke those)."""
-        hold = self.book.participant.holds.get(m.gang)
-        g = (self.book.gang_cache.get(m.gang) if hold is not None else None) or self.book.gangs.get(m.gang)
-        if g is not None and g.incarnation == m.incarnation:
-            placed = next((p.node for p in g.placement if p.rank == m.rank and p.az == self.az), None)
-        elif hold is not None and hold.incarnation == m.incarnation:
-            placed = node if node in hold.nodes else None
-        else:
-            return None
-        return peer_auth.member_refusal(node, m.gang, m.rank, placed)
-
-    async def on_member(self, conn: AgentConn, m: Any) -> None:
-        conn.last_seen = self.lead.mono()
-        why = self._report_refused(conn.node, m)
-        if why is not None:
-            log.warning("ignored a member report: %s", why)
-            return
-        for effect in fx.stray_member_effects(conn.node, m, self.book.known_gang(m.gang), self._stimulus()):
-            # Most often a report that crossed the revocation, which stops it
-            # anyway; a second revocation is harmless, a missing one is not.
-            log.debug("gang %s#%d: rank %d reported live on %s after its incarnation was torn down; revoking it again",
-                     m.gang, m.incarnation, m.rank, conn.node, extra={"gang": m.gang, "incarnation": m.incarnation})
-            await self.perform(effect)
-        if m.gang in self.book.participant.holds:
-            # Cross-AZ gang: this AZ publishes its members' status for the owner.
-            await self.twophase.on_member(conn.node, m)
-            return
-        g = self.book.gangs.get(m.gang)
-        if g is None or g.incarnation != m.incarnation:
-            return
-        report = progress.MemberReport(MemberPhase(m.phase), m.exit_code, m.reason, conn.node)
-        self.book.members_reported(m.gang, m.incarnation, {m.rank: report})
-        await self.evaluate(m.gang)
-
-    def on_disconnect(self, conn: AgentConn) -> None:
-        if self.conns.get(conn.node) is conn:
-            del self.conns[conn.node]
-            live = self.book.liveness.get(conn.node)
-            if live is not None:
-                live.ready = False
-        conn.closed = True
+    async def _check_start_barrier(self) -> None:
+        """A gang whose members have not all started within its
+        start_timeout_s is torn down (all-or-nothing at run time too)."""
+        now = self.lead.wall()
+        for g in list(self.book.gangs.values()):
+            if self.writer.busy(g.id):
+                continue
+            reports = self.book.members.get((g.id, g.incarnation), {})
+            why = lifecycle.start_barrier(g, reports, now)
+            if why is not None:
+                await self._transition(g, lifecycle.run_time_step(g, GangState.FAILED, why, reports, now, self.epoch), now)
 
     async def evaluate(self, gang_id: str) -> None:
         """Decide on the gang from what its members reported: a run-time
@@ -909,7 +833,7 @@ class AzLeader:
             if then is None:
                 return
             with self.writer.acting_on(gang_id):
-                effect = fx.after_teardown_effect(then, g, self.lead.wall(), self.timings, stimulus_id=self._stimulus(),
+                effect = fx.after_teardown_effect(then, g, self.lead.wall(), self.timings, stimulus_id=current_stimulus(),
                                                   has_reservation=g.id in self.book.reservations)
                 done = await self.perform(effect)
             if isinstance(done, fx.WriteRefused):
@@ -924,7 +848,7 @@ class AzLeader:
         """Perform a run-time step the core decided (lifecycle.run_time_step:
         the restart policy and the events already applied)."""
         with self.writer.acting_on(g.id):
-            done = await self.perform(fx.run_time_effect(g, step, now, self._stimulus()))
+            done = await self.perform(fx.run_time_effect(g, step, now, current_stimulus()))
         if isinstance(done, fx.WriteRefused):
             log.info("gang %s: %s", g.id, done.why)
         # A teardown may already allow the release (no live members).
@@ -952,191 +876,6 @@ class AzLeader:
                  extra={"gang": g.id, "incarnation": g.incarnation})
         self.book.released(g)
         self.lead.wake.set()
-
-    # ------------------------------------------------------------ liveness
-    def heartbeats(self) -> dict[str, float]:
-        """Each node's last heartbeat (wall clock) as `phalanx nodes` shows
-        it: heard by this leadership, from memory (no etcd write refreshes
-        it, docs/design.md D17); not yet heard, the record's (its
-        registration)."""
-        now, wall = self.lead.mono(), self.lead.wall()
-        out = {}
-        for node, rec in self.book.nodes.items():
-            live = self.book.liveness.get(node)
-            contact = live.last_contact if live is not None and live.heard else None
-            out[node] = lifecycle.shown_heartbeat(rec.last_heartbeat, contact, now, wall)
-        return out
-
-    async def _check_start_barrier(self) -> None:
-        """A gang whose members have not all started within its
-        start_timeout_s is torn down (all-or-nothing at run time too)."""
-        now = self.lead.wall()
-        for g in list(self.book.gangs.values()):
-            if self.writer.busy(g.id):
-                continue
-            reports = self.book.members.get((g.id, g.incarnation), {})
-            why = lifecycle.start_barrier(g, reports, now)
-            if why is not None:
-                await self._transition(g, lifecycle.run_time_step(g, GangState.FAILED, why, reports, now, self.epoch), now)
-
-    async def _check_liveness(self) -> None:
-        now = self.lead.mono()
-        for node, live in list(self.book.liveness.items()):
-            rec = self.book.nodes.get(node)
-            v = lifecycle.node_verdict(node, last_contact=live.last_contact, ready=live.ready,
-                                       record_ready=None if rec is None else rec.ready, now=now,
-                                       not_ready_after_s=self.timings.node_not_ready_after_s,
-                                       replace_after_s=self.timings.replace_after_s)
-            for effect in fx.liveness_effects(v, rec, self._stimulus()):
-                await self.perform(effect)
-            rec = self.book.nodes.get(node)
-            if rec is not None and capacity.expires(rec, live.ready, v.silent_s, self.timings.node_expire_after_s):
-                await self._expire_node(rec, v.silent_s)
-
-    async def _expire_node(self, rec: NodeRecord, silent: float) -> None:
-        """Write the node's record expired (fenced): placement and
-        never-fits leave it out, here and in every other AZ's view, until its
-        agent registers again (docs/nodes.md)."""
-        why = f"expired: its agent not heard for {silent:.0f}s (node_expire_after_s={self.timings.node_expire_after_s:g})"
-
-        def make(cur: NodeRecord | None) -> NodeRecord:
-            if cur is None:
-                raise NotFound(f"node {rec.name} was deleted")
-            return dataclasses.replace(cur, ready=False, expired=True, reason=why)
-        try:
-            await self._write_node(rec.name, make)
-        except NotFound:
-            return  # deleted by an admin meanwhile: nothing to expire
-        log.warning("node %s %s", rec.name, why, extra={"node": rec.name})
-        self.lead.wake.set()
-
-    def _close_session(self, node: str) -> None:
-        live = self.book.liveness.get(node)
-        if live is not None:
-            live.ready = False
-        conn = self.conns.pop(node, None)
-        if conn is not None:
-            conn.closed = True
-            conn.queue.put_nowait(None)
-
-    async def _write_node(self, node: str, make: Callable[[NodeRecord | None], NodeRecord]) -> NodeRecord:
-        """Put the record ``make`` derives from the node's current one (None:
-        none), fenced, one node write at a time: so a write decided before
-        an admin's cordon (a registration, NotReady) never undoes it, and a
-        cordon never writes back an older registration."""
-        async with self._node_writes:
-            rec = make(self.book.nodes.get(node))
-            await failpoints.hit("leader.before_node_write")
-            self.lead.check_valid()
-            res = await self.lead.store.fenced_txn(self.lead.fence, [], [Put(self.lead.keys.node(self.az, node), rec.to_dict())])
-            rec = dataclasses.replace(rec, mod_revision=res.revision)
-            self.book.node_written(node, rec)
-            return rec
-
-    async def _mark_not_ready(self, e: fx.MarkNodeNotReady) -> None:
-        await self._write_node(e.node, functools.partial(capacity.keep_cordon, e.record))
-        log.warning("node %s not ready: %s", e.node, e.record.reason, extra={"node": e.node})
-
-    async def _register_node(self, e: fx.RegisterNode) -> None:
-        """The registration's node record and liveness: the replaced session
-        ends before the write (its agent is gone or reconnected), the caches
-        follow the write."""
-        node = e.node
-        old = self.conns.get(node)
-        if e.replaces_session and old is not None:
-            old.closed = True
-            old.queue.put_nowait(None)
-        if e.write:
-            await self._write_node(node, functools.partial(capacity.keep_cordon, e.record))
-            self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
-        else:
-            self.lead.check_valid()  # (the write's fence would have checked)
-        conn = e.session  # the AgentConn on_register passed through the core
-        assert isinstance(conn, AgentConn)
-        self.conns[node] = conn
-        conn.last_seen = self.lead.mono()
-        self.book.node_registered(node, conn.last_seen)
-        if e.announce_ready:
-            log.info("node %s ready (agent %s)", node, e.record.agent_id)
-
-    async def _lose_node(self, e: fx.NodeLost) -> None:
-        """Past the node's fence deadline its agent has stopped every member:
-        fail gangs that had members there and free devices."""
-        await self.twophase.on_node_lost(e.node, e.reason)
-        for g, stopped in lifecycle.lost_member_reports(list(self.book.gangs.values()), e.node, self.az, e.reason):
-            self.book.members_reported(g.id, g.incarnation, stopped)
-            await self.evaluate(g.id)
-
-    # ------------------------------------------------------ node lifecycle
-    def _node_record(self, node: str) -> NodeRecord:
-        rec = self.book.nodes.get(node)
-        if rec is None:
-            raise NotFound(f"node: no node {node!r} in {self.az}")
-        return rec
-
-    async def cordon(self, node: str, cordoned: bool) -> NodeRecord:
-        """Write the node's record (un)cordoned, fenced (docs/nodes.md):
-        placement skips a cordoned node; what runs there stays."""
-        self.lead.check_valid()
-        await self.until_rebuilt()
-        rec = self._node_record(node)
-        if rec.cordoned != cordoned:
-            def make(cur: NodeRecord | None) -> NodeRecord:
-                if cur is None:
-                    raise NotFound(f"node: no node {node!r} in {self.az} (deleted just now)")
-                return dataclasses.replace(cur, cordoned=cordoned)
-            rec = await self._write_node(node, make)
-            log.info("node %s %s", node, "cordoned" if cordoned else "uncordoned", extra={"node": node})
-            self.lead.wake.set()
-        return rec
-
-    async def drain(self, node: str, requeue: bool) -> tuple[NodeRecord, list[str], list[str]]:
-        """Cordon the node; with ``requeue``, restart every gang this AZ
-        owns that runs there through the restart path (its members are
-        revoked, its devices released once they stopped, its next
-        incarnation placed on other nodes). The record, the gangs still
-        holding its devices, the gangs restarted."""
-        rec = await self.cordon(node, True)
-        requeued = []
-        if requeue:
-            now = self.lead.wall()
-            for gang in self.book.gangs_holding(node):
-                g = self.book.gangs.get(gang)
-                if g is None or self.writer.busy(gang) or g.state not in (GangState.RESERVED, GangState.STARTING,
-                                                                   GangState.RUNNING):
-                    continue
-                reports = self.book.members.get((g.id, g.incarnation), {})
-                why = f"node {node} drained by an admin: restarted on other nodes"
-                await self._transition(g, lifecycle.run_time_step(g, GangState.RESTARTING, why, reports, now, self.epoch),
-                                       now)
-                requeued.append(gang)
-        return rec, self.book.gangs_holding(node), requeued
-
-    async def delete_node(self, node: str, force: bool) -> list[str]:
-        """Delete the node's record, fenced: refused while gangs hold its
-        devices unless ``force`` (FailedPrecondition naming them). A live
-        agent registers the node again (docs/nodes.md). The gangs that held
-        its devices."""
-        self.lead.check_valid()
-        await self.until_rebuilt()
-        self._node_record(node)
-        held = self.book.gangs_holding(node)
-        if held and not force:
-            raise FailedPrecondition(f"node: {node} in {self.az} holds devices of gang{'s' if len(held) > 1 else ''} "
-                                     f"{', '.join(held)}; drain it first, or delete with force")
-        async with self._node_writes:
-            await self.lead.store.fenced_txn(self.lead.fence, [], [Delete(self.lead.keys.node(self.az, node))])
-            self.book.node_deleted(node)
-        self._close_session(node)
-        self.index = self.index.refreshed(n.topology for n in self.book.nodes.values())
-        if held:
-            # Forced: its members are taken as stopped, so their gangs
-            # restart elsewhere or fail (no liveness is kept for it now).
-            await self._lose_node(fx.NodeLost(node, f"node {node} deleted by an admin (forced)"))
-        log.warning("node %s deleted by an admin%s", node, f" while gangs {', '.join(held)} held its devices" if held else "",
-                    extra={"node": node})
-        self.lead.wake.set()
-        return held
 
     # ---------------------------------------------------------------- view
     async def explain(self, gang_id: str) -> Explanation | None:

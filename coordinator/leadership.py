@@ -29,6 +29,7 @@ from coordinator.metrics import CoordinatorMetrics
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.errors import NotLeader
 from phalanx.leader_record import LeaderInfo
+from phalanx.logfmt import current
 from phalanx.store import Fence, Store
 from phalanx.topology import NodeTopology
 
@@ -98,6 +99,11 @@ class Leadership:
         if self.stopped.is_set():
             raise NotLeader(f"no longer leader of {self.az}")
         self.session.check()
+
+
+def current_stimulus() -> str:
+    """The stimulus bound in the log context: each effect decided under it carries it."""
+    return str(current().get("stimulus", "") or "")
 
 
 @dataclass(frozen=True)

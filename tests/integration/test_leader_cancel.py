@@ -23,7 +23,8 @@ import pytest
 from coordinator.core import lifecycle
 from coordinator.core.gang_effects import STRAY_MEMBER
 from coordinator.core.records import GangRecord, MemberAssignment
-from coordinator.leader import AgentConn, AzLeader
+from coordinator.leader import AzLeader
+from coordinator.node_sessions import AgentConn
 from phalanx import failpoints
 from phalanx.agent_messages import MemberStatus, Revoke
 from phalanx.model import GangState, MemberPhase

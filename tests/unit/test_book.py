@@ -16,6 +16,7 @@ from coordinator.core.twophase import GangSubmitted, OwnerPhase, OwnerState, Pre
 from coordinator.gang_writer import GangWriter
 from coordinator.leader import AzLeader
 from coordinator.leadership import Leadership
+from coordinator.node_sessions import NodeSessions
 from coordinator.retention import GangCollector
 from coordinator.peer_calls import PeerCalls
 from coordinator.twophase_driver import TwoPhaseDriver
@@ -153,12 +154,12 @@ def test_newest_never_goes_back_to_an_older_revision():
 # What each driver may keep besides the book: I/O, never a gang's state.
 IO_ONLY = {
     AzLeader: {
-        "conns": "agent sessions (gRPC streams)",
         "pending_classes": "the metrics gauge's last classes",
         "_verdicts": "never-fits memo",
         "_picking": "rendezvous ports being picked for writes in flight",
     },
     Leadership: {"_tasks": "asyncio tasks"},
+    NodeSessions: {"conns": "agent sessions (gRPC streams)"},
     GangWriter: {
         "_counted": "what the metrics counters last counted",
         "_inflight": "writes in flight",
