@@ -157,7 +157,7 @@ class AgentServicer(agrpc.AgentServiceServicer):
         # An agent registers at once; one that has not within the time after
         # which a silent node counts as not ready is told why, not dropped
         # with OK.
-        wait_s = leader.t.node_not_ready_after_s
+        wait_s = leader.timings.node_not_ready_after_s
         try:
             first = await asyncio.wait_for(request_iterator.__anext__(), timeout=wait_s)
         except StopAsyncIteration:
@@ -231,8 +231,8 @@ class AgentServicer(agrpc.AgentServiceServicer):
             return
 
         yield _to_pb(leader, am.Welcome(coordinator_id=self.c.config.coordinator_id,
-                                        heartbeat_interval_s=leader.t.heartbeat_interval_s,
-                                        fence_after_s=leader.t.fence_after_s))
+                                        heartbeat_interval_s=leader.timings.heartbeat_interval_s,
+                                        fence_after_s=leader.timings.fence_after_s))
         # A message the reader could not take ends the session with it named
         # (INVALID_ARGUMENT), as a refused registration does.
         refused: list[am.MessageError] = []

@@ -111,8 +111,6 @@ class AzLeader:
     def timings(self) -> Timings:
         return self.lead.timings
 
-    t = timings  # (coordinator/agents.py reads leader.t)
-
     @property
     def stopped(self) -> asyncio.Event:
         return self.lead.stopped
