@@ -127,7 +127,7 @@ class Book:
         back before; if so it is the newest from now on. The leader's view
         never goes back: a cancel retried on the record its write lost to
         can land before the reply of the write it lost to comes back, and
-        that reply must not undo it (``AzLeader.write_gang``)."""
+        that reply must not undo it (``GangWriter.write``)."""
         if rec.mod_revision < self.revisions.get(rec.id, 0):
             return False
         self.revisions[rec.id] = rec.mod_revision

@@ -554,7 +554,7 @@ class TwoPhaseDriver:
                     written = await self.writer.write(new, g, events=events)
             except Conflict as exc:
                 log.info("gang %s: %s", e.gang, exc)
-                cur = self.book.gangs.get(e.gang)  # (write_gang keeps what it found)
+                cur = self.book.gangs.get(e.gang)  # (the gang writer keeps what it found)
                 if cur is None or cur.incarnation != e.incarnation or cur.state != GangState.RESERVED:
                     return
                 written = cur  # our folded write applied though its reply was lost
