@@ -104,6 +104,9 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
                    help="AgentService.ReadToken calls per second one node identity may make here (an agent's "
                         "leader lookups and token checks)")
     p.add_argument("--token-read-burst", type=int, default=r.token_read_burst, help="... saved up at most")
+    p.add_argument("--check-book", action="store_true",
+                   help="the leader checks its book after each admission cycle and logs each inconsistency at "
+                        "ERROR (tests and chaos runs; docs/book.md \"Checking a running leader\")")
     add_log_flags(p)
     a = p.parse_args(argv)
     logfmt.configure(a.log_level, a.log_format, "coordinator", static={"id": a.id, "az": a.az}, name=a.id)
@@ -118,6 +121,7 @@ def parse_everything(argv: list[str] | None = None) -> tuple[CoordinatorConfig, 
         watch=StreamLimits(a.watch_streams_per_identity, a.watch_streams_total, a.watch_buffer, a.watch_history),
         rates=RateLimits(a.submit_rate, a.submit_burst, a.register_rate, a.register_burst, a.token_read_rate,
                          a.token_read_burst),
+        check_book=a.check_book,
     ).validate()
     missing = missing_credentials(a, plaintext="serve plaintext")
     if missing:

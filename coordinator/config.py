@@ -54,6 +54,9 @@ class CoordinatorConfig:
     watch: StreamLimits = StreamLimits()
     # Submissions and agent registrations per identity (docs/limits.md "Rate limits").
     rates: RateLimits = RateLimits()
+    # The leader checks its book after each admission cycle and logs what
+    # is inconsistent at ERROR (coordinator/book_check.py; docs/book.md).
+    check_book: bool = False
 
     @property
     def finished_bytes_bound(self) -> int:
