@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from coordinator.book import Book
+from coordinator.book_check import BookCheck
 from coordinator.config import CoordinatorConfig
 from coordinator.core import events as ev
 from coordinator.core import capacity, lifecycle
@@ -72,6 +73,7 @@ class AzLeader:
         # The one owner of this leadership's gang, hold and node state; the
         # two-phase driver and the collector are given it (coordinator/book.py).
         self.book = Book.of(self.az, self.lead.keys, self.timings)
+        self.book_check = BookCheck(self.book, config.check_book)  # --check-book
         # The one writer of gang records, shared with the driver and the collector.
         self.writer = GangWriter(self.lead, self.book)
         # Never-fits answers by request shape, valid while the registered
@@ -161,6 +163,7 @@ class AzLeader:
                             started = time.perf_counter()
                             await self.cycle()
                             self.lead.metrics.admission_cycle.observe(time.perf_counter() - started)
+                            self.book_check.after_cycle()  # not in the cycle's time
                     except StoreUnavailable as exc:
                         # A transient etcd error is not a lost leadership: the
                         # lease session decides that (docs/timing.md). Every

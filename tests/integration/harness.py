@@ -328,6 +328,9 @@ class LocalCluster:
             [sys.executable, "-m", "coordinator", "--cluster", self.cluster, "--az", az, "--id", cid,
              "--etcd", self.etcd, "--timings", self._timings_json(), "--log-level", "INFO",
              "--listen", f"127.0.0.1:{port}",
+             # The leader checks its book after every cycle: an inconsistency
+             # is an ERROR line, which the strict teardown fails on.
+             "--check-book",
              # extra_args last: a test that gives its own --tls-dir (its own CA) wins.
              *self.coordinator_args(cid), *(extra_args or [])],
             die_with_parent=procs.KILL, stdout=subprocess.PIPE, stderr=open(log_path, "a"), text=True, cwd=REPO,
