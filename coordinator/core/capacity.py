@@ -48,6 +48,15 @@ def free_view(nodes: Iterable[tuple[NodeTopology, bool]], taken: Mapping[NodeKey
     return out
 
 
+def unready_views(records: Mapping[str, NodeRecord], placeable: Iterable[str]) -> list[NodeView]:
+    """A not-ready NodeView, nothing free, for every node of ``records``
+    (name -> record) that takes work but is not in ``placeable`` (no session,
+    not ready): placement skips them, shortfalls and never-fits count them."""
+    up = set(placeable)
+    return [NodeView(topology=rec.topology, free_gpus=frozenset(), free_nics=frozenset(), ready=False)
+            for name, rec in records.items() if name not in up and takes_work(rec)]
+
+
 # ------------------------------------------------------- node lifecycle
 NODE_STATES = ("ready", "not_ready", "cordoned", "expired")
 """What a node is, one of these (docs/nodes.md): ``status`` and the

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.core.capacity import free_view, held
+from coordinator.core.capacity import free_view, held, unready_views
+from coordinator.core.records import NodeRecord
 from phalanx.reservation import NodeDevices
 from phalanx.topology import Gpu, Nic, NodeTopology
 
@@ -55,3 +56,24 @@ def test_free_view(nodes, taken, expected) -> None:  # type: ignore[no-untyped-d
     views = free_view(nodes, taken)
     assert [(v.name, set(v.free_gpus), set(v.free_nics), v.ready) for v in views] == expected
     assert [v.topology for v in views] == [t for t, _ in nodes]
+
+
+def record(name: str, *, cordoned: bool = False, expired: bool = False) -> NodeRecord:
+    return NodeRecord(topology=node(name), ready=True, cordoned=cordoned, expired=expired)
+
+
+@pytest.mark.parametrize("records, placeable, expected", [
+    ({}, set(), []),
+    ({"n0": record("n0")}, set(), ["n0"]),
+    # A placeable node is in the live view already.
+    ({"n0": record("n0"), "n1": record("n1")}, {"n0"}, ["n1"]),
+    # Cordoned and expired nodes take no work: not counted at all.
+    ({"n0": record("n0", cordoned=True), "n1": record("n1", expired=True), "n2": record("n2")}, set(), ["n2"]),
+    # A placeable name with no record adds nothing; the records' order is kept.
+    ({"n2": record("n2"), "n1": record("n1")}, {"n9"}, ["n2", "n1"]),
+], ids=["none", "not-placeable", "placeable-left-out", "cordoned-expired-left-out", "order-kept"])
+def test_unready_views(records, placeable, expected) -> None:  # type: ignore[no-untyped-def]
+    views = unready_views(records, placeable)
+    assert [v.name for v in views] == expected
+    assert all(not v.ready and not v.free_gpus and not v.free_nics for v in views)
+    assert [v.topology for v in views] == [records[n].topology for n in expected]
