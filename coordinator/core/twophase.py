@@ -27,6 +27,7 @@ from __future__ import annotations
 from coordinator.core.ordering import GangOrderKey, gang_order_key, is_older
 from coordinator.core.twophase_events import (
     AbortReceived,
+    AttemptEvent,
     AttemptWriteFailed,
     AttemptWritten,
     CommitReceived,
@@ -40,7 +41,6 @@ from coordinator.core.twophase_events import (
     DispatchGang,
     Effect,
     Event,
-    GangEvent,
     GangFinished,
     GangForgotten,
     GangSubmitted,
@@ -109,7 +109,7 @@ __all__ = [
     # invariants
     "InvariantViolated", "Violation", "WorldSnapshot", "assert_invariants", "check",
     # events, and where the driver feeds them
-    "Core", "Routed", "Event", "GangEvent", "ParticipantEvent", "OwnerEvent",
+    "Core", "Routed", "Event", "AttemptEvent", "ParticipantEvent", "OwnerEvent",
     "AbortReceived", "AttemptWriteFailed", "AttemptWritten", "CommitReceived",
     "CommitWriteFailed", "CommitWritten", "DecisionCreated", "DecisionCreateFailed",
     "DecisionObserved", "GangFinished", "GangForgotten", "GangSubmitted", "HoldReleased", "HoldReleaseFailed",

@@ -52,7 +52,7 @@ class Event:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GangEvent(Event):
+class AttemptEvent(Event):
     """An event about one attempt (gang, incarnation)."""
 
     gang: str
@@ -109,7 +109,7 @@ class Routed:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecisionCreated(GangEvent):
+class DecisionCreated(AttemptEvent):
     """Result of ``CreateDecision``: the key now exists. ``won`` says whether
     our create made it; ``outcome`` is what the key holds either way (when
     we lost, someone else's decision, which is the one that counts)."""
@@ -119,7 +119,7 @@ class DecisionCreated(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecisionCreateFailed(GangEvent):
+class DecisionCreateFailed(AttemptEvent):
     """``CreateDecision`` definitely did not reach etcd (unavailable,
     refused). Not for "lost the race": that is ``DecisionCreated(won=False)``."""
 
@@ -127,21 +127,21 @@ class DecisionCreateFailed(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecisionObserved(GangEvent):
+class DecisionObserved(AttemptEvent):
     """The watch on ``decisions/`` (or a read) showed this decision."""
 
     outcome: Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
-class GangFinished(GangEvent):
+class GangFinished(AttemptEvent):
     """This incarnation of the gang is over (succeeded, failed, cancelled,
     or torn down to restart) and that fact is already durable in
     ``gangs/<gang>``. The only way a COMMITTED hold is ever released."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetryDue(GangEvent):
+class RetryDue(AttemptEvent):
     """A timer the core scheduled (``ScheduleTimeout``) to re-issue store
     work that failed, or, for the owner, to start the next incarnation after
     a backoff. Fired late or twice it is harmless."""
@@ -153,7 +153,7 @@ class RetryDue(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrepareReceived(GangEvent):
+class PrepareReceived(AttemptEvent):
     """A ``Prepare`` RPC (``PrepareRequest``) from the owner's AZ leader.
 
     ``local``: the single-AZ path (docs/design.md §8.7: one fenced txn).
@@ -175,13 +175,13 @@ class PrepareReceived(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class HoldWritten(GangEvent):
+class HoldWritten(AttemptEvent):
     """``WriteHold`` applied: ``reservations/<az>/<gang>`` is PREPARED at this
     incarnation (or was already, at this incarnation)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class HoldWriteFailed(GangEvent):
+class HoldWriteFailed(AttemptEvent):
     """``WriteHold`` definitely not applied (e.g. a newer incarnation's record
     is already there)."""
 
@@ -189,7 +189,7 @@ class HoldWriteFailed(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class HoldFound(GangEvent):
+class HoldFound(AttemptEvent):
     """``WriteHold`` found ``reservations/<az>/<gang>`` present where its
     guard expected it absent (or at ``replaces``), or a timed-out write read
     back a record: what the key holds, for the core to decide on (the driver
@@ -205,41 +205,41 @@ class HoldFound(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommitWritten(GangEvent):
+class CommitWritten(AttemptEvent):
     """``MarkCommitted`` applied: the record is COMMITTED."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommitWriteFailed(GangEvent):
+class CommitWriteFailed(AttemptEvent):
     reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class HoldReleased(GangEvent):
+class HoldReleased(AttemptEvent):
     """``ReleaseHold`` applied (or there was nothing left to delete)."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class HoldReleaseFailed(GangEvent):
+class HoldReleaseFailed(AttemptEvent):
     reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class CommitReceived(GangEvent):
+class CommitReceived(AttemptEvent):
     """A ``Commit`` RPC from the owner (``DecisionRequest``)."""
 
     from_az: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class AbortReceived(GangEvent):
+class AbortReceived(AttemptEvent):
     """An ``Abort`` RPC from the owner (``DecisionRequest``)."""
 
     from_az: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class PrepareTimedOut(GangEvent):
+class PrepareTimedOut(AttemptEvent):
     """The timer from ``ScheduleTimeout`` for an undecided PREPARED hold."""
 
 
@@ -289,13 +289,13 @@ class ParticipantRecovered(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GangSubmitted(GangEvent):
+class GangSubmitted(AttemptEvent):
     """Start admitting the gang at ``incarnation`` (1 for a new gang, the next
     one after a restart). The gang record is already durable."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlacementMade(GangEvent):
+class PlacementMade(AttemptEvent):
     """The AZ leader's admission cycle placed this attempt: its one order of
     every pending gang (docs/admission.md) reached this gang and found room.
     Fed only while the owner is UNPLACED at ``incarnation``; the cycle has
@@ -308,18 +308,18 @@ class PlacementMade(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttemptWritten(GangEvent):
+class AttemptWritten(AttemptEvent):
     """``WriteAttempt`` applied: ``gangs/<gang>`` names this incarnation and
     its plan."""
 
 
 @dataclass(frozen=True, kw_only=True)
-class AttemptWriteFailed(GangEvent):
+class AttemptWriteFailed(AttemptEvent):
     reason: str
 
 
 @dataclass(frozen=True, kw_only=True)
-class VoteReceived(GangEvent):
+class VoteReceived(AttemptEvent):
     """A participant's answer to ``Prepare`` (``PrepareResponse``)."""
 
     from_az: str
@@ -328,7 +328,7 @@ class VoteReceived(GangEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class VotesTimedOut(GangEvent):
+class VotesTimedOut(AttemptEvent):
     """The vote deadline timer of this incarnation."""
 
 
