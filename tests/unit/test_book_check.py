@@ -46,3 +46,12 @@ def test_off_it_checks_nothing(caplog):
 def test_the_option():
     assert parse_args(ARGS).check_book is False
     assert parse_args([*ARGS, "--check-book"]).check_book is True
+
+
+def test_the_bench_runs_at_its_smallest(capsys):
+    from bench import book_check as bench
+
+    bench.main(["--nodes", "5", "--gangs", "2", "--cross-az", "1", "--runs", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("machine: ") and lines[1].startswith("book: 5 nodes, 2 gangs holding 4 nodes")
+    assert lines[2].startswith("problems(): median ")
