@@ -390,7 +390,9 @@ class PhalanxCluster:
                "--etcd-tls-dir", str(self.pki.etcd_user_dir(COORDINATOR)),
                "--timings", json.dumps(dataclasses.asdict(self.timings)), "--log-level", "INFO",
                # Scraped at the end of a run for its fenced writes refused (chaos/metrics.py).
-               "--metrics-listen", self.metrics_address(cid)]
+               "--metrics-listen", self.metrics_address(cid),
+               # The leader checks its book after every cycle (ERROR "book inconsistent").
+               "--check-book"]
         if self.use_proxies:
             cmd += ["--advertise", self.advertised(cid)]
         return ManagedProcess(cid, "coordinator", az, h, cmd, "PHALANX_COORDINATOR_READY", dict(self.coordinator_env))

@@ -157,6 +157,7 @@ def build_children(
                         sys.executable, "-m", "coordinator", "--cluster", cluster, "--az", az, "--id", cid,
                         "--etcd", etcd, *security_args(creds, "coordinator"), "--metrics-listen", METRICS_LISTEN,
                         *(["--etcd-quota-bytes", str(etcd_quota_bytes)] if etcd_quota_bytes else []),
+                        "--check-book",  # a cluster for trying Phalanx: cheap there (docs/book.md)
                         # Last: a retry on another port replaces it.
                         "--listen", f"127.0.0.1:{next(port_iter)}",
                     ],
