@@ -23,7 +23,7 @@ from dataclasses import replace
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from coordinator.book import Book, two_phase_config
 from coordinator.core.placement import MemberSlot, Placement
@@ -223,17 +223,13 @@ class BookWorld(RuleBasedStateMachine):
             return
         self.book.released(self.book.gangs.get(gang) or self._rec(gang, GangState.FAILED))
 
-    @rule(gang=gangs, rare=RARE)
-    def adopted_elsewhere(self, gang, rare) -> None:
-        if not rare:
-            return
-        self.book.adopted_elsewhere(gang)
-
-    @rule(gang=gangs | wide, rare=RARE)
-    def not_owned(self, gang, rare) -> None:
-        if not rare:
-            return
-        self.book.not_owned(gang)
+    @rule(gang=gangs | wide, transition=st.sampled_from(["adopted_elsewhere", "not_owned", "not_finished"]),
+          rare=RARE)
+    def let_go(self, gang, transition, rare) -> None:
+        """Another AZ adopted the gang, this leader stops driving it, or it
+        is no longer finished here (one transition each)."""
+        if rare:
+            getattr(self.book, transition)(gang)
 
     @rule(gang=gangs, elsewhere=st.booleans(), state=st.sampled_from(list(GangState)), rare=RARE)
     def found(self, gang, elsewhere, state, rare) -> None:
@@ -248,12 +244,6 @@ class BookWorld(RuleBasedStateMachine):
         g = self.book.gangs.get(gang)
         state = g.state if g is not None and g.state.terminal else GangState.SUCCEEDED
         self.book.finished_seen(FinishedGang(gang, state, AZ, self.now, self.revision), self._tick())
-
-    @rule(gang=gangs | wide, rare=RARE)
-    def not_finished(self, gang, rare) -> None:
-        if not rare:
-            return
-        self.book.not_finished(gang)
 
     @rule(gang=gangs | wide, rare=RARE)
     def collected(self, gang, rare) -> None:
