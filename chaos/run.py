@@ -64,12 +64,15 @@ class RunResult:
     prefix: str = ""  # namespace prefix of the run (leftover checks)
     pids: dict[str, list[int]] = field(default_factory=dict)  # pids seen just before teardown
     metrics: run_metrics.RunMetrics | None = None
+    # What the leaders' --check-book said (book_problems): a run that must
+    # hold fails on any.
+    book_problems: list[str] = field(default_factory=list)
 
     @property
     def as_expected(self) -> bool:
         if self.verdict is None:
             return False
-        return (not self.verdict.ok) if self.expect_violations else self.verdict.ok
+        return (not self.verdict.ok) if self.expect_violations else (self.verdict.ok and not self.book_problems)
 
     def line(self) -> str:
         if self.verdict is None:
@@ -77,6 +80,8 @@ class RunResult:
         else:
             n = len(self.verdict.violations)
             status = ("ok" if self.as_expected else "UNEXPECTED") + f", {n} violation(s)"
+            if self.book_problems:
+                status += f", {len(self.book_problems)} book problem(s)"
         if self.metrics is not None:
             m = self.metrics
             fenced = "?" if m.fenced_refused is None else f"{m.fenced_refused:g}"
@@ -204,6 +209,7 @@ def run_scenario(
         result.verdict = checker.check(h)
         result.metrics = run_metrics.derive(h, scraped)
         report.write(run_dir, h, result.verdict, wall_s=result.wall_s, metrics=result.metrics)
+    result.book_problems = book_problems(run_dir)
     (run_dir / "verdict.json").write_text(json.dumps(_verdict_json(result), indent=2))
     log(result.line())
     return result
@@ -234,6 +240,13 @@ def _scrape_coordinators(pc: PhalanxCluster, run_dir: Path) -> tuple[run_metrics
     return run_metrics.scraped_from(answers, starts)
 
 
+def book_problems(run_dir: Path) -> list[str]:
+    """The coordinators' \"book inconsistent\" lines (``--check-book``,
+    docs/book.md), each as ``<coordinator>: <line>``."""
+    return [f"{p.stem}: {line.strip()}" for p in sorted((run_dir / "logs").glob("coord-*.log"))
+            for line in p.read_text(errors="replace").splitlines() if "book inconsistent: " in line]
+
+
 def _keep_logs(workdir: Path, run_dir: Path) -> None:
     """etcd logs into the run directory (data dirs stay behind: 64 MiB WAL each)."""
     for p in (workdir / "etcd").glob("*/etcd.log"):
@@ -244,7 +257,8 @@ def _keep_logs(workdir: Path, run_dir: Path) -> None:
 
 def _verdict_json(r: RunResult) -> dict[str, Any]:
     d: dict[str, Any] = {"scenario": r.scenario, "seed": r.seed, "wall_s": round(r.wall_s, 1),
-                         "expect_violations": r.expect_violations, "as_expected": r.as_expected, "error": r.error}
+                         "expect_violations": r.expect_violations, "as_expected": r.as_expected, "error": r.error,
+                         "book_problems": r.book_problems}
     if r.verdict is not None:
         d["ok"] = r.verdict.ok
         d["invariants"] = {str(x.number): {"name": x.name, "checked": x.checked, "violations": len(x.violations)}
