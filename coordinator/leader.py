@@ -36,7 +36,7 @@ from coordinator.leadership import Leadership, RunTime, current_stimulus
 from coordinator.node_sessions import AgentConn, NodeSessions
 from coordinator.metrics import CoordinatorMetrics, pending_class
 from coordinator.retention import GangCollector
-from coordinator.twophase_driver import TwoPhaseDriver
+from coordinator.twophase import TwoPhaseDriver
 from coordinator.election import LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
 from phalanx.store import Delete, Get, Put, Store, StoreUnavailable, absent

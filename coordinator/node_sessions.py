@@ -27,7 +27,7 @@ from coordinator.core.placement import FabricIndex
 from coordinator.core.records import GangRecord, NodeRecord
 from coordinator.gang_writer import GangWriter
 from coordinator.leadership import Leadership, current_stimulus
-from coordinator.twophase_driver import TwoPhaseDriver
+from coordinator.twophase import TwoPhaseDriver
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.errors import FailedPrecondition, NotFound

@@ -19,7 +19,7 @@ from coordinator.leadership import Leadership
 from coordinator.node_sessions import NodeSessions
 from coordinator.retention import GangCollector
 from coordinator.peer_calls import PeerCalls
-from coordinator.twophase_driver import TwoPhaseDriver
+from coordinator.twophase import TwoPhaseDriver
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.store import Keys
 from phalanx.timings import Timings

@@ -74,7 +74,7 @@ def test_private_reaches_finds_exactly_the_reaches(source: str, expected: list) 
 def test_the_walk_sees_the_packages() -> None:
     paths = _modules()
     names = {p.relative_to(ROOT).as_posix() for p in paths}
-    assert {"coordinator/leader.py", "coordinator/twophase_driver.py", "agent/session.py", "phalanx/store.py"} <= names
+    assert {"coordinator/leader.py", "coordinator/twophase/driver.py", "agent/session.py", "phalanx/store.py"} <= names
     assert not any(n.startswith("phalanx/v1/") for n in names)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.core.records import GangRecord
-from coordinator.twophase_driver import _reserving
+from coordinator.twophase.driver import _reserving
 from phalanx.model import GangState
 from phalanx.spec import GangSpec, Resources, Run, Topology
 from phalanx.store import KV, encode
