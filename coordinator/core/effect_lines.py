@@ -1,6 +1,6 @@
 """The log line of each two-phase effect: its level and what it does. PURE.
 
-The driver (coordinator/twophase_driver.py ``perform``) logs one line per
+The driver (coordinator/twophase/driver.py ``perform``) logs one line per
 effect it performs, under the effect's gang, incarnation and stimulus id
 (phalanx/logfmt.py), so every etcd write, peer call and dispatch of a cross-AZ
 gang can be followed back to the event that caused it (docs/logging.md

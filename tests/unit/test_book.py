@@ -20,6 +20,11 @@ from coordinator.node_sessions import NodeSessions
 from coordinator.retention import GangCollector
 from coordinator.peer_calls import PeerCalls
 from coordinator.twophase import TwoPhaseDriver
+from coordinator.twophase.counts import RequestCounts
+from coordinator.twophase.members import Members
+from coordinator.twophase.peer_sender import PeerSender
+from coordinator.twophase.store_effects import StoreEffects
+from coordinator.twophase.watch import Watcher
 from phalanx.reservation import HoldState, NodeDevices, Reservation
 from phalanx.store import Keys
 from phalanx.timings import Timings
@@ -166,13 +171,15 @@ IO_ONLY = {
         "_unwritten_events": "events riding on the next write",
         "_on_forget": "who else forgets a collected gang",
     },
-    TwoPhaseDriver: {
-        "_leaders": "peer address cache",
-        "_publishing": "member summary writes in flight",
-        "_folding": "a MarkGangReserved parked behind the COMMIT write in flight",
+    TwoPhaseDriver: {},
+    RequestCounts: {
         "etcd_requests": "per-gang request counter (bench/admission.py)",
         "check_reads": "how many of etcd_requests were a lagging watch's check reads (bench/admission.py)",
     },
+    StoreEffects: {"_folding": "a MarkGangReserved parked behind the COMMIT write in flight"},
+    PeerSender: {"_leaders": "peer address cache"},
+    Members: {"_publishing": "member summary writes in flight"},
+    Watcher: {},
     GangCollector: {},
     PeerCalls: {
         "_vote_waiters": "futures of Prepare calls waiting for the vote",

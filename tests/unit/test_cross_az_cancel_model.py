@@ -147,7 +147,7 @@ class CrossAzWorld(RuleBasedStateMachine):
             placement.append(MemberAssignment(2, PART, "b1" if split_b else "b0", (0,) if split_b else (1,), ()))
         spec = GangSpec(name="g", members=len(placement), resources=Resources(gpus=1),
                         topology=Topology(allow_cross_az=True), policy=Policy(max_restarts=0))
-        # The owner's COMMIT and the RESERVED record in one txn (coordinator/twophase_driver.py).
+        # The owner's COMMIT and the RESERVED record in one txn (coordinator/twophase/store_effects.py).
         self.g = GangRecord(id="g", spec=spec, state=GangState.RESERVED, owner_az=OWNER, submitted_at=self.now,
                             updated_at=self.now, placement=tuple(placement))
         self.owner_tasks.append("mark_starting")

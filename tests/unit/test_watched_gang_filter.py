@@ -1,13 +1,13 @@
 """Which gang records the two-phase driver keeps from its cluster-root watch
-for checking a Prepare without an etcd read (coordinator/twophase_driver.py
-``_reserving``): only RESERVING ones, decided on the bytes etcd holds."""
+for checking a Prepare without an etcd read (coordinator/twophase/watch.py
+``reserving``): only RESERVING ones, decided on the bytes etcd holds."""
 
 from __future__ import annotations
 
 import pytest
 
 from coordinator.core.records import GangRecord
-from coordinator.twophase.driver import _reserving
+from coordinator.twophase.watch import reserving
 from phalanx.model import GangState
 from phalanx.spec import GangSpec, Resources, Run, Topology
 from phalanx.store import KV, encode
@@ -24,10 +24,10 @@ def stored(state: GangState, *, reason: str = "", command: tuple[str, ...] = ("t
 
 @pytest.mark.parametrize("state", list(GangState))
 def test_only_a_reserving_record_is_kept(state: GangState) -> None:
-    assert _reserving(stored(state)) is (state == GangState.RESERVING)
+    assert reserving(stored(state)) is (state == GangState.RESERVING)
 
 
 @pytest.mark.parametrize("text", ['"state":"RESERVING"', 'state:RESERVING', '{"state":"RESERVING"}'])
 def test_a_user_string_cannot_make_a_record_look_reserving(text: str) -> None:
     # Its quotes are escaped in the stored JSON, so the bytes never match.
-    assert not _reserving(stored(GangState.PENDING, reason=text, command=("echo", text)))
+    assert not reserving(stored(GangState.PENDING, reason=text, command=("echo", text)))
