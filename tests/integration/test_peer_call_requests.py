@@ -2,16 +2,18 @@
 "Peer calls" and "Cost"), counted by the two-phase driver itself: one gang
 over 3 AZs on a real local cluster, then the counts each coordinator logged.
 
-The driver counts the etcd requests it makes for a gang (``_rt``) and, when a
-role is done with an admission, logs and resets the count
-(``_report_requests``):
+The driver counts the etcd requests it makes for a gang
+(``RequestCounts.count``, coordinator/twophase/counts.py) and, when a role is
+done with an admission, logs and resets the count (``RequestCounts.report``):
 
     two-phase etcd-requests gang=<id> inc=<n> az=<az> role=<owner|participant> n=<count> check_reads=<k> auth_reads=<a>
 
 where ``k`` of the ``n`` are a peer call's check read, taken because this
 AZ's watch did not show the attempt (a Prepare) or the decision (a Commit)
 yet, and ``a`` (not in ``n``) the servicer's reads of the caller's leader
-key under TLS, one per peer call (coordinator/peer_service.py). The owner logs it in ``_mark_reserved``, each participant in ``_dispatch``.
+key under TLS, one per peer call (coordinator/peer_service.py). The owner
+logs it in ``StoreEffects.mark_reserved``, each participant in
+``Members.dispatch``.
 The count is per driver (one per AZ leader), not per role: in the owner's AZ
 the owner and that AZ's own participant share it, and whichever reports first
 takes everything counted up to then. bench/admission.py reads the same lines
@@ -38,12 +40,12 @@ AUTH_READS = re.compile(r"etcd-requests gang=(\S+) .* az=(\S+) role=(\S+) .* aut
 # one per AZ, admitted at its first attempt (incarnation 1).
 #
 # A participant AZ that is not the owner (its driver's handle_prepare_rpc,
-# _write_hold, handle_decision_rpc, _mark_committed, _dispatch):
+# StoreEffects.write_hold, handle_decision_rpc, mark_committed, Members.dispatch):
 #   - the Prepare RPC: checked from the watch (``_watched_attempt``: the owner
 #     wrote the RESERVING attempt record before sending any Prepare, and its
 #     first Prepare even waits for an etcd lookup of ``leader/<az>`` first, so
 #     the watch shows the record and the owner's epoch): no read          0
-#   - WriteHold: the PREPARED record, one fenced txn (_fenced)            1
+#   - WriteHold: the PREPARED record, one fenced txn (fenced)             1
 #   - the COMMIT: the decision key reaches this AZ's watch
 #     (DecisionObserved -> the core learns COMMIT -> MarkCommitted), so the
 #     Commit RPC finds the decision in ``known_decisions`` with the watched
@@ -54,9 +56,9 @@ AUTH_READS = re.compile(r"etcd-requests gang=(\S+) .* az=(\S+) role=(\S+) .* aut
 #     Prepare's check), no read; the count is reported here.              0
 #   => PARTICIPANT_MIN = 2: its hold write and its commit write.
 #
-# The owner AZ's driver (_write_attempt, _peer_call, the in-process Prepare,
-# _create_decision/_commit_with_reserved, the in-process COMMIT,
-# _mark_reserved):
+# The owner AZ's driver (StoreEffects.write_attempt, PeerSender._peer_call, the
+# in-process Prepare, create_decision/_commit_with_reserved, the in-process
+# COMMIT, mark_reserved):
 #   - WriteAttempt: the RESERVING attempt record (write_gang)             1
 #   - the Prepares to the 2 other AZs: a fresh leader's peer-address cache
 #     (``_leaders``) is empty, so ``_peer_call`` looks up ``leader/<az>``
@@ -68,9 +70,9 @@ AUTH_READS = re.compile(r"etcd-requests gang=(\S+) .* az=(\S+) role=(\S+) .* aut
 #   - its own AZ's COMMIT: the participant core learns it from
 #     DecisionCreated (or from the watch, whichever comes first) and emits
 #     MarkCommitted before the owner core emits MarkGangReserved; that
-#     task reaches its ``_rt`` before _mark_reserved's task runs (tasks start
+#     task reaches its ``count`` before mark_reserved's task runs (tasks start
 #     in creation order and both count before their first await), and
-#     _mark_reserved finds the record RESERVED already (no write), so the
+#     mark_reserved finds the record RESERVED already (no write), so the
 #     owner's line takes the own AZ's COMMITTED write too                 1
 #   => OWNER_MIN = 6, and the own AZ's participant line, which comes at its
 #      dispatch after the owner's report, has nothing left: 0.
@@ -82,7 +84,7 @@ AUTH_READS = re.compile(r"etcd-requests gang=(\S+) .* az=(\S+) role=(\S+) .* aut
 #
 # Why this fails without the watch check: with ``_watched_attempt`` returning
 # None every remote Prepare takes the etcd read in handle_prepare_rpc (one
-# txn of leader/<caller az> and gangs/<gang>), which calls ``_rt`` before the
+# txn of leader/<caller az> and gangs/<gang>), which counts before the
 # hold write; each remote participant then reports 3, not 2. Likewise a
 # Commit checked against etcd (handle_decision_rpc's txn) adds 1 to a remote
 # participant's count.
