@@ -92,7 +92,7 @@ class WriteTransition:
 @dataclass(frozen=True)
 class Finish:
     """Tear the incarnation down to ``state`` (terminal or RESTARTING):
-    ``AzLeader.finish``, which asks ``lifecycle.teardown`` how."""
+    ``GangApi.finish``, which asks ``finish_effect`` how."""
 
     gang: GangRecord
     state: GangState
@@ -425,6 +425,33 @@ def after_torn_down(t: TearDown, event: Event) -> list[Effect]:
     g = t.gang
     return [SendRevoke(node, g.id, g.incarnation, t.teardown.record.reason, t.stimulus_id)
             for node in t.teardown.revoke_nodes]
+
+
+def finish_effect(g: GangRecord, state: GangState, reason: str, events: Iterable[ev.GangEvent],
+                  reservation: Reservation | None, reports: Mapping[int, MemberReport], now: float, epoch: int,
+                  stimulus_id: str = "") -> TearDown:
+    """What finishing an incarnation of ``g`` (to a terminal state, or to
+    RESTARTING) writes: its teardown (``lifecycle.teardown``), from the
+    reservation this leader has for it and the members that may still run
+    by what they reported."""
+    return TearDown(g, lifecycle.teardown(g, state, reason, events, reservation,
+                                          lifecycle.live_member_nodes(g, reports), now, epoch), stimulus_id)
+
+
+def teardown_note(t: lifecycle.Teardown) -> str:
+    """What the log line of a finished incarnation says of its devices."""
+    if t.releasing is not None:
+        return "; devices held until its members are gone"
+    return "; devices released" if t.delete_reservation else ""
+
+
+def reservation_applied(gang: GangRecord | None, written: Reservation | None, sent: Reservation) -> bool:
+    """After a reservation txn whose reply was lost, whether it applied, from
+    what was read back: the gang record (None: absent) is past PENDING and
+    the reservation key holds the incarnation ``sent`` (None: absent or not
+    a record this txn writes)."""
+    return (written is not None and written.incarnation == sent.incarnation and gang is not None
+            and gang.state != GangState.PENDING)
 
 
 STRAY_MEMBER = "started after its incarnation was torn down"

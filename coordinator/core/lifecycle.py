@@ -60,7 +60,7 @@ class RunTimeStep:
 
     @property
     def teardown(self) -> bool:
-        """Written by tearing the incarnation down (``AzLeader.finish``)."""
+        """Written by tearing the incarnation down (``GangApi.finish``)."""
         return torn_down(self.to)
 
 
@@ -131,7 +131,7 @@ def live_member_nodes(g: GangRecord, reports: Mapping[int, MemberReport]) -> set
 
 @dataclass(frozen=True)
 class Teardown:
-    """How one write tears an incarnation down (``AzLeader.finish``)."""
+    """How one write tears an incarnation down (``GangApi.finish``)."""
 
     record: GangRecord  # the gang in its new state
     events: tuple[ev.GangEvent, ...]

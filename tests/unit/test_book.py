@@ -13,6 +13,8 @@ import pytest
 
 from coordinator.book import Book, two_phase_config
 from coordinator.core.twophase import GangSubmitted, OwnerPhase, OwnerState, PrepareReceived
+from coordinator.admission_cycle import AdmissionCycle
+from coordinator.gang_api import GangApi
 from coordinator.gang_writer import GangWriter
 from coordinator.leader import AzLeader
 from coordinator.leadership import Leadership
@@ -158,11 +160,13 @@ def test_newest_never_goes_back_to_an_older_revision():
 # ------------------------------------------------- the drivers keep no state
 # What each driver may keep besides the book: I/O, never a gang's state.
 IO_ONLY = {
-    AzLeader: {
+    AzLeader: {},
+    AdmissionCycle: {
         "pending_classes": "the metrics gauge's last classes",
         "_verdicts": "never-fits memo",
         "_picking": "rendezvous ports being picked for writes in flight",
     },
+    GangApi: {},
     Leadership: {"_tasks": "asyncio tasks"},
     NodeSessions: {"conns": "agent sessions (gRPC streams)"},
     GangWriter: {

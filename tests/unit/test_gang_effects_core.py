@@ -9,6 +9,7 @@ from coordinator.core import gang_effects as fx
 from coordinator.core import lifecycle as lc
 from coordinator.core.admission import FailAdmission, KeepPending, Reserve
 from coordinator.core.placement import MemberSlot, Placement
+from coordinator.core.progress import MemberReport
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
 from phalanx.errors import AlreadyExists, Conflict
 from phalanx.agent_messages import MemberStatus
@@ -294,3 +295,43 @@ def status(inc: int = 1, phase: MemberPhase = MemberPhase.RUNNING) -> MemberStat
 ])
 def test_stray_member_effects(g, m, want):
     assert fx.stray_member_effects("n1", m, g, "s1") == want
+
+
+# ------------------------------------------------- finish (gang_api.finish)
+RES = Reservation(AZ, "g", 1, HoldState.COMMITTED, {"n0": NodeDevices((0,)), "n1": NodeDevices((1,))}, EPOCH)
+
+
+@pytest.mark.parametrize("reservation, reports, state, want_releasing, want_delete, note", [
+    # A member not heard from may run: the devices stay held, RELEASING.
+    pytest.param(RES, {}, S.CANCELLED, True, False, "; devices held until its members are gone", id="unheard-held"),
+    pytest.param(RES, {0: MemberReport(MemberPhase.RUNNING), 1: MemberReport(MemberPhase.FAILED)}, S.FAILED,
+                 True, False, "; devices held until its members are gone", id="one-live-held"),
+    # Every member gone: the reservation goes in the same write.
+    pytest.param(RES, {0: MemberReport(MemberPhase.SUCCEEDED), 1: MemberReport(MemberPhase.FAILED)}, S.FAILED,
+                 False, True, "; devices released", id="all-gone-released"),
+    # No reservation (still PENDING): nothing to hold or delete.
+    pytest.param(None, {}, S.CANCELLED, False, False, "", id="no-reservation"),
+])
+def test_finish_effect(reservation, reports, state, want_releasing, want_delete, note):
+    g = gang(S.RUNNING, placed=True)
+    e = fx.finish_effect(g, state, "stop", (), reservation, reports, NOW, EPOCH, "st")
+    assert isinstance(e, fx.TearDown) and e.gang == g and e.stimulus_id == "st"
+    t = e.teardown
+    assert (t.releasing is not None, t.delete_reservation) == (want_releasing, want_delete)
+    if want_releasing:
+        assert t.releasing.state == HoldState.RELEASING and t.releasing.nodes == RES.nodes
+    assert t.record.state == state and t.record.reason == "stop" and t.revoke_nodes == ("n0", "n1")
+    assert fx.teardown_note(t) == note
+
+
+# --------------------------------------------- a reservation's lost reply
+@pytest.mark.parametrize("read_gang, read_res, want", [
+    pytest.param(gang(S.RESERVED, placed=True), RES, True, id="applied"),
+    pytest.param(None, RES, False, id="gang-gone"),
+    pytest.param(gang(S.PENDING), RES, False, id="gang-still-pending"),
+    pytest.param(gang(S.RESERVED, placed=True), None, False, id="no-reservation"),
+    pytest.param(gang(S.RESERVED, placed=True), Reservation(AZ, "g", 2, HoldState.COMMITTED, RES.nodes, EPOCH),
+                 False, id="another-incarnation"),
+])
+def test_reservation_applied(read_gang, read_res, want):
+    assert fx.reservation_applied(read_gang, read_res, RES) is want
