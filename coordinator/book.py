@@ -192,6 +192,16 @@ class Book:
         elif self.live_here(g):
             self.gangs[g.id] = g
 
+    def lost_compare(self, g: GangRecord) -> bool:
+        """``g`` was read back where a write of ours lost its compare: if it
+        is the newest record of its gang seen (``newest``), the book takes it
+        as ``found`` does and this says True (the writer then indexes and
+        counts it); an older one, a late reply, changes nothing."""
+        if not self.newest(g):
+            return False
+        self.found(g)
+        return True
+
     def not_owned(self, gang: str) -> None:
         """This leader stops driving ``gang`` (adopted elsewhere, or a
         cross-AZ gang ended: its participants release their own holds)."""

@@ -60,11 +60,10 @@ class GangWriter:
             kvs = res.results[0]
             if kvs:
                 cur = GangRecord.from_dict(kvs[0].json(), kvs[0].mod_revision)
-                if self.book.newest(cur):
+                if self.book.lost_compare(cur):  # kept, or dropped if another AZ adopted it meanwhile
                     self.note(cur)
                     if cur.owner_az == lead.az:
                         self._count(old, cur)  # e.g. our own earlier write whose reply was lost
-                    self.book.found(cur)  # (dropped if another AZ adopted it meanwhile)
             raise Conflict(f"gang {new.id} changed concurrently")
         written = new.evolve(mod_revision=res.revision)
         await failpoints.hit("leader.gang_write_replied")

@@ -342,6 +342,21 @@ def test_reservations_and_ledger_move_together(transition, after):
     assert b.problems() == []
 
 
+@pytest.mark.parametrize("revision, owner_az, want, kept", [
+    (5, AZ, False, "old"),  # a late reply: older than what the book has
+    (12, AZ, True, "new"),  # newer, still ours: kept
+    (12, "az-b", True, None),  # newer, adopted by another AZ: dropped
+], ids=["older-changes-nothing", "newer-kept", "newer-adopted-elsewhere-dropped"])
+def test_lost_compare_keeps_only_the_newest_record_found(revision, owner_az, want, kept):
+    b = book()
+    old = record("g").evolve(mod_revision=10, reason="old")
+    assert b.newest(old)
+    b.owned(old)
+    assert b.lost_compare(record("g", owner_az=owner_az).evolve(mod_revision=revision, reason="new")) is want
+    assert (b.gangs["g"].reason if "g" in b.gangs else None) == kept
+    assert b.revisions["g"] == max(10, revision)
+
+
 def test_found_drops_a_gang_adopted_elsewhere_and_keeps_only_live_ones():
     from phalanx.model import GangState
 
