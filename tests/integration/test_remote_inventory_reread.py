@@ -1,6 +1,6 @@
 """A cross-AZ owner whose cluster-root watch was compacted reads other AZs'
-inventory again (``TwoPhaseDriver._reread_other_azs`` -> ``RemoteInventory.reset``,
-docs/design.md §19.10) and places with it: real etcd, real coordinator
+inventory again (``Watcher._reread_other_azs`` in coordinator/twophase/watch.py
+-> ``RemoteInventory.reset``, docs/design.md §19.10) and places with it: real etcd, real coordinator
 processes, simulated agents.
 
 How the watch gets compacted, with no failpoint: the owner's coordinator is

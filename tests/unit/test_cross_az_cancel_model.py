@@ -245,7 +245,7 @@ class CrossAzWorld(RuleBasedStateMachine):
                                            owner_az=OWNER, submitted_at=r.submitted_at)
                 self.feed(az, CommitWritten(stimulus_id="s", gang="g", incarnation=e.incarnation))
         elif isinstance(e, DispatchGang):
-            # TwoPhaseDriver._dispatch: a gang it knows as over is read again.
+            # Members.dispatch (coordinator/twophase/): a gang it knows as over is read again.
             g = self.known(az)
             if g.state.terminal:
                 ld.cache = g = self.g
@@ -265,7 +265,7 @@ class CrossAzWorld(RuleBasedStateMachine):
         # (the recovered core issues no other effect for a decided hold)
 
     def maybe_finish(self, az: str, g: GangRecord) -> None:
-        """TwoPhaseDriver._maybe_finish: do what hold_over decides."""
+        """Members.maybe_finish: do what hold_over decides."""
         ld = self.leaders[az]
         hold = ld.core.holds.get("g")
         if hold is None:
@@ -291,7 +291,7 @@ class CrossAzWorld(RuleBasedStateMachine):
             self.feed(az, GangFinished(stimulus_id="s", gang="g", incarnation=hold.incarnation))
 
     def publish(self, az: str) -> None:
-        """TwoPhaseDriver._publish_members: only while the hold exists, in
+        """Members._publish_members: only while the hold exists, in
         memory and in etcd (no summary outlives it)."""
         ld = self.leaders[az]
         ld.publishing = False
