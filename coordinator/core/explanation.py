@@ -1,5 +1,5 @@
 """What ``phalanx explain`` says about a gang (pure): the text of
-``AzLeader.explain``'s answer from the admission plan's decision, or from a
+``AdmissionCycle.explain``'s answer from the admission plan's decision, or from a
 cross-AZ gang's two-phase owner state and where it would be placed; and,
 when no leader can be asked, the answer from the records in etcd
 (``of_records``) and about a gang that is not waiting (``placed_summary``)

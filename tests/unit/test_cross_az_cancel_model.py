@@ -197,7 +197,7 @@ class CrossAzWorld(RuleBasedStateMachine):
         self.finish(GangState.CANCELLED, verdict.reason)
 
     def finish(self, state: GangState, reason: str) -> None:
-        """AzLeader.finish: the teardown write (a cross-AZ gang has no
+        """GangApi.finish: the teardown write (a cross-AZ gang has no
         single-AZ reservation), then its revocations (the owner's session
         reaches only its own AZ's nodes)."""
         g = self.g

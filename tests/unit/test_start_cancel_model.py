@@ -112,7 +112,7 @@ class StartWorld(RuleBasedStateMachine):
         self.finish(GangState.CANCELLED, verdict.reason)
 
     def finish(self, state: GangState, reason: str) -> None:
-        """AzLeader.finish: the teardown write, then its revocations."""
+        """GangApi.finish: the teardown write, then its revocations."""
         g = self.g
         t = lifecycle.teardown(g, state, reason, (), self.res, lifecycle.live_member_nodes(g, self.reports),
                                self.now, EPOCH)

@@ -476,7 +476,7 @@ class Sim:
     # ------------------------------------------------------------ admission
 
     def waiting(self, az: str) -> list[GangRecord]:
-        """What ``AzLeader.waiting_gangs`` passes: the AZ's single-AZ gangs
+        """What ``AdmissionCycle.waiting_gangs`` passes: the AZ's single-AZ gangs
         PENDING and its cross-AZ gangs whose owner waits UNPLACED; ended
         gangs are terminal and in no queue."""
         out = []
@@ -494,7 +494,7 @@ class Sim:
         return out
 
     def view(self, az: str) -> list[NodeView]:
-        """The cycle's view, built as ``AzLeader._plan`` builds it: this AZ's
+        """The cycle's view, built as ``AdmissionCycle._plan`` builds it: this AZ's
         nodes less every hold of its participant (PREPARED or COMMITTED,
         written or not) and every record not yet deleted; other AZs' nodes
         less their records (the watch; here never stale), ready only while
