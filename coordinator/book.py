@@ -31,7 +31,7 @@ from coordinator.core.placement import Placement
 from coordinator.core.records import DeviceLedger, GangRecord, MemberSummary, NodeRecord
 from coordinator.core.retention import FinishedGang
 from coordinator.core.twophase import (
-    Event, HoldReleased, Outcome, OwnerState, ParticipantState, ReleaseHold, TwoPhaseConfig,
+    Event, Outcome, OwnerState, ParticipantState, TwoPhaseConfig,
 )
 from coordinator.remote_view import RemoteInventory
 from phalanx.reservation import Reservation
@@ -65,6 +65,7 @@ class Book:
     gangs: dict[str, GangRecord] = field(default_factory=dict)  # owned, not terminal (+ terminal ones still RELEASING)
     reservations: dict[str, Reservation] = field(default_factory=dict)  # this AZ's single-AZ reservations
     ledger: DeviceLedger = field(default_factory=DeviceLedger)  # the devices those reservations hold
+    stand_ins: set[str] = field(default_factory=set)  # gangs whose ledger hold stands in for an unreadable reservation
     nodes: dict[str, NodeRecord] = field(default_factory=dict)  # this AZ's node records
     liveness: dict[str, NodeLiveness] = field(default_factory=dict)
     members: dict[GangInc, Reports] = field(default_factory=dict)  # what each owned gang's members reported
@@ -73,9 +74,6 @@ class Book:
     # ---- the cross-AZ protocol (TwoPhaseDriver)
     participant: ParticipantState | None = None  # this AZ's holds (set by Book.of)
     owners: dict[str, OwnerState] = field(default_factory=dict)  # the cross-AZ gangs this leader owns
-    # (gang, inc) -> node -> (gpus, nics) of holds whose release is decided
-    # but whose record delete has not committed yet: still taken.
-    releasing: dict[GangInc, Any] = field(default_factory=dict)
     placements: dict[GangInc, Placement] = field(default_factory=dict)  # an owner's placed attempt
     gang_cache: dict[str, GangRecord] = field(default_factory=dict)  # gangs with a hold here (any owner)
     local_reports: dict[GangInc, Reports] = field(default_factory=dict)  # this AZ's members of cross-AZ gangs
@@ -97,6 +95,13 @@ class Book:
         return cls(az=az, participant=ParticipantState(az, two_phase_config(t)), remote=RemoteInventory(az, keys))
 
     # ------------------------------------------------ questions across drivers
+    @property
+    def releasing(self) -> Any:
+        """(gang, inc) -> node -> (gpus, nics) of cross-AZ holds whose
+        release is decided but whose record delete has not committed yet:
+        still taken (the participant core keeps them, ``ParticipantState.releasing``)."""
+        return self.participant.releasing
+
     def held_slices(self) -> Iterator[Any]:
         """Every node -> (gpus, nics) slice held in this AZ: single-AZ
         reservations (and stand-ins for unreadable ones), cross-AZ holds
@@ -172,6 +177,7 @@ class Book:
         self.ledger = DeviceLedger.from_reservations(self.reservations)
         for hold in stand_ins:
             self.ledger.hold(hold)
+            self.stand_ins.add(hold.gang)
 
     def live_here(self, g: GangRecord) -> bool:
         """Whether ``g`` belongs in ``gangs``: owned here, and not terminal
@@ -229,6 +235,7 @@ class Book:
         """``gang``'s single-AZ reservation is gone: its devices are free."""
         self.reservations.pop(gang, None)
         self.ledger.release(gang)
+        self.stand_ins.discard(gang)  # (release frees a stand-in's devices too)
 
     def torn_down(self, g: GangRecord, releasing: Reservation | None, delete_reservation: bool,
                   restarting: bool) -> None:
@@ -306,19 +313,12 @@ class Book:
 
     # --------------------------------------- the cross-AZ protocol (TwoPhaseDriver)
     def participant_decides(self, ev: Event, now: float) -> list:
-        """Feed ``ev`` to this AZ's participant. The core frees a hold's
-        devices when it decides to release it; the durable record goes only
-        when ReleaseHold's delete commits (HoldReleased). Until then the
-        devices stay taken (``releasing``) for single-AZ placement too, so
-        etcd never holds two reservations on one GPU (chaos finding 7)."""
-        if isinstance(ev, HoldReleased):
-            self.releasing.pop((ev.gang, ev.incarnation), None)
-        before = {g: (h.incarnation, h.nodes) for g, h in self.participant.holds.items()}
-        effects = self.participant.handle(ev, now)
-        for e in effects:
-            if isinstance(e, ReleaseHold) and e.gang in before and before[e.gang][0] == e.incarnation:
-                self.releasing[(e.gang, e.incarnation)] = before[e.gang][1]
-        return effects
+        """Feed ``ev`` to this AZ's participant. A hold whose release the
+        core decides stays taken (``releasing``, kept by the core) for
+        single-AZ placement too until ReleaseHold's delete commits
+        (HoldReleased), so etcd never holds two reservations on one GPU
+        (chaos finding 7)."""
+        return self.participant.handle(ev, now)
 
     def owner_started(self, o: OwnerState) -> None:
         self.owners[o.gang] = o
@@ -429,6 +429,9 @@ class Book:
             if missing:
                 out.append(f"reservation of {gang} not held in the ledger on {', '.join(missing)}")
         out.extend(self.ledger.conflicts())
+        backed = set(self.reservations) | self.stand_ins
+        out.extend(f"ledger holds devices of {gang} on {node} with no reservation behind them"
+                   for node, gangs in sorted(self.ledger.held.items()) for gang in sorted(gangs) if gang not in backed)
         if set(self.finished) != set(self.seen_mono):
             out.append(f"finished and seen_mono differ: {sorted(set(self.finished) ^ set(self.seen_mono))}")
         if self.participant is not None:

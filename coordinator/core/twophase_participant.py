@@ -159,7 +159,10 @@ class ParticipantState:
         self._known: dict[DecisionKey, Outcome] = {}
         self._highest: dict[str, int] = {}
         self._parked: dict[str, ParkedPrepare] = {}
-        self._releases: set[DecisionKey] = set()
+        # Records this leader still has to delete -> the devices the hold
+        # held here, kept taken until the delete commits (None: no hold of
+        # that incarnation was held when its release was decided).
+        self._releases: dict[DecisionKey, Mapping[str, NodeDevices] | None] = {}
         self._finished: set[DecisionKey] = set()
 
     # ------------------------------------------------------------------ API
@@ -226,6 +229,14 @@ class ParticipantState:
     def pending_releases(self) -> frozenset[DecisionKey]:
         """Records this leader still has to delete (ABORTed or finished)."""
         return frozenset(self._releases)
+
+    @property
+    def releasing(self) -> Mapping[DecisionKey, Mapping[str, NodeDevices]]:
+        """Holds whose release is decided but whose record delete has not
+        committed (``HoldReleased``) -> the devices they held here: still
+        taken, so etcd never holds two reservations on one GPU (chaos
+        finding 7). Only releases of a hold held here when decided."""
+        return MappingProxyType({k: n for k, n in self._releases.items() if n is not None})
 
     def holder_of(self, device: Device) -> str | None:
         """Which gang holds ``device`` in this AZ's ledger, if any."""
@@ -402,7 +413,7 @@ class ParticipantState:
             # The attempt was aborted or finished while its write was in
             # flight, and the record has only now appeared: delete it, or it
             # would be stranded (chaos invariant 5).
-            self._releases.add(ev.key)
+            self._releases.setdefault(ev.key, None)  # (a duplicate keeps what its release keeps taken)
             return [self._release(ev.stimulus_id, ev.gang, ev.incarnation, "aborted while being written")]
         if hold.written:
             return []
@@ -490,7 +501,7 @@ class ParticipantState:
         return [self._retry_timer(ev.stimulus_id, ev.gang, ev.incarnation, now)]
 
     def _on_hold_released(self, ev: HoldReleased, now: float) -> list[Effect]:
-        self._releases.discard(ev.key)
+        self._releases.pop(ev.key, None)
         return []
 
     def _on_hold_release_failed(self, ev: HoldReleaseFailed, now: float) -> list[Effect]:
@@ -603,7 +614,7 @@ class ParticipantState:
                 # now that the key is decided nothing can change that.
                 del self._holds[gang]
                 if hold.written:
-                    self._releases.add(key)
+                    self._releases[key] = hold.nodes
                     effects.append(self._release(stimulus_id, gang, inc,
                                                  "aborted" if outcome is Outcome.ABORT else "gang finished"))
                 # If the write is still in flight, HoldWritten releases it.
@@ -656,7 +667,7 @@ class ParticipantState:
             # but not written: no YES went out, so no COMMIT can name it.
             del self._holds[ev.gang]
             if hold.written:
-                self._releases.add(ev.key)
+                self._releases[ev.key] = hold.nodes
                 effects.append(self._release(ev.stimulus_id, ev.gang, ev.incarnation, "gang finished"))
         return effects
 
@@ -705,7 +716,7 @@ class ParticipantState:
                 effects.append(self._abort_finished(sid, hold))
                 continue
             if key in self._finished or aborted:
-                self._releases.add(key)
+                self._releases[key] = None  # (never held by this leadership: read only to delete)
                 effects.append(self._release(sid, rec.gang, rec.incarnation,
                                              "finished" if key in self._finished else "aborted"))
                 continue

@@ -304,9 +304,8 @@ class BookWorld(RuleBasedStateMachine):
 
     @invariant()
     def no_leaked_hold(self) -> None:
-        """The ledger holds only reservations and the takeover's stand-ins.
-        Not in ``problems()``: the book does not record which holds are
-        stand-ins, so it cannot tell a leaked hold from one."""
+        """The ledger holds only reservations and the takeover's stand-ins
+        (``problems()`` checks it too, by the stand-ins the book keeps)."""
         held = {gang for gangs in self.book.ledger.held.values() for gang in gangs}
         assert held <= set(self.book.reservations) | {"unreadable"}, held - set(self.book.reservations)
 

@@ -523,6 +523,40 @@ def test_ledger_tracks_holders_of_devices() -> None:
     assert p.pending_releases == {("g1", 1)}
 
 
+# What stays taken after a release is decided (``releasing``): the devices
+# of a hold held here, until its delete commits (HoldReleased). A record this
+# leadership never held (recovery of a dead attempt, a write that landed after
+# its claim was dropped) is deleted with nothing kept taken, as before.
+@pytest.mark.parametrize("records, decisions, finished, events, want", [
+    pytest.param((), (), (), [*written(), ev(AbortReceived, from_az="b")], {("g1", 1): N1_01}, id="aborted"),
+    pytest.param((), (), (), [*written(), ev(DecisionObserved, outcome=Outcome.ABORT)], {("g1", 1): N1_01},
+                 id="abort-observed"),
+    pytest.param((), (), (), [*written(), ev(CommitReceived, from_az="b"), ev(GangFinished)],
+                 {("g1", 1): N1_01}, id="committed-then-finished"),
+    pytest.param((), (), (), [*written(), ev(GangFinished), ev(DecisionCreated, outcome=Outcome.ABORT, won=True)],
+                 {("g1", 1): N1_01}, id="finished-prepared-then-decided"),
+    pytest.param((), (), (), [*written(), ev(AbortReceived, from_az="b"), ev(HoldReleaseFailed, reason="x")],
+                 {("g1", 1): N1_01}, id="delete-failed-still-taken"),
+    pytest.param((), (), (), [*written(), ev(AbortReceived, from_az="b"), ev(HoldReleased)], {}, id="delete-committed"),
+    pytest.param((), (), (), [*written(), ev(AbortReceived, from_az="b"), ev(HoldWritten)], {("g1", 1): N1_01},
+                 id="a-late-duplicate-write-keeps-it-taken"),
+    pytest.param((), (), (), [prepare(), ev(AbortReceived, from_az="b"), ev(HoldWritten)], {},
+                 id="written-after-its-claim-was-dropped"),
+    pytest.param([record()], [decided("g1", 1, Outcome.ABORT)], (), [], {}, id="recovered-aborted-record"),
+    pytest.param([record(state=HoldState.COMMITTED)], [decided("g1", 1, Outcome.COMMIT)], [("g1", 1)], [], {},
+                 id="recovered-finished-record"),
+    pytest.param((), (), (), [*written(), *written("g2", nodes=N1_23), ev(AbortReceived, "g2", from_az="b")],
+                 {("g2", 1): N1_23}, id="only-the-released-gang"),
+])
+def test_releasing_keeps_a_decided_release_taken_until_its_delete_commits(records, decisions, finished, events,
+                                                                          want) -> None:
+    p = participant(records, decisions, finished)
+    for event in events:
+        p.handle(event, NOW)
+    assert {k: dict(v) for k, v in p.releasing.items()} == want
+    assert set(want) <= p.pending_releases and not set(want) & {h.key for h in p.holds.values()}
+
+
 def test_committed_hold_survives_everything_but_finish() -> None:
     p = participant()
     for event in [*written(), ev(CommitReceived, from_az="b")]:
