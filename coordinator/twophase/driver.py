@@ -1,16 +1,9 @@
-"""The driver of two-phase (cross-AZ) reservations (docs/two-phase.md "Driver").
-
-One ``TwoPhaseDriver`` per leadership. It owns the AZ's ``ParticipantState``
-and one ``OwnerState`` per cross-AZ gang this leader owns (both kept in the
-leadership's Book), feeds them every stimulus (``feed``) and performs their
-effects (``perform``, ``handle``), feeding the results back as events. The
-effects with I/O are performed by the parts it builds: the store effects
-(coordinator/twophase/store_effects.py), the peer calls it makes
-(peer_sender.py), the watch and recovery (watch.py) and the cross-AZ members
-(members.py); the calls it answers are coordinator/peer_calls.py's.
-``ScheduleTimeout`` is a task of the leadership that sleeps, then feeds the
-event (the leader's stop cancels it). How its ledger and the leader's
-single-AZ one never grant a device twice: docs/two-phase.md "Driver".
+"""The driver of two-phase (cross-AZ) reservations: ``TwoPhaseDriver``, one
+per leadership, feeds the AZ's ``ParticipantState`` and its ``OwnerState``s
+(kept in the leadership's Book) every stimulus (``feed``), performs their
+effects (``perform``, ``handle``) through the parts it builds (store_effects,
+peer_sender, watch, members; coordinator/peer_calls.py answers the calls) and
+answers the admission cycle's questions (docs/two-phase.md "The driver").
 """
 
 from __future__ import annotations
@@ -26,34 +19,12 @@ from coordinator.core.effect_lines import effect_line
 from coordinator.core.owner_lifecycle import StartOwner, owner_steps
 from coordinator.core.placement import FabricIndex, NodeView, Placement
 from coordinator.core.records import GangRecord, MemberSummary
-from coordinator.core.twophase import (
-    CreateDecision,
-    Core,
-    DispatchGang,
-    Effect,
-    GangSubmitted,
-    MarkCommitted,
-    MarkGangFailed,
-    MarkGangPending,
-    MarkGangReserved,
-    OwnerPhase,
-    OwnerState,
-    PlacementMade,
-    ReleaseHold,
-    Routed,
-    ScheduleTimeout,
-    SendAbort,
-    SendCommit,
-    SendDecisionAck,
-    SendFinish,
-    SendPrepare,
-    SendVote,
-    WriteAttempt,
-    WriteHold,
-)
+from coordinator.core import twophase as protocol
+from coordinator.core.twophase import Core, Effect, OwnerPhase, OwnerState, Routed
 from coordinator.gang_writer import GangWriter
 from coordinator.leadership import Leadership, RunTime
 from coordinator.peer_calls import PeerCalls
+from coordinator.twophase.context import Context
 from coordinator.twophase.counts import RequestCounts
 from coordinator.twophase.members import Members
 from coordinator.twophase.peer_sender import PeerSender
@@ -91,10 +62,11 @@ class TwoPhaseDriver:
         self.cfg = two_phase_config(lead.timings)
         self.peers = PeerCalls(self)  # the participant side of the peer calls
         self.counts = RequestCounts(self.az, lambda gang: self.peers.auth_reads.pop(gang, 0))
-        self.store_fx = StoreEffects(lead, book, writer, run_time, self.counts)
-        self.sender = PeerSender(lead, self.cfg, self.counts, peer_channel, self.peers.local_prepare, self.feed)
-        self.members = Members(lead, book, run_time, self.store_fx, self.counts, self.feed)
-        self.watcher = Watcher(lead, book, writer, self.store_fx, self.members, self.counts, self.feed)
+        ctx = Context(lead, book, writer, run_time, self.counts, self.feed)
+        self.store_fx = StoreEffects(ctx)
+        self.sender = PeerSender(ctx, self.cfg, peer_channel, self.peers.local_prepare)
+        self.members = Members(ctx, self.store_fx)
+        self.watcher = Watcher(ctx, self.store_fx, self.members)
         self._last_eval = 0.0
 
     def now(self) -> float:
@@ -124,7 +96,7 @@ class TwoPhaseDriver:
         noted. Each effect with I/O is a task that ``handle`` performs and
         whose result is fed back; an attempt's Prepares go out together as
         one task."""
-        prepares = [e for e in effects if isinstance(e, SendPrepare)]
+        prepares = [e for e in effects if isinstance(e, protocol.SendPrepare)]
         if prepares:
             self.lead.spawn(self.sender.send_prepares(prepares), f"prepare-{prepares[0].gang}")
         for e in effects:
@@ -137,17 +109,17 @@ class TwoPhaseDriver:
                                  stimulus=getattr(e, "stimulus_id", None) or None):
                     log.log(level, "two-phase %s: %s", self.az, what)
             match e:
-                case SendPrepare():
+                case protocol.SendPrepare():
                     pass
-                case ScheduleTimeout():
+                case protocol.ScheduleTimeout():
                     self._schedule(e)
-                case SendVote():
+                case protocol.SendVote():
                     self.peers.voted(e)
-                case SendDecisionAck():
+                case protocol.SendDecisionAck():
                     self.peers.acked(e)
-                case SendFinish():
+                case protocol.SendFinish():
                     pass  # participants learn the end from the gangs/ watch
-                case MarkGangPending():
+                case protocol.MarkGangPending():
                     # The owner waits for placement: the next admission
                     # cycle places it (one order with single-AZ gangs).
                     self.book.waiting(e.gang, e.reason)
@@ -155,12 +127,12 @@ class TwoPhaseDriver:
                 case _:
                     self.lead.spawn(self._performed(e), f"{type(e).__name__}-{getattr(e, 'gang', '')}")
 
-    def _schedule(self, e: ScheduleTimeout) -> None:
+    def _schedule(self, e: protocol.ScheduleTimeout) -> None:
         # A task of the leadership, not a bare loop timer: the leader's stop
         # cancels it with the rest, so no timer outlives the leadership.
         self.lead.spawn(self._fire(e), f"timer-{type(e.event).__name__}-{e.event.gang}")
 
-    async def _fire(self, e: ScheduleTimeout) -> None:
+    async def _fire(self, e: protocol.ScheduleTimeout) -> None:
         await asyncio.sleep(max(0.0, e.at - self.now()))
         self.feed(Routed(e.event, frozenset({e.to})))
 
@@ -173,35 +145,38 @@ class TwoPhaseDriver:
         """The handler of a protocol effect with I/O: do it, and return what
         came of it with the core(s) it goes to (``_performed`` feeds it)."""
         match e:
-            case WriteHold():
+            case protocol.WriteHold():
                 return await self.store_fx.write_hold(e)
-            case MarkCommitted():
+            case protocol.MarkCommitted():
                 return await self.store_fx.mark_committed(e)
-            case ReleaseHold():
+            case protocol.ReleaseHold():
                 return await self.store_fx.release_hold(e)
-            case CreateDecision():
+            case protocol.CreateDecision():
                 return await self.store_fx.create_decision(e)
-            case WriteAttempt():
+            case protocol.WriteAttempt():
                 return await self.store_fx.write_attempt(e)
-            case SendPrepare():
+            case protocol.SendPrepare():
                 return await self.sender.prepare(e)
-            case SendCommit() | SendAbort():
+            case protocol.SendCommit() | protocol.SendAbort():
                 return await self.sender.send_decision(e)
-            case DispatchGang():
+            case protocol.DispatchGang():
                 await self.members.dispatch(e)
-            case MarkGangReserved():
+            case protocol.MarkGangReserved():
                 await self.store_fx.mark_reserved(e)
-            case MarkGangFailed():
-                g = self.book.gangs.get(e.gang)
-                if g is not None and not g.state.terminal:
-                    # A gang effect: the leader's gang-effect interpreter
-                    # performs it (docs/design.md §19.9).
-                    done = await self.run_time.perform(gang_effects.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
-                    if isinstance(done, gang_effects.WriteRefused):
-                        log.info("gang %s: not failed (%s): %s", e.gang, e.reason, done.why)
+            case protocol.MarkGangFailed():
+                await self._mark_failed(e)
             case _:
                 raise TypeError(f"TwoPhaseDriver.handle: {type(e).__name__} has no I/O to perform")
         return []
+
+    async def _mark_failed(self, e: protocol.MarkGangFailed) -> None:
+        g = self.book.gangs.get(e.gang)
+        if g is not None and not g.state.terminal:
+            # A gang effect: the leader's gang-effect interpreter performs it
+            # (docs/design.md §19.9).
+            done = await self.run_time.perform(gang_effects.Finish(g, GangState.FAILED, e.reason, stimulus_id=e.stimulus_id))
+            if isinstance(done, gang_effects.WriteRefused):
+                log.info("gang %s: not failed (%s): %s", e.gang, e.reason, done.why)
 
 
     def start_owner(self, g: GangRecord) -> None:
@@ -209,7 +184,7 @@ class TwoPhaseDriver:
         o = OwnerState(g.id, self.az, g.spec.priority, g.submitted_at, self.cfg)
         self.book.owner_started(o)
         if g.state == GangState.PENDING:
-            self.feed(Routed.owner(GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
+            self.feed(Routed.owner(protocol.GangSubmitted(stimulus_id=f"submit:{g.id}:{g.incarnation}", gang=g.id, incarnation=g.incarnation)))
             return
         plan = _plan_of(g) if g.placement else None
         decision = self.book.dec_by_key.get((g.id, g.incarnation))
@@ -289,7 +264,7 @@ class TwoPhaseDriver:
         if o is None or o.phase is not OwnerPhase.UNPLACED:
             return
         self.book.attempt_placed(g.id, o.incarnation, placement)
-        self.feed(Routed.owner(PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
+        self.feed(Routed.owner(protocol.PlacementMade(stimulus_id=stimulus_id, gang=g.id, incarnation=o.incarnation,
                                              plan=placement.by_az())))
 
     def last_reason(self, gang: str) -> str:

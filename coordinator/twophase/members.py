@@ -8,14 +8,12 @@ finished (``cross_az_members.hold_over`` decides each step)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
-from coordinator.book import Book
 from coordinator.core import cross_az_members, gang_effects, progress
 from coordinator.core.records import GangRecord, MemberSummary
 from coordinator.core.twophase import DispatchGang, GangFinished, Routed
-from coordinator.leadership import Leadership, RunTime
-from coordinator.twophase.counts import RequestCounts
+from coordinator.twophase.context import Context, Part
 from coordinator.twophase.store_effects import StoreEffects
 from phalanx.agent_messages import Revoke
 from phalanx.logfmt import bind_event
@@ -26,19 +24,12 @@ from phalanx.store import Compare, Put
 log = logging.getLogger(__name__)
 
 
-class Members:
-    """One per ``TwoPhaseDriver``; ``feed`` is the driver's feed loop."""
+class Members(Part):
+    """One per ``TwoPhaseDriver``."""
 
-    def __init__(self, lead: Leadership, book: Book, run_time: RunTime, store_fx: StoreEffects, counts: RequestCounts,
-                 feed: Callable[..., None]):
-        self.lead = lead
-        self.book = book
-        self.run_time = run_time
+    def __init__(self, ctx: Context, store_fx: StoreEffects):
+        super().__init__(ctx)
         self.store_fx = store_fx
-        self.counts = counts
-        self.feed = feed
-        self.az = lead.az
-        self.keys = lead.keys
         self._publishing: set[tuple[str, int]] = set()  # member summaries being written
 
     def republish(self) -> None:

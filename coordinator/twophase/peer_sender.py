@@ -24,8 +24,7 @@ from coordinator.core.twophase import (
     VoteReceived,
 )
 from coordinator.election import observe
-from coordinator.leadership import Leadership
-from coordinator.twophase.counts import RequestCounts
+from coordinator.twophase.context import Context, Part
 from phalanx import failpoints
 from phalanx.errors import NotLeader
 from phalanx.logfmt import bind_event
@@ -34,22 +33,17 @@ from phalanx.v1 import peer_pb2, peer_pb2_grpc
 log = logging.getLogger(__name__)
 
 
-class PeerSender:
+class PeerSender(Part):
     """One per ``TwoPhaseDriver``: sends its owners' Prepares and decisions.
     ``local_prepare`` answers a Prepare to this AZ in-process
-    (PeerCalls.local_prepare); ``feed`` is the driver's feed loop."""
+    (PeerCalls.local_prepare)."""
 
-    def __init__(self, lead: Leadership, cfg: TwoPhaseConfig, counts: RequestCounts, peer_channel: Any,
-                 local_prepare: Callable[[PrepareReceived], Awaitable[tuple[bool, str]]],
-                 feed: Callable[..., None]):
-        self.lead = lead
-        self.az = lead.az
-        self.store = lead.store
+    def __init__(self, ctx: Context, cfg: TwoPhaseConfig, peer_channel: Any,
+                 local_prepare: Callable[[PrepareReceived], Awaitable[tuple[bool, str]]]):
+        super().__init__(ctx)
         self.cfg = cfg
-        self.counts = counts
         self.peer_channel = peer_channel
         self.local_prepare = local_prepare
-        self.feed = feed
         self._leaders: dict[str, Any] = {}  # az -> LeaderInfo (peer address cache)
 
     async def _peer_call(self, az: str, gang: str, method: str, req: Any) -> Any:

@@ -14,7 +14,6 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_incrementing
 
-from coordinator.book import Book
 from coordinator.core import events as gang_events
 from coordinator.core import gang_effects
 from coordinator.core.records import UNREADABLE, GangRecord, MemberAssignment, NodeRecord
@@ -41,9 +40,7 @@ from coordinator.core.twophase import (
     WriteHold,
 )
 from coordinator.core.twophase_fold import Fold, can_fold, decided_here, fold_failed
-from coordinator.gang_writer import GangWriter
-from coordinator.leadership import Leadership, RunTime
-from coordinator.twophase.counts import RequestCounts
+from coordinator.twophase.context import Context, Part
 from phalanx import failpoints
 from phalanx.errors import Conflict, NotLeader
 from phalanx.model import GangState
@@ -68,19 +65,17 @@ def _stored(kv: Any) -> Reservation | None:
         return None
 
 
-class StoreEffects:
+def _to_participant(event: type, e: Any, **fields: Any) -> list[Routed]:
+    """What came of the participant's effect ``e``: ``event`` of its gang and incarnation, for the participant."""
+    return [Routed.participant(event(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation, **fields))]
+
+
+class StoreEffects(Part):
     """One per ``TwoPhaseDriver``: performs the store effects of the cores,
     and keeps the MarkGangReserved parked behind a folded write in flight."""
 
-    def __init__(self, lead: Leadership, book: Book, writer: GangWriter, run_time: RunTime, counts: RequestCounts):
-        self.lead = lead
-        self.book = book
-        self.writer = writer  # every gang-record write goes through it
-        self.run_time = run_time
-        self.counts = counts
-        self.az = lead.az
-        self.store = lead.store
-        self.keys = lead.keys
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
         # (gang, inc) -> MarkGangReserved that arrived while the COMMIT+RESERVED
         # txn was in flight (None: none yet): _commit_with_reserved.
         self._folding: dict[tuple[str, int], MarkGangReserved | None] = {}
@@ -125,19 +120,17 @@ class StoreEffects:
         if res is not None and res.succeeded:
             self.book.hold_written(e.gang, e.incarnation, res.revision)
             await failpoints.hit("participant.after_prepared")
-            return [Routed.participant(HoldWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
+            return _to_participant(HoldWritten, e)
         if res is None:  # outcome unknown: read it back
             kv = await self.read(key, e.gang)
         else:
             kv = res.results[0][0] if res.results[0] else None
         if kv is None:
-            return [Routed.participant(HoldWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                       reason="write timed out" if res is None else "raced with another write"))]
+            return _to_participant(HoldWriteFailed, e, reason="write timed out" if res is None else "raced with another write")
         cur = _stored(kv)
         if cur is not None and cur.incarnation == e.incarnation:
             await failpoints.hit("participant.after_prepared")  # a PREPARED record of ours is durable
-        return [Routed.participant(HoldFound(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                             found=cur.incarnation if cur is not None else None, revision=kv.mod_revision))]
+        return _to_participant(HoldFound, e, found=cur.incarnation if cur is not None else None, revision=kv.mod_revision)
 
     async def mark_committed(self, e: MarkCommitted) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
@@ -151,21 +144,19 @@ class StoreEffects:
                                           submitted_at=hold.submitted_at)
                 res = await self.fenced([unchanged_since(key, rev)], [Put(key, rec.to_dict())], gang=e.gang)
                 if res is not None and res.succeeded:
-                    return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
+                    return _to_participant(CommitWritten, e)
         kv = await self.read(key, e.gang)
         cur = _stored(kv) if kv is not None else None
         if cur is None or cur.incarnation != e.incarnation:
-            return [Routed.participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                         reason="record is not this incarnation"))]
+            return _to_participant(CommitWriteFailed, e, reason="record is not this incarnation")
         if cur.state is HoldState.COMMITTED:
-            return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
+            return _to_participant(CommitWritten, e)
         committed = dataclasses.replace(cur, state=HoldState.COMMITTED, epoch=self.lead.epoch)
         res = await self.fenced([unchanged_since(key, kv.mod_revision)], [Put(key, committed.to_dict())], gang=e.gang)
         if res is not None and res.succeeded:
-            return [Routed.participant(CommitWritten(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
+            return _to_participant(CommitWritten, e)
         else:
-            return [Routed.participant(CommitWriteFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                         reason="record changed or write timed out"))]
+            return _to_participant(CommitWriteFailed, e, reason="record changed or write timed out")
 
     async def release_hold(self, e: ReleaseHold) -> list[Routed]:
         key = self.keys.reservation(self.az, e.gang)
@@ -175,10 +166,9 @@ class StoreEffects:
             # A record we cannot read: it may name these devices, so they stay
             # held (safety before liveness) and the release is retried until
             # an operator repairs or deletes the key.
-            return [Routed.participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                         reason="the stored record cannot be read"))]
+            return _to_participant(HoldReleaseFailed, e, reason="the stored record cannot be read")
         if cur is None or cur.incarnation != e.incarnation:
-            return [Routed.participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
+            return _to_participant(HoldReleased, e)
         ops: list = [Delete(key)]
         msum = self.keys.member_summary(e.gang, self.az)
         ops.append(Delete(msum))
@@ -187,10 +177,9 @@ class StoreEffects:
         if res is not None and res.succeeded:
             self.book.hold_released(e.gang, e.incarnation)
             log.info("two-phase %s: released hold of %s#%d (%s)", self.az, e.gang, e.incarnation, e.reason)
-            return [Routed.participant(HoldReleased(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation))]
+            return _to_participant(HoldReleased, e)
         else:
-            return [Routed.participant(HoldReleaseFailed(stimulus_id=e.stimulus_id, gang=e.gang, incarnation=e.incarnation,
-                                                         reason="record changed or delete timed out"))]
+            return _to_participant(HoldReleaseFailed, e, reason="record changed or delete timed out")
 
     async def create_decision(self, e: CreateDecision) -> list[Routed]:
         key = self.keys.decision(e.gang, e.incarnation)
@@ -232,16 +221,9 @@ class StoreEffects:
 
     async def _commit_with_reserved(self, e: CreateDecision, key: str, value: dict) -> Fold:
         """The owner's COMMIT and its gang's RESERVED record in one fenced
-        txn: the decision key's create-if-absent (``absent(key)``) plus the
-        gang write guarded by the record's revision. Only while this leader
-        owns the gang, its record is RESERVING at this incarnation and no
-        other write of it is in flight (``can_fold``). FOLDED when written;
-        NOT_FOLDED when it did not apply (a lost compare: the key exists or the gang record
-        moved; or not tried), UNKNOWN when it may have (a timeout): then
-        the decision is created alone as before, which reports what the key
-        holds, and MarkGangReserved writes the record (or finds it written). One write less per admission; the
-        one-decision rule is unchanged (the key is still created at most
-        once), only a deposed owner can no longer create COMMIT this way."""
+        txn, when ``can_fold`` allows; FOLDED, NOT_FOLDED or UNKNOWN (what
+        each means and why the one-decision rule holds: docs/two-phase.md
+        "The driver", ``CreateDecision``)."""
         g = self.book.gangs.get(e.gang)
         if g is None or not can_fold(e.gang in self.book.owners, g.state, g.incarnation, e.incarnation,
                                      writing=self.writer.busy(g.id)):

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any
 
-from coordinator.book import Book
 from coordinator.core import events as gang_events
 from coordinator.core.records import UNREADABLE, GangRecord, MemberSummary, read_records
 from coordinator.core.twophase import (
@@ -24,9 +23,7 @@ from coordinator.core.twophase import (
     ParticipantRecovered,
     Routed,
 )
-from coordinator.gang_writer import GangWriter
-from coordinator.leadership import Leadership
-from coordinator.twophase.counts import RequestCounts
+from coordinator.twophase.context import Context, Part
 from coordinator.twophase.members import Members
 from coordinator.twophase.store_effects import StoreEffects, decision_of
 from phalanx.errors import Conflict, NotLeader
@@ -39,32 +36,19 @@ log = logging.getLogger(__name__)
 
 
 def reserving(kv: Any) -> bool:
-    """Whether a gang record's stored bytes say RESERVING: only such a
-    record lets a Prepare be checked from the watch, so only those are kept
-    (the watch sees every gang of the cluster; keeping all of them would hold
-    the whole ``gangs/`` prefix in memory for the retention period). The
-    store writes compact JSON (phalanx/store.py), so a RESERVING record holds
-    exactly these bytes; a user string cannot fake them (its quotes are
-    escaped), and a nested match only keeps a record that the check parses
-    anyway. A record left out takes the etcd read, as before."""
+    """Whether a gang record's stored bytes say RESERVING: only those are
+    kept from the watch (why, and why the bytes suffice: docs/two-phase.md
+    "Which gang records the watch keeps")."""
     return b'"state":"RESERVING"' in kv.value
 
 
-class Watcher:
-    """One per ``TwoPhaseDriver``; ``feed`` is the driver's feed loop."""
+class Watcher(Part):
+    """One per ``TwoPhaseDriver``."""
 
-    def __init__(self, lead: Leadership, book: Book, writer: GangWriter, store_fx: StoreEffects, members: Members,
-                 counts: RequestCounts, feed: Callable[..., None]):
-        self.lead = lead
-        self.book = book
-        self.writer = writer
+    def __init__(self, ctx: Context, store_fx: StoreEffects, members: Members):
+        super().__init__(ctx)
         self.store_fx = store_fx
         self.members = members
-        self.counts = counts
-        self.feed = feed
-        self.az = lead.az
-        self.store = lead.store
-        self.keys = lead.keys
         self.revision = 0  # of the recovery's reads: the watch starts after it
         self._last_leader_poll = 0.0
 
