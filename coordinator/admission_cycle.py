@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 
 from coordinator.book import Book
 from coordinator.core import capacity, explanation
-from coordinator.core import gang_effects as fx
+from coordinator.core import gang_effects
 from coordinator.core.admission import FailAdmission, KeepPending, plan_admissions, spans_azs, without
 from coordinator.core.explanation import Explanation
 from coordinator.core.placement import FabricIndex, NodeView, PlacementRequest, never_fits, place
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 class AdmissionCycle:
     def __init__(self, lead: Leadership, book: Book, writer: GangWriter, twophase: TwoPhaseDriver,
-                 nodes: NodeSessions, *, perform: Callable[[fx.Effect], Awaitable[fx.Event]],
+                 nodes: NodeSessions, *, perform: Callable[[gang_effects.Effect], Awaitable[gang_effects.Event]],
                  finish: Callable[..., Awaitable[GangRecord]], until_rebuilt: Callable[[], Awaitable[None]],
                  led_since: Callable[[], float]):
         self.lead = lead
@@ -91,18 +91,18 @@ class AdmissionCycle:
         self.lead.metrics.placement_decision.observe(time.perf_counter() - started)
         last_attempts = {d.gang.id: self.twophase.last_reason(d.gang.id) for d in decisions
                          if isinstance(d, FailAdmission) and spans_azs(d.gang) and not d.never_fits}
-        effects = fx.admission_effects(decisions, az=self.lead.az, epoch=self.lead.epoch, now=self.lead.wall(),
+        effects = gang_effects.admission_effects(decisions, az=self.lead.az, epoch=self.lead.epoch, now=self.lead.wall(),
                                        pending_class=pending_class, last_attempts=last_attempts,
                                        stimulus_id=current_stimulus())
         for e in effects:
-            if isinstance(e, fx.ReserveDevices):
+            if isinstance(e, gang_effects.ReserveDevices):
                 # Hold the devices in memory now, so later decisions (this
                 # cycle or the next) never see them free; undone on failure.
                 self.book.held_in_memory(e.reservation)
                 self.writer.start_acting(e.gang.id)
                 with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):  # the reserve task's lines
                     self.lead.spawn(self._admit(e), f"reserve-{e.gang.id}")
-            elif isinstance(e, fx.FailAdmission):
+            elif isinstance(e, gang_effects.FailAdmission):
                 self.writer.start_acting(e.gang.id)
                 with log_context(gang=e.gang.id, incarnation=e.gang.incarnation):
                     self.lead.spawn(self.perform(e), f"timeout-{e.gang.id}")
@@ -124,7 +124,7 @@ class AdmissionCycle:
         classes: dict[str, str] = {}
         for g in self.book.gangs.values():
             wide = spans_azs(g)
-            c = fx.pending_gauge_class(g.state, wide, wide and self.twophase.awaits_placement(g),
+            c = gang_effects.pending_gauge_class(g.state, wide, wide and self.twophase.awaits_placement(g),
                                        self.pending_classes.get(g.id, "no_room"))
             if c is None:
                 continue
@@ -184,28 +184,28 @@ class AdmissionCycle:
                                verdicts=self._verdicts, index=self.twophase.placement_index(index) if wide else index)
 
     def queue_reason(self, d: KeepPending) -> str:
-        return fx.queue_reason(d, self.lead.az)
+        return gang_effects.queue_reason(d, self.lead.az)
 
-    def keep_waiting(self, e: fx.KeepWaiting) -> None:
+    def keep_waiting(self, e: gang_effects.KeepWaiting) -> None:
         self.pending_classes[e.gang.id] = e.pending_class
         if self.book.waiting(e.gang.id, e.reason):
             log.debug("gang %s pending: %s", e.gang.id, e.reason, extra={"gang": e.gang.id})
 
-    async def _admit(self, e: fx.ReserveDevices) -> None:
+    async def _admit(self, e: gang_effects.ReserveDevices) -> None:
         """The reserve task: the reservation, then what the core says follows
         from its outcome (dispatch, STARTING)."""
         done = await self.perform(e)
-        for follow in fx.after_reserved(done, e.stimulus_id):
+        for follow in gang_effects.after_reserved(done, e.stimulus_id):
             await self.perform(follow)
 
-    async def reserve(self, e: fx.ReserveDevices) -> fx.Event:
+    async def reserve(self, e: gang_effects.ReserveDevices) -> gang_effects.Event:
         """All of a gang's devices in ONE fenced etcd transaction."""
         g, p, r = e.gang, e.placement, e.reservation
         try:
             async with self._reserve_slots:
-                placement = fx.member_assignments(p)
+                placement = gang_effects.member_assignments(p)
                 master = self.rendezvous_for(g, g.incarnation, placement, self.book.nodes.get(placement[0].node))
-                new, events = fx.reserved_record(g, p, r, master, self.lead.wall(), self.lead.epoch)
+                new, events = gang_effects.reserved_record(g, p, r, master, self.lead.wall(), self.lead.epoch)
                 key = self.lead.keys.reservation(self.lead.az, g.id)
                 await failpoints.hit("leader.before_reserve")
                 try:
@@ -217,7 +217,7 @@ class AdmissionCycle:
                     learned = await self._learn_reserve_outcome(g, r)
                     if learned is None:
                         self.book.unheld(g.id, r)
-                        return fx.NotApplied(g.id)  # still PENDING: the next cycle places it again
+                        return gang_effects.NotApplied(g.id)  # still PENDING: the next cycle places it again
                     written = learned
                 await failpoints.hit("leader.after_reserve")
         except BaseException:
@@ -229,7 +229,7 @@ class AdmissionCycle:
         self.book.placed(g.id)
         log.info("gang %s#%d admitted: %d members on %d nodes (%s)", g.id, g.incarnation, len(written.placement),
                  len(r.nodes), p.reason)
-        return fx.GangWritten(written)
+        return gang_effects.GangWritten(written)
 
     async def _learn_reserve_outcome(self, g: GangRecord, r: Reservation) -> GangRecord | None:
         """After a reservation txn with an unknown outcome: read the gang and
@@ -252,7 +252,7 @@ class AdmissionCycle:
             written = Reservation.from_dict(rkvs[0].json()) if rkvs else None
         except UNREADABLE:
             written = None  # not the record this txn writes
-        applied = fx.reservation_applied(cur, written, r)
+        applied = gang_effects.reservation_applied(cur, written, r)
         if cur is not None:
             self.writer.read_back(g, cur, applied=applied)
         if applied:
@@ -261,7 +261,7 @@ class AdmissionCycle:
         log.info("reservation of %s did not apply (reply lost); devices released", g.id)
         return None
 
-    async def fail_admission(self, e: fx.FailAdmission) -> None:
+    async def fail_admission(self, e: gang_effects.FailAdmission) -> None:
         try:
             if e.never_fits:
                 log.info("gang %s fails at once: %s", e.gang.id, e.reason)

@@ -17,8 +17,8 @@ import secrets
 from typing import Awaitable, Callable
 
 from coordinator.book import Book
-from coordinator.core import events as ev
-from coordinator.core import gang_effects as fx
+from coordinator.core import events as gang_events
+from coordinator.core import gang_effects
 from coordinator.core import lifecycle
 from coordinator.core.records import UNREADABLE, GangRecord, IdempotencyRecord, NameRecord
 from coordinator.leadership import Leadership, current_stimulus
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class GangApi:
-    def __init__(self, lead: Leadership, book: Book, *, perform: Callable[[fx.Effect], Awaitable[fx.Event]],
+    def __init__(self, lead: Leadership, book: Book, *, perform: Callable[[gang_effects.Effect], Awaitable[gang_effects.Event]],
                  until_rebuilt: Callable[[], Awaitable[None]]):
         self.lead = lead
         self.book = book
@@ -54,7 +54,7 @@ class GangApi:
         rec = GangRecord(
             id=gang_id, spec=spec, state=GangState.PENDING, owner_az=self.lead.az, submitted_at=now,
             updated_at=now, idempotency_key=idempotency_key, reason="waiting for placement", owner=owner,
-            events=ev.append((), [ev.submitted(now, self.lead.epoch, owner, spec.queue, spec.priority).stamped(stimulus)]),
+            events=gang_events.append((), [gang_events.submitted(now, self.lead.epoch, owner, spec.queue, spec.priority).stamped(stimulus)]),
         )
         compares = [absent(k.name(spec.name))]
         ops = [Put(k.name(spec.name), NameRecord(gang_id).to_dict())]
@@ -80,7 +80,7 @@ class GangApi:
             if idempotency_key and res.results[1]:
                 existing = await self._by_idempotency(idempotency_key, spec)
                 if existing:
-                    if fx.adopt_retried(existing, self.lead.az, self.book.gangs):
+                    if gang_effects.adopt_retried(existing, self.lead.az, self.book.gangs):
                         self.book.owned(existing)
                         self.lead.metrics.submitted(existing.spec.queue)  # its first attempt's reply was lost
                         self.lead.wake.set()
@@ -91,7 +91,7 @@ class GangApi:
                     holder = NameRecord.from_dict(name_kvs[0].json()).id
                 except UNREADABLE:
                     holder = "its name record cannot be read"  # still taken: the key exists
-            raise fx.submission_refused(spec.name, holder)
+            raise gang_effects.submission_refused(spec.name, holder)
         rec = rec.evolve(mod_revision=res.revision)
         self.book.owned(rec)
         # The RPC's task: its later lines (and the service's) carry the gang.
@@ -120,7 +120,7 @@ class GangApi:
             log.info("submission %s did not apply (reply lost)", gang_id)
             return
         rec = GangRecord.from_dict(kv.json(), kv.mod_revision)
-        if fx.adopt_retried(rec, self.lead.az, self.book.gangs):
+        if gang_effects.adopt_retried(rec, self.lead.az, self.book.gangs):
             log.info("submission %s applied although its reply was lost; admitting it", gang_id)
             self.book.owned(rec)
             self.lead.metrics.submitted(rec.spec.queue)
@@ -181,16 +181,16 @@ class GangApi:
         gang's next incarnation) while an old member may still run: at most
         one incarnation of a gang is ever alive."""
         inc = g.incarnation
-        effect = fx.finish_effect(g, state, reason, events, self.book.reservations.get(g.id),
+        effect = gang_effects.finish_effect(g, state, reason, events, self.book.reservations.get(g.id),
                                   self.book.members.get((g.id, inc), {}), self.lead.wall(), self.lead.epoch,
                                   current_stimulus())
         done = await self.perform(effect)
-        if isinstance(done, fx.WriteRefused):
+        if isinstance(done, gang_effects.WriteRefused):
             raise Conflict(done.why)
         # Stop (or tell agents to forget) the members of this incarnation.
-        for follow in fx.after_torn_down(effect, done):
+        for follow in gang_effects.after_torn_down(effect, done):
             await self.perform(follow)
-        log.info("gang %s#%d -> %s: %s%s", g.id, inc, state.name, reason, fx.teardown_note(effect.teardown),
+        log.info("gang %s#%d -> %s: %s%s", g.id, inc, state.name, reason, gang_effects.teardown_note(effect.teardown),
                  extra={"gang": g.id, "incarnation": inc})
         return done.record
 

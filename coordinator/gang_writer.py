@@ -15,7 +15,7 @@ import contextlib
 from typing import Callable, Iterator
 
 from coordinator.book import Book
-from coordinator.core import events as ev
+from coordinator.core import events as gang_events
 from coordinator.core.records import GangRecord
 from coordinator.core.retention import FinishedGang
 from coordinator.leadership import Leadership
@@ -33,7 +33,7 @@ class GangWriter:
         self._inflight: set[str] = set()  # gangs with a write in flight
         # Events seen outside a write (a takeover's "fenced"): they ride on
         # the gang's next write instead of costing one of their own.
-        self._unwritten_events: dict[str, list[ev.GangEvent]] = {}
+        self._unwritten_events: dict[str, list[gang_events.GangEvent]] = {}
         # Per gang, the record state its counters last counted (_count).
         self._counted: dict[str, Step] = {}
         self._on_forget: list[Callable[[str], None]] = []  # see when_forgotten
@@ -83,7 +83,7 @@ class GangWriter:
         if applied:
             self._unwritten_events.pop(cur.id, None)
 
-    def ride_on_next_write(self, gang_id: str, events: list[ev.GangEvent]) -> None:
+    def ride_on_next_write(self, gang_id: str, events: list[gang_events.GangEvent]) -> None:
         """``events`` go into the gang's history with its next write."""
         self._unwritten_events[gang_id] = events
 

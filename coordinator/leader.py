@@ -19,32 +19,29 @@ from typing import Any, Callable
 from coordinator.book import Book
 from coordinator.book_check import BookCheck
 from coordinator.config import CoordinatorConfig
-from coordinator.core import events as ev
-from coordinator.core import lifecycle
-from coordinator.core import gang_effects as fx
+from coordinator.core import events as gang_events
 from coordinator.core.explanation import Explanation
-from coordinator.core.admission import spans_azs
 from coordinator.core.placement import NodeView
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord, holds_for_unreadable, read_records
 from phalanx.reservation import Reservation
 from coordinator.admission_cycle import AdmissionCycle
 from coordinator.gang_api import GangApi
+from coordinator.gang_performer import GangPerformer
 from coordinator.gang_writer import GangWriter
-from coordinator.leadership import Leadership, RunTime, current_stimulus
+from coordinator.leadership import Leadership, RunTime
 from coordinator.node_sessions import AgentConn, NodeSessions
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.retention import GangCollector
 from coordinator.twophase import TwoPhaseDriver
 from coordinator.election import LeaseLost, LeaseSession
 from phalanx.leader_record import LeaderInfo
-from phalanx.store import Delete, Put, Store, StoreUnavailable
+from phalanx.store import Store, StoreUnavailable
 from phalanx.timings import Timings
 from phalanx import failpoints
 from phalanx.agent_messages import Assign, Revoke
 from phalanx.logfmt import bind, log_context, new_stimulus
-from phalanx.errors import StoreUnavailable, Conflict, NotLeader
+from phalanx.errors import StoreUnavailable, NotLeader
 from phalanx.errors import StoreSpaceExhausted
-from phalanx.model import GangState
 from phalanx.spec import GangSpec
 from phalanx.topology import NodeTopology
 
@@ -79,19 +76,25 @@ class AzLeader:
         # has rebuilt; reconciling a registration against an empty view would
         # revoke every running member as "no committed reservation".
         self.rebuilt = asyncio.Event()
+        # The gang-effect interpreter (coordinator/gang_performer.py): the
+        # parts below are given its perform, and it is connected to them.
+        self.performer = GangPerformer(self.lead, self.book, self.writer)
+        perform = self.performer.perform
         self.twophase = TwoPhaseDriver(self.lead, self.book, self.writer, self.run_time(), peer_channel)
         self.collector = GangCollector(self.lead, self.book, self.writer)
         self.writer.when_forgotten(self.twophase.forget)
         # Agent sessions and node records (coordinator/node_sessions.py).
-        self.nodes = NodeSessions(self.lead, self.book, self.writer, self.twophase, perform=self.perform,
-                                  evaluate=self.evaluate, transition=self._transition,
+        self.nodes = NodeSessions(self.lead, self.book, self.writer, self.twophase, perform=perform,
+                                  evaluate=self.performer.evaluate, transition=self.performer.transition,
                                   until_rebuilt=self.until_rebuilt)
         # Submit, cancel, finish (coordinator/gang_api.py); the admission
         # cycle and explain (coordinator/admission_cycle.py).
-        self.api = GangApi(self.lead, self.book, perform=self.perform, until_rebuilt=self.until_rebuilt)
+        self.api = GangApi(self.lead, self.book, perform=perform, until_rebuilt=self.until_rebuilt)
         self.admission = AdmissionCycle(self.lead, self.book, self.writer, self.twophase, self.nodes,
-                                        perform=self.perform, finish=self.api.finish,
+                                        perform=perform, finish=self.api.finish,
                                         until_rebuilt=self.until_rebuilt, led_since=lambda: self.led_since)
+        self.performer.connect(twophase=self.twophase, nodes=self.nodes, admission=self.admission,
+                               finish=self.api.finish)
 
     # What the server, the agent service and tests read of the leadership.
     @property
@@ -115,8 +118,10 @@ class AzLeader:
         return self.lead.failure
 
     def run_time(self) -> RunTime:
-        """What the two-phase driver asks of this leader (coordinator/leadership.py)."""
-        return RunTime(evaluate=self.evaluate, perform=self.perform, send=self.send,
+        """What the two-phase driver asks of the run-time side (coordinator/leadership.py):
+        the interpreter's own methods; the rest are delegates, as the parts
+        they reach are built after the driver."""
+        return RunTime(evaluate=self.performer.evaluate, perform=self.performer.perform, send=self.send,
                        rendezvous_for=self.rendezvous_for, rendezvous_settled=self.rendezvous_settled,
                        placeable_nodes=self.placeable_nodes, registered_topologies=self.registered_topologies,
                        node_connected=self.node_connected)
@@ -266,79 +271,15 @@ class AzLeader:
             if self.book.live_here(g):
                 # (RESTARTING gangs are not terminal: they are kept too.)
                 self.book.owned(g)
-                before = ev.last_epoch(g.events)
+                before = gang_events.last_epoch(g.events)
                 if before and before != self.epoch and not g.state.terminal:
                     self.writer.ride_on_next_write(
-                        g.id, [ev.fenced(self.lead.wall(), self.epoch, self.az, before, g.incarnation)])
+                        g.id, [gang_events.fenced(self.lead.wall(), self.epoch, self.az, before, g.incarnation)])
             self.writer.note(g)  # finished gangs we own: collected after gang_retention_s
         for n in nodes:
             # Not placeable until its agent reaches us; lost only after a
             # full replace_after_s from now (it may be fencing right now).
             self.book.node_restored(n, now)
-
-    # -------------------------------------------------------------- effects
-    async def perform(self, effect: fx.Effect) -> fx.Event:
-        """Perform one gang effect a core decided (coordinator/core/
-        gang_effects.py) and return what came of it: the interpreter of gang
-        effects; the cross-AZ protocol's are the two-phase driver's own
-        (docs/design.md §19.9). One handler per effect, each doing only the
-        I/O and the cache updates; what follows (e.g. dispatch and STARTING
-        once a reservation committed) is decided by the core from the
-        returned event. A guarded gang write that loses its compare comes
-        back as ``WriteRefused`` (only ``finish``, the API's, raises it)."""
-        match effect:
-            case fx.ReserveDevices():
-                return await self.admission.reserve(effect)
-            case fx.StartTwoPhaseAttempt():
-                # The plan took the devices from its free view;
-                # attempt_devices keeps them out of later cycles' views until
-                # its holds show.
-                with log_context(gang=effect.gang.id, incarnation=effect.gang.incarnation):
-                    self.twophase.place_attempt(effect.gang, effect.placement, effect.stimulus_id)
-            case fx.FailAdmission():
-                await self.admission.fail_admission(effect)
-            case fx.KeepWaiting():
-                self.admission.keep_waiting(effect)
-            case fx.WriteTransition():
-                return await self._write_transition(effect)
-            case fx.Finish():
-                try:
-                    return fx.GangWritten(await self.api.finish(effect.gang, effect.state, effect.reason,
-                                                                list(effect.events)))
-                except Conflict as exc:
-                    return fx.WriteRefused(str(exc))
-            case fx.TearDown():
-                return await self._tear_down(effect)
-            case fx.Requeue():
-                return await self._requeue(effect)
-            case fx.ReleaseDevices():
-                await self._release(effect.gang)
-            case fx.ForgetGang():
-                self.book.not_owned(effect.gang.id)  # participants release their own holds
-            case fx.SendAssignments():
-                self.dispatch(effect.gang, effect.only_node, effect.skip_ranks)
-            case fx.SendRevoke():
-                self.send(effect.node, Revoke(effect.gang, effect.incarnation, effect.reason))
-            case fx.MarkStarting():
-                await self.mark_starting(effect.gang)
-            case fx.CloseSession():
-                self.nodes.close_session(effect.node)
-            case fx.MarkNodeNotReady():
-                await self.nodes.mark_not_ready(effect)
-            case fx.NodeLost():
-                await self.nodes.lose_node(effect)
-            case fx.RegisterNode():
-                await self.nodes.register_node(effect)
-            case fx.IgnoreMemberReport():
-                log.warning("ignored a member report at registration: %s", effect.why)
-            case fx.PublishMemberReport():
-                # Cross-AZ gang committed here: kept, and published for its owner.
-                await self.twophase.on_member(effect.node, effect.member)
-            case fx.TrackMembers():
-                self.book.members_reported(effect.gang, effect.incarnation, effect.reports)
-            case _:
-                raise TypeError(f"AzLeader.perform: no handler for {type(effect).__name__}")
-        return fx.Performed()
 
     # ------------------------------------------------ the gang API's delegates
     async def submit(self, spec: GangSpec, idempotency_key: str, owner: str = "") -> tuple[GangRecord, bool]:
@@ -347,43 +288,11 @@ class AzLeader:
     async def cancel(self, gang_id: str, reason: str, by: str = "") -> GangRecord:
         return await self.api.cancel(gang_id, reason, by)
 
-    async def _tear_down(self, e: fx.TearDown) -> fx.Event:
-        """One write: the gang record, the reservation RELEASING (members may
-        still run on its devices) or deleted, the name freed."""
-        g, t, k = e.gang, e.teardown, self.lead.keys
-        ops: list = [Delete(k.name(g.spec.name))] if t.free_name else []
-        if t.releasing is not None:
-            ops.append(Put(k.reservation(self.az, g.id), t.releasing.to_dict()))
-        elif t.delete_reservation:
-            ops.append(Delete(k.reservation(self.az, g.id)))
-        try:
-            written = await self.writer.write(t.record, g, ops, events=list(t.events))
-        except Conflict as exc:
-            return fx.WriteRefused(str(exc))
-        self.book.torn_down(g, t.releasing, t.delete_reservation, restarting=t.record.state == GangState.RESTARTING)
-        return fx.GangWritten(written)
-
-    async def _requeue(self, e: fx.Requeue) -> fx.Event:
-        """RESTARTING -> PENDING as the next incarnation, once every member of
-        the old one is gone (lifecycle.requeue: first submit time kept, the
-        restart backoff waited out)."""
-        g, q = e.gang, e.requeue
-        ops: list = [Delete(self.lead.keys.reservation(self.az, g.id))] if q.delete_reservation else []
-        try:
-            written = await self.writer.write(q.record, g, ops)
-        except Conflict as exc:
-            return fx.WriteRefused(str(exc))
-        self.book.requeued(g)
-        log.info("gang %s restarts as incarnation %d in %.1fs", g.id, written.incarnation, q.backoff_s,
-                 extra={"gang": g.id, "incarnation": written.incarnation})
-        self.lead.wake.set()
-        return fx.GangWritten(written)
-
     # ---------------------------------------------------------------- cycle
     async def cycle(self) -> None:
         self.lead.check_valid()
         await self.nodes.check_liveness()
-        await self._check_start_barrier()
+        await self.performer.check_start_barrier()
         self.twophase.tick()
         try:
             await self.twophase.adopt_orphans()
@@ -401,31 +310,6 @@ class AzLeader:
     def publish_view(self) -> None:
         self.admission.publish_view()
 
-    async def mark_starting(self, g: GangRecord) -> None:
-        """RESERVED -> STARTING once its assignments went out (a no-op if the
-        record moved on meanwhile), then evaluate what members reported."""
-        cur = self.book.gangs.get(g.id)
-        if cur is None or cur.state != GangState.RESERVED or cur.incarnation != g.incarnation:
-            return
-        await self.writer.write(cur.evolve(state=GangState.STARTING, reason="assignments sent to agents", updated_at=self.lead.wall()), cur)
-        log.info("gang %s#%d -> STARTING: assignments sent to agents", g.id, g.incarnation,
-                 extra={"gang": g.id, "incarnation": g.incarnation})
-        await self.evaluate(g.id)
-
-    # ------------------------------------------------------------ dispatch
-    def dispatch(self, g: GangRecord, only_node: str | None = None, skip_ranks: set[int] = frozenset()) -> None:
-        """Send this AZ's members of ``g`` their assignments (only to
-        ``only_node`` and not ``skip_ranks`` when an agent re-registers)."""
-        rank0 = g.placement[0] if g.placement else None
-        rec0 = self.book.nodes.get(rank0.node) if rank0 is not None and rank0.az == self.az else None
-        sent: set[str] = set()
-        for node, msg in fx.assignments(g, self.az, rec0, only_node, skip_ranks):
-            sent.add(node)
-            self.nodes.send(node, msg)
-        if sent:  # one line per dispatch (not per member): its stimulus is the assignments' stimulus_id
-            log.info("gang %s#%d dispatched to %s", g.id, g.incarnation, ", ".join(sorted(sent)),
-                     extra={"gang": g.id, "incarnation": g.incarnation})
-
     def rendezvous_for(self, g: GangRecord, incarnation: int, placement: tuple[MemberAssignment, ...],
                        rank0: NodeRecord | None) -> tuple[str, int]:
         return self.admission.rendezvous_for(g, incarnation, placement, rank0)
@@ -440,77 +324,6 @@ class AzLeader:
         if not self.rebuilt.is_set():
             raise NotLeader(f"leadership of {self.az} (epoch {self.epoch}) ended before its state was rebuilt")
         self.lead.check_valid()
-
-    async def _check_start_barrier(self) -> None:
-        """A gang whose members have not all started within its
-        start_timeout_s is torn down (all-or-nothing at run time too)."""
-        now = self.lead.wall()
-        for g in list(self.book.gangs.values()):
-            if self.writer.busy(g.id):
-                continue
-            reports = self.book.members.get((g.id, g.incarnation), {})
-            why = lifecycle.start_barrier(g, reports, now)
-            if why is not None:
-                await self._transition(g, lifecycle.run_time_step(g, GangState.FAILED, why, reports, now, self.epoch), now)
-
-    async def evaluate(self, gang_id: str) -> None:
-        """Decide on the gang from what its members reported: a run-time
-        transition, or once a torn-down incarnation is gone, its requeue or
-        release. Skipped while the gang is busy."""
-        g = self.book.gangs.get(gang_id)
-        if g is None or self.writer.busy(gang_id):
-            return
-        reports = self.book.members.get((g.id, g.incarnation), {})
-        if lifecycle.torn_down(g.state):
-            # Torn down: act once no member of this incarnation can be alive.
-            then = lifecycle.after_teardown(g, reports, has_reservation=g.id in self.book.reservations,
-                                            two_phase=spans_azs(g))
-            if then is None:
-                return
-            with self.writer.acting_on(gang_id):
-                effect = fx.after_teardown_effect(then, g, self.lead.wall(), self.timings, stimulus_id=current_stimulus(),
-                                                  has_reservation=g.id in self.book.reservations)
-                done = await self.perform(effect)
-            if isinstance(done, fx.WriteRefused):
-                log.info("gang %s: %s", gang_id, done.why)
-            return
-        now = self.lead.wall()
-        step = lifecycle.member_progress(g, reports, now, self.epoch)
-        if step is not None:
-            await self._transition(g, step, now)
-
-    async def _transition(self, g: GangRecord, step: lifecycle.RunTimeStep, now: float) -> None:
-        """Perform a run-time step the core decided (lifecycle.run_time_step:
-        the restart policy and the events already applied)."""
-        with self.writer.acting_on(g.id):
-            done = await self.perform(fx.run_time_effect(g, step, now, current_stimulus()))
-        if isinstance(done, fx.WriteRefused):
-            log.info("gang %s: %s", g.id, done.why)
-        # A teardown may already allow the release (no live members).
-        if fx.reevaluate_after(step, self.book.gangs.get(g.id)):
-            await self.evaluate(g.id)
-
-    async def _write_transition(self, e: fx.WriteTransition) -> fx.Event:
-        g = e.old
-        try:
-            written = await self.writer.write(e.record, g, events=list(e.events))
-        except Conflict as exc:
-            return fx.WriteRefused(str(exc))
-        log.info("gang %s#%d -> %s: %s", g.id, g.incarnation, e.record.state.name, e.record.reason,
-                 extra={"gang": g.id, "incarnation": g.incarnation})
-        return fx.GangWritten(written)
-
-    async def _release(self, g: GangRecord) -> None:
-        key = self.lead.keys.reservation(self.az, g.id)
-        r = self.book.reservations.get(g.id)
-        if r is None:
-            return
-        self.lead.check_valid()
-        await self.lead.store.fenced_txn(self.lead.fence, [], [Delete(key)])
-        log.info("gang %s#%d released its devices: every member is gone", g.id, g.incarnation,
-                 extra={"gang": g.id, "incarnation": g.incarnation})
-        self.book.released(g)
-        self.lead.wake.set()
 
     # ---------------------------------------------------------------- view
     async def explain(self, gang_id: str) -> Explanation | None:

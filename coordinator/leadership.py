@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from coordinator.config import CoordinatorConfig
-from coordinator.core import gang_effects as fx
+from coordinator.core import gang_effects
 from coordinator.core.placement import NodeView
 from coordinator.core.records import GangRecord, MemberAssignment, NodeRecord
 from coordinator.election import LeaseLost, LeaseSession
@@ -108,11 +108,13 @@ def current_stimulus() -> str:
 
 @dataclass(frozen=True)
 class RunTime:
-    """What the two-phase driver asks of the leader's run-time side; each is
-    the leader's method of the same name (``AzLeader.run_time``)."""
+    """What the two-phase driver asks of the leader's run-time side
+    (``AzLeader.run_time``): ``evaluate`` and ``perform`` are the gang-effect
+    interpreter's (coordinator/gang_performer.py), the rest the leader's
+    method of the same name."""
 
     evaluate: Callable[[str], Awaitable[None]]  # decide on a gang from its members' reports
-    perform: Callable[[fx.Effect], Awaitable[fx.Event]]  # the gang-effect interpreter (Finish, MarkStarting, ...)
+    perform: Callable[[gang_effects.Effect], Awaitable[gang_effects.Event]]  # the gang-effect interpreter (Finish, MarkStarting, ...)
     send: Callable[[str, Assign | Revoke], None]  # queue a message on a node's agent session
     rendezvous_for: Callable[[GangRecord, int, tuple[MemberAssignment, ...], NodeRecord | None], tuple[str, int]]
     rendezvous_settled: Callable[[str], None]

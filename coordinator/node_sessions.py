@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable
 
 from coordinator.book import Book
 from coordinator.core import capacity, lifecycle, peer_auth, progress
-from coordinator.core import gang_effects as fx
+from coordinator.core import gang_effects
 from coordinator.core.admission import spans_azs
 from coordinator.core.placement import FabricIndex
 from coordinator.core.records import GangRecord, NodeRecord
@@ -57,7 +57,7 @@ class AgentConn:
 
 class NodeSessions:
     def __init__(self, lead: Leadership, book: Book, writer: GangWriter, twophase: TwoPhaseDriver, *,
-                 perform: Callable[[fx.Effect], Awaitable[fx.Event]], evaluate: Callable[[str], Awaitable[None]],
+                 perform: Callable[[gang_effects.Effect], Awaitable[gang_effects.Event]], evaluate: Callable[[str], Awaitable[None]],
                  transition: Callable[[GangRecord, lifecycle.RunTimeStep, float], Awaitable[None]],
                  until_rebuilt: Callable[[], Awaitable[None]]):
         self.lead = lead
@@ -103,13 +103,13 @@ class NodeSessions:
         await self.until_rebuilt()
         node = conn.node
         old = self.conns.get(node)
-        await self.perform(fx.register_node(conn, self.book.nodes.get(node), replaces_session=old is not None and old is not conn,
+        await self.perform(gang_effects.register_node(conn, self.book.nodes.get(node), replaces_session=old is not None and old is not conn,
                                             wall=self.lead.wall(), stimulus_id=current_stimulus()))
         # Members the agent reports, one at a time (the two-phase call may
         # change the hold the next member's facts come from).
         reported: dict[tuple[str, int], set[int]] = {}
         for m in members:
-            d = fx.reported_member_effects(
+            d = gang_effects.reported_member_effects(
                 node, m, refused=self._report_refused(node, m),
                 cross_az=self.twophase.owns_members(m.gang, m.incarnation), gang=self.book.gangs.get(m.gang),
                 committed=self.book.reservations.get(m.gang), stimulus_id=current_stimulus())
@@ -118,7 +118,7 @@ class NodeSessions:
             if d.runs:
                 reported.setdefault((m.gang, m.incarnation), set()).add(m.rank)
         # Reservations on this node whose members the agent does not report.
-        for effect in fx.unreported_effects(node, self.lead.az, list(self.book.gangs.values()), reported, two_phase=spans_azs,
+        for effect in gang_effects.unreported_effects(node, self.lead.az, list(self.book.gangs.values()), reported, two_phase=spans_azs,
                                             stimulus_id=current_stimulus()):
             await self.perform(effect)
         await self.twophase.on_register(node, reported)
@@ -158,7 +158,7 @@ class NodeSessions:
         if why is not None:
             log.warning("ignored a member report: %s", why)
             return
-        for effect in fx.stray_member_effects(conn.node, m, self.book.known_gang(m.gang), current_stimulus()):
+        for effect in gang_effects.stray_member_effects(conn.node, m, self.book.known_gang(m.gang), current_stimulus()):
             # Most often a report that crossed the revocation, which stops it
             # anyway; a second revocation is harmless, a missing one is not.
             log.debug("gang %s#%d: rank %d reported live on %s after its incarnation was torn down; revoking it again",
@@ -205,7 +205,7 @@ class NodeSessions:
                                        record_ready=None if rec is None else rec.ready, now=now,
                                        not_ready_after_s=self.lead.timings.node_not_ready_after_s,
                                        replace_after_s=self.lead.timings.replace_after_s)
-            for effect in fx.liveness_effects(v, rec, current_stimulus()):
+            for effect in gang_effects.liveness_effects(v, rec, current_stimulus()):
                 await self.perform(effect)
             rec = self.book.nodes.get(node)
             if rec is not None and capacity.expires(rec, live.ready, v.silent_s, self.lead.timings.node_expire_after_s):
@@ -251,11 +251,11 @@ class NodeSessions:
             self.book.node_written(node, rec)
             return rec
 
-    async def mark_not_ready(self, e: fx.MarkNodeNotReady) -> None:
+    async def mark_not_ready(self, e: gang_effects.MarkNodeNotReady) -> None:
         await self._write_node(e.node, functools.partial(capacity.keep_cordon, e.record))
         log.warning("node %s not ready: %s", e.node, e.record.reason, extra={"node": e.node})
 
-    async def register_node(self, e: fx.RegisterNode) -> None:
+    async def register_node(self, e: gang_effects.RegisterNode) -> None:
         """The registration's node record and liveness: the replaced session
         ends before the write (its agent is gone or reconnected), the caches
         follow the write."""
@@ -277,7 +277,7 @@ class NodeSessions:
         if e.announce_ready:
             log.info("node %s ready (agent %s)", node, e.record.agent_id)
 
-    async def lose_node(self, e: fx.NodeLost) -> None:
+    async def lose_node(self, e: gang_effects.NodeLost) -> None:
         """Past the node's fence deadline its agent has stopped every member:
         fail gangs that had members there and free devices."""
         await self.twophase.on_node_lost(e.node, e.reason)
@@ -350,7 +350,7 @@ class NodeSessions:
         if held:
             # Forced: its members are taken as stopped, so their gangs
             # restart elsewhere or fail (no liveness is kept for it now).
-            await self.lose_node(fx.NodeLost(node, f"node {node} deleted by an admin (forced)"))
+            await self.lose_node(gang_effects.NodeLost(node, f"node {node} deleted by an admin (forced)"))
         log.warning("node %s deleted by an admin%s", node, f" while gangs {', '.join(held)} held its devices" if held else "",
                     extra={"node": node})
         self.lead.wake.set()

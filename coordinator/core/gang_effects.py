@@ -9,7 +9,7 @@ and, from the event that performing one returned (past tense:
 reservation that committed is dispatched, then marked STARTING). An
 agent's registration is decided here too: its node record, then what
 becomes of each member it reports and of those it does not.
-``AzLeader.perform`` (coordinator/leader.py) is the one interpreter: a
+``GangPerformer.perform`` (coordinator/gang_performer.py) is the one interpreter: a
 handler per effect, doing only the I/O and the cache updates. Nothing here
 does I/O; ``now`` is passed in.
 """

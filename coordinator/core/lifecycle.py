@@ -6,7 +6,7 @@ the member-progress step and the restart policy, the teardown of an
 incarnation, the requeue of a restarted gang, the start barrier, node
 liveness, the reconciliation when an agent registers, and cancel.
 ``coordinator/core/gang_effects.py`` turns what they return into effects,
-which ``AzLeader.perform`` (coordinator/leader.py) performs (fenced writes,
+which ``GangPerformer.perform`` (coordinator/gang_performer.py) performs (fenced writes,
 messages to agents); nothing here does I/O.
 """
 

@@ -15,6 +15,7 @@ from coordinator.book import Book, two_phase_config
 from coordinator.core.twophase import GangSubmitted, OwnerPhase, OwnerState, ParticipantState, PrepareReceived
 from coordinator.admission_cycle import AdmissionCycle
 from coordinator.gang_api import GangApi
+from coordinator.gang_performer import GangPerformer
 from coordinator.gang_writer import GangWriter
 from coordinator.leader import AzLeader
 from coordinator.leadership import Leadership
@@ -173,6 +174,7 @@ def test_newest_never_goes_back_to_an_older_revision():
 # What each driver may keep besides the book: I/O, never a gang's state.
 IO_ONLY = {
     AzLeader: {},
+    GangPerformer: {},
     AdmissionCycle: {
         "pending_classes": "the metrics gauge's last classes",
         "_verdicts": "never-fits memo",

@@ -209,7 +209,7 @@ class CrossAzWorld(RuleBasedStateMachine):
         self.evaluate()
 
     def evaluate(self) -> None:
-        """AzLeader.evaluate over the owner's view of its members."""
+        """GangPerformer.evaluate over the owner's view of its members."""
         if self.owner_done:
             return
         if lifecycle.torn_down(self.g.state):

@@ -126,7 +126,7 @@ class StartWorld(RuleBasedStateMachine):
         self.evaluate()
 
     def evaluate(self) -> None:
-        """AzLeader.evaluate: a torn-down incarnation released once no
+        """GangPerformer.evaluate: a torn-down incarnation released once no
         member can run; else a member-progress step."""
         if lifecycle.torn_down(self.g.state):
             then = lifecycle.after_teardown(self.g, self.reports, has_reservation=self.res is not None, two_phase=False)
