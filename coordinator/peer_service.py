@@ -4,7 +4,7 @@
 Every call is checked before it touches any state: under TLS the caller must
 hold a coordinator certificate of this cluster whose name is the coordinator
 id in ``leader/<caller az>`` (read here; coordinator/core/peer_auth.py
-decides); then the two-phase driver's peer calls (coordinator/peer_calls.py)
+decides); then the two-phase driver's peer calls (coordinator/twophase/peer_calls.py)
 check the epoch and the records (coordinator/core/peer_calls.py decides). A
 refused call changes nothing.
 """
@@ -20,7 +20,7 @@ import grpc
 from coordinator import refusals
 from coordinator.agents import caller_identity
 from coordinator.core import peer_auth
-from coordinator.peer_calls import PeerCalls, PeerRefused
+from coordinator.twophase.peer_calls import PeerCalls, PeerRefused
 from coordinator.serving import ServingContext
 from phalanx.errors import NotLeader
 from phalanx.leader_record import LeaderInfo

@@ -2,7 +2,7 @@
 per leadership, feeds the AZ's ``ParticipantState`` and its ``OwnerState``s
 (kept in the leadership's Book) every stimulus (``feed``), performs their
 effects (``perform``, ``handle``) through the parts it builds (store_effects,
-peer_sender, watch, members; coordinator/peer_calls.py answers the calls) and
+peer_sender, watch, members; peer_calls.py answers the calls) and
 answers the admission cycle's questions (docs/two-phase.md "The driver").
 """
 
@@ -23,7 +23,7 @@ from coordinator.core import twophase as protocol
 from coordinator.core.twophase import Core, Effect, OwnerPhase, OwnerState, Routed
 from coordinator.gang_writer import GangWriter
 from coordinator.leadership import Leadership, RunTime
-from coordinator.peer_calls import PeerCalls
+from coordinator.twophase.peer_calls import PeerCalls
 from coordinator.twophase.context import Context
 from coordinator.twophase.counts import RequestCounts
 from coordinator.twophase.members import Members

@@ -2,7 +2,7 @@
 ``SendPrepare`` / ``SendCommit`` / ``SendAbort`` are CoordinatorPeer RPCs to
 the leader found in ``leader/<az>`` (its address cached), with deadlines;
 the owner's own AZ is handled in-process. The calls this AZ answers are
-coordinator/peer_calls.py's."""
+coordinator/twophase/peer_calls.py's."""
 
 from __future__ import annotations
 

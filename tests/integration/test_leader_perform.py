@@ -42,7 +42,7 @@ from coordinator.core.records import GangRecord, MemberAssignment
 from coordinator.core.twophase_events import PrepareTimedOut
 from coordinator.election import Election, LeaseSession
 from coordinator.leader import AzLeader
-from coordinator.peer_calls import PeerRefused
+from coordinator.twophase.peer_calls import PeerRefused
 from phalanx.errors import Conflict
 from phalanx.model import GangState
 from phalanx.reservation import HoldState, NodeDevices, Reservation
