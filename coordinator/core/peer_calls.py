@@ -1,7 +1,7 @@
 """Whether a peer's Prepare / Commit / Abort is taken, and the participant's
 own NO votes (pure decisions; docs/two-phase.md "Peer calls").
 
-The driver (coordinator/peer_calls.py) reads the request, the watched state
+The driver (coordinator/twophase/peer_calls.py) reads the request, the watched state
 or one etcd read, and asks these functions; a refusal is returned, never
 raised (``Refusal`` with a neutral ``Code``, answered over gRPC by
 coordinator/refusals.py), so each decision is a table row in

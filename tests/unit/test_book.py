@@ -21,10 +21,10 @@ from coordinator.leader import AzLeader
 from coordinator.leadership import Leadership
 from coordinator.node_sessions import NodeSessions
 from coordinator.retention import GangCollector
-from coordinator.peer_calls import PeerCalls
 from coordinator.twophase import TwoPhaseDriver
 from coordinator.twophase.counts import RequestCounts
 from coordinator.twophase.members import Members
+from coordinator.twophase.peer_calls import PeerCalls
 from coordinator.twophase.peer_sender import PeerSender
 from coordinator.twophase.store_effects import StoreEffects
 from coordinator.twophase.watch import Watcher
