@@ -1,7 +1,8 @@
 """The driver of two-phase (cross-AZ) reservations: ``TwoPhaseDriver``, one
 per leadership, feeds the AZ's ``ParticipantState`` and its ``OwnerState``s
 (kept in the leadership's Book) every stimulus (``feed``), performs their
-effects (``perform``, ``handle``) through the parts it builds (store_effects,
+effects (``enact`` a core's decisions, ``perform`` one with I/O: the
+name the gang performer uses for the same job) through the parts it builds (store_effects,
 peer_sender, watch, members; peer_calls.py answers the calls) and
 answers the admission cycle's questions (docs/two-phase.md "The driver").
 """
@@ -83,17 +84,17 @@ class TwoPhaseDriver:
             if Core.PARTICIPANT in r.to:
                 # (a hold whose release is decided stays taken until its
                 # delete commits: Book.participant_decides)
-                self.perform(self.book.participant_decides(r.event, self.now()))
+                self.enact(self.book.participant_decides(r.event, self.now()))
             if Core.OWNER in r.to:
                 o = self.book.owners.get(getattr(r.event, "gang", ""))
                 if o is not None:
-                    self.perform(o.handle(r.event, self.now()))
+                    self.enact(o.handle(r.event, self.now()))
 
-    def perform(self, effects: Sequence[Effect]) -> None:
-        """Perform what a core decided. The effects without I/O take effect
+    def enact(self, effects: Sequence[Effect]) -> None:
+        """Carry out what a core decided. The effects without I/O take effect
         here, in order, before the feed returns: a vote or an ack answers
         the call waiting for it, a timer is set, a gang's pending reason is
-        noted. Each effect with I/O is a task that ``handle`` performs and
+        noted. Each effect with I/O is a task that ``perform`` does and
         whose result is fed back; an attempt's Prepares go out together as
         one task."""
         prepares = [e for e in effects if isinstance(e, protocol.SendPrepare)]
@@ -139,10 +140,10 @@ class TwoPhaseDriver:
     async def _performed(self, e: Effect) -> None:
         """Perform an effect with I/O and feed back what came of it."""
         bind_event(e)  # this effect's task: its lines name the gang and the stimulus that caused it
-        self.feed(*await self.handle(e))
+        self.feed(*await self.perform(e))
 
-    async def handle(self, e: Effect) -> list[Routed]:
-        """The handler of a protocol effect with I/O: do it, and return what
+    async def perform(self, e: Effect) -> list[Routed]:
+        """Perform one protocol effect with I/O: do it, and return what
         came of it with the core(s) it goes to (``_performed`` feeds it)."""
         match e:
             case protocol.WriteHold():
@@ -166,7 +167,7 @@ class TwoPhaseDriver:
             case protocol.MarkGangFailed():
                 await self._mark_failed(e)
             case _:
-                raise TypeError(f"TwoPhaseDriver.handle: {type(e).__name__} has no I/O to perform")
+                raise TypeError(f"TwoPhaseDriver.perform: {type(e).__name__} has no I/O to perform")
         return []
 
     async def _mark_failed(self, e: protocol.MarkGangFailed) -> None:

@@ -149,7 +149,7 @@ async def test_perform_write_hold_writes_prepared_record_once(leader: AzLeader, 
     second identical WriteHold overwrites the record (mod_revision moves) or
     answers anything but HoldFound(found=1) with the stored revision."""
     gang = "g-hold"
-    done = await leader.twophase.handle(write_hold(gang))
+    done = await leader.twophase.perform(write_hold(gang))
     assert len(done) == 1, done
     (r,) = done
     assert r.to == frozenset({Core.PARTICIPANT})
@@ -167,7 +167,7 @@ async def test_perform_write_hold_writes_prepared_record_once(leader: AzLeader, 
     # handle only returns the events: nothing was fed to the participant.
     assert gang not in leader.book.participant.holds
 
-    again = await leader.twophase.handle(write_hold(gang, stimulus="test-write-hold-2"))
+    again = await leader.twophase.perform(write_hold(gang, stimulus="test-write-hold-2"))
     assert len(again) == 1, again
     (r2,) = again
     assert r2.to == frozenset({Core.PARTICIPANT})
@@ -247,7 +247,7 @@ async def test_perform_create_decision_is_create_if_absent(leader: AzLeader, sto
 
     async def create(n: int, outcome: Outcome, reason: str) -> Any:
         """Perform the n-th create; the one event it returns, routed to both cores."""
-        done = await leader.twophase.handle(CreateDecision(stimulus_id=f"test-dec-{n}", gang=gang, incarnation=1,
+        done = await leader.twophase.perform(CreateDecision(stimulus_id=f"test-dec-{n}", gang=gang, incarnation=1,
                                                            outcome=outcome, reason=reason))
         assert [r.to for r in done] == [frozenset({Core.PARTICIPANT, Core.OWNER})]
         return done[0].event
@@ -287,7 +287,7 @@ async def test_perform_refuses_protocol_effects_without_io(leader: AzLeader, sto
     gang = "g-noio"
     effect = _no_io_effects(gang)[index]
     with pytest.raises(TypeError, match=type(effect).__name__):
-        await leader.twophase.handle(effect)
+        await leader.twophase.perform(effect)
     await asyncio.sleep(0.1)  # (a timer at 0 would have fired by now)
     assert gang not in leader.book.pending_reason
     assert not leader.book.participant.holds
